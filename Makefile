@@ -1,0 +1,22 @@
+# The README's two commands. Each does its own set-up (tools/setup_env.sh) on a fresh machine.
+PY = $$(cat .deepinfer-python)
+PROMPT ?= def fibonacci(n):
+
+.PHONY: setup demo test bench lint
+setup:
+	@bash tools/setup_env.sh
+
+## make demo: complete a Python function header with the embedded default model
+demo: setup
+	@$(PY) -m deepinfer_engine.cli generate --prompt '$(PROMPT)' --max-tokens 64 --temperature 0
+
+## make test: the CPU test suite of every package plus the cross-package tests
+test: setup
+	@$(PY) -m pytest packages tests -q --benchmark-skip -m "not slow"
+
+## make bench: every package's pytest-benchmark suite
+bench: setup
+	@$(PY) -m pytest packages --benchmark-only -q
+
+lint: setup
+	@$(PY) -m ruff check packages tests tools

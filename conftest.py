@@ -1,0 +1,23 @@
+"""Workspace-wide pytest hooks: `gpu` tests skip cleanly where no CUDA device is present.
+
+Kept torch-optional so that deepinfer-sched's tests run on a machine without torch.
+"""
+
+import pytest
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_cuda():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)

@@ -1,0 +1,112 @@
+"""The single place that detects the accelerator and picks a backend for every op.
+
+Detection order: CUDA compute capability through cuda-python (``cuda.bindings``) where it is
+installed, else through torch; no CUDA device means the CPU. Ops never probe the device
+themselves: they call :func:`select_backend` with the device of their inputs.
+
+``DEEPINFER_KERNEL_BACKEND=torch`` forces the torch references everywhere (debugging, A/B
+measurements). SM100 and Ascend are recognised as platform kinds so their backends can be added
+here, but nothing dispatches to code that does not exist.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import importlib.util
+import os
+from dataclasses import dataclass
+
+import torch
+
+
+class Backend(enum.Enum):
+    TORCH = "torch"        # the <op>_ref torch implementation: CPU path and oracle
+    TILELANG = "tilelang"  # TileLang CUDA kernel (SM90)
+
+
+class PlatformKind(enum.Enum):
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+@dataclass(frozen=True)
+class Platform:
+    kind: PlatformKind
+    device_name: str
+    compute_capability: tuple[int, int] | None  # (major, minor) on CUDA, None on the CPU
+    has_tilelang: bool                           # tilelang importable (not imported yet)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.kind is PlatformKind.CUDA
+
+    @property
+    def is_sm90(self) -> bool:
+        return self.compute_capability == (9, 0)
+
+
+def _capability_from_cuda_python() -> tuple[str, tuple[int, int]] | None:
+    """Compute capability of device 0 via cuda-python's runtime bindings, if installed."""
+    if importlib.util.find_spec("cuda") is None:
+        return None
+    try:
+        from cuda.bindings import runtime as cudart  # cuda-python >= 12.6
+    except ImportError:
+        return None
+    err, count = cudart.cudaGetDeviceCount()
+    if int(err) != 0 or count == 0:
+        return None
+    err, props = cudart.cudaGetDeviceProperties(0)
+    if int(err) != 0:
+        return None
+    name = props.name.decode() if isinstance(props.name, bytes) else str(props.name)
+    return name.rstrip("\x00"), (int(props.major), int(props.minor))
+
+
+def _capability_from_torch() -> tuple[str, tuple[int, int]] | None:
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_name(0), tuple(torch.cuda.get_device_capability(0))
+
+
+@functools.lru_cache(maxsize=1)
+def current_platform() -> Platform:
+    """Detect once per process."""
+    found = _capability_from_cuda_python() or _capability_from_torch()
+    has_tilelang = importlib.util.find_spec("tilelang") is not None
+    if found is None or not torch.cuda.is_available():
+        return Platform(PlatformKind.CPU, "cpu", None, has_tilelang)
+    name, capability = found
+    return Platform(PlatformKind.CUDA, name, capability, has_tilelang)
+
+
+def forced_backend() -> Backend | None:
+    value = os.environ.get("DEEPINFER_KERNEL_BACKEND", "").strip().lower()
+    if not value:
+        return None
+    try:
+        return Backend(value)
+    except ValueError:
+        choices = ", ".join(b.value for b in Backend)
+        raise ValueError(f"DEEPINFER_KERNEL_BACKEND={value!r}: expected one of {choices}") from None
+
+
+def select_backend(op_name: str, device: torch.device, has_kernel: bool = True) -> Backend:
+    """Backend for one call of ``op_name`` on tensors living on ``device``.
+
+    TileLang is chosen only for CUDA tensors on SM90 with TileLang installed and an existing
+    kernel for the op (``has_kernel``); everything else runs the torch reference.
+    """
+    forced = forced_backend()
+    if forced is Backend.TORCH or device.type != "cuda":
+        return Backend.TORCH
+    plat = current_platform()
+    usable = has_kernel and plat.has_tilelang and plat.is_sm90
+    if forced is Backend.TILELANG and not usable:
+        raise RuntimeError(
+            f"{op_name}: DEEPINFER_KERNEL_BACKEND=tilelang but no TileLang kernel can run here "
+            f"(platform {plat.device_name}, capability {plat.compute_capability}, "
+            f"tilelang installed: {plat.has_tilelang}, kernel exists: {has_kernel})"
+        )
+    return Backend.TILELANG if usable else Backend.TORCH

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Prepares the Python environment that `make demo` / `make test` use, then writes the path of its
+# interpreter to .deepinfer-python. Idempotent and quick when nothing changed.
+#
+#   - An interpreter that already has torch (the GPU machine's python3) is reused as is, and the
+#     packages are installed into it editable, without build isolation or dependency resolution
+#     (that machine has no package index).
+#   - Otherwise a virtual environment .venv is made, torch==2.13.0 (the CPU wheel) installed into
+#     it, then the four packages editable with their test extras.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+packages=(packages/deepinfer-sched packages/deepinfer-kernels packages/deepinfer-model packages/deepinfer-engine)
+
+if [ -z "${DEEPINFER_FORCE_VENV:-}" ] && python3 -c "import torch" 2>/dev/null; then
+  py=$(python3 -c "import sys; print(sys.executable)")
+  pip_flags=(--no-deps)
+  if "$py" -c "import nanobind, scikit_build_core" 2>/dev/null; then pip_flags+=(--no-build-isolation); fi
+  extras=""
+else
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  py=$root/.venv/bin/python
+  "$py" -c "import torch" 2>/dev/null || "$py" -m pip install -q torch==2.13.0
+  pip_flags=()
+  extras="[test]"
+fi
+
+# Reinstall only when a package's build inputs changed (the C++ build is the slow part).
+stamp=.deepinfer-setup.stamp
+digest=$( (echo "$py"; find "${packages[@]}" \( -name pyproject.toml -o -name CMakeLists.txt -o -path '*/csrc/*' \) \
+           -type f -not -path '*/build/*' -print0 | sort -z | xargs -0 sha1sum) | sha1sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ] || ! "$py" -c "import deepinfer_engine, deepinfer_sched" 2>/dev/null; then
+  args=()
+  for p in "${packages[@]}"; do args+=(-e "$p$extras"); done
+  "$py" -m pip install -q "${pip_flags[@]}" "${args[@]}"
+  echo "$digest" > "$stamp"
+fi
+echo "$py" > .deepinfer-python
