@@ -1,0 +1,34 @@
+"""Engine configuration: what the user sets on `LLM(...)`, validated once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class EngineConfig:
+    model: str | Path | None = None        # HF-layout checkpoint dir; None = the embedded default model
+    device: str | None = None              # "cpu", "cuda", "cuda:1"; None = CUDA if present else CPU
+    max_num_seqs: int = 64                 # concurrent sequences per step
+    max_model_len: int | None = None       # prompt + output limit; None = the model's max_position_embeddings
+    max_num_batched_tokens: int = 2048     # prefill token budget per step (chunked prefill)
+    block_size: int = 128                  # tokens per KV block = prefix-cache grain (SPEC §3)
+    num_kv_blocks: int | None = None       # KV pool size; None = sized from the memory budget
+    kv_cache_memory_bytes: int | None = None  # CPU budget for the KV pool (None = 1 GiB or what fits)
+    gpu_memory_utilization: float = 0.90   # fraction of GPU memory for weights + activations + KV
+    enable_prefix_caching: bool = True
+    seed: int = 0                          # engine seed: draws per-request seeds when none is given
+    random_init_seed: int = 0              # weights seed when no checkpoint exists (tiny preset)
+
+    def validate(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+        if self.max_model_len is not None and self.max_model_len <= 0:
+            raise ValueError(f"max_model_len: must be positive, got {self.max_model_len}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
+            raise ValueError(f"num_kv_blocks: must be positive, got {self.num_kv_blocks}")
+        if not (0.0 < self.gpu_memory_utilization <= 1.0):
+            raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")

@@ -1,0 +1,76 @@
+"""DEEPINFER_* environment knobs, parsed in one place with their defaults (SPEC §4).
+
+Read through `Envs.from_environ()` once per engine; nothing else reads os.environ.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+
+
+def _int(name: str, default: int, minimum: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected an integer") from None
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name}={value}: must be >= {minimum}")
+    return value
+
+
+def _bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name}={raw!r}: expected 0/1")
+
+
+def _floats(name: str) -> tuple[float, ...] | None:
+    raw = os.environ.get(name)
+    if not raw:
+        return None
+    try:
+        return tuple(float(x) for x in raw.split(","))
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected a float or a comma-separated list of floats") from None
+
+
+@dataclass(frozen=True)
+class Envs:
+    use_nextn_decode: int                  # DEEPINFER_USE_NEXTN_DECODE: drafts per step, 0 = no speculation
+    enable_mtp_varlen: bool                # DEEPINFER_ENABLE_MTP_VARLEN: confidence-scheduled draft lengths
+    max_backtracking_tokens: int           # DEEPINFER_MAX_BACKTRACKING_TOKENS (>= nextn + 1)
+    zero_overhead_scheduling: bool         # DEEPINFER_ZERO_OVERHEAD_SCHEDULING
+    cudagraph_batch_size_interval: int     # DEEPINFER_CUDAGRAPH_BATCH_SIZE_INTERVAL
+    batch_invariant: bool                  # DEEPINFER_BATCH_INVARIANT
+    confidence_head_temperature: tuple[float, ...] | None  # DEEPINFER_DFLASH_CONFIDENCE_HEAD_TEMPERATURE
+    prefill_attempt_interval: int          # DEEPINFER_PREFILL_ATTEMPT_INTERVAL (DP vote, ALL points)
+    prefill_any_attempt_interval: int      # DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL (DP vote, ANY points)
+    logging_interval_step: int             # DEEPINFER_LOGGING_INTERVAL_STEP (0 = off)
+
+    @classmethod
+    def from_environ(cls) -> Envs:
+        nextn = _int("DEEPINFER_USE_NEXTN_DECODE", 5, minimum=0)
+        return cls(
+            use_nextn_decode=nextn,
+            enable_mtp_varlen=_bool("DEEPINFER_ENABLE_MTP_VARLEN", True),
+            max_backtracking_tokens=max(_int("DEEPINFER_MAX_BACKTRACKING_TOKENS", nextn + 1, 0), nextn + 1),
+            zero_overhead_scheduling=_bool("DEEPINFER_ZERO_OVERHEAD_SCHEDULING", True),
+            cudagraph_batch_size_interval=_int("DEEPINFER_CUDAGRAPH_BATCH_SIZE_INTERVAL", 8, minimum=1),
+            batch_invariant=_bool("DEEPINFER_BATCH_INVARIANT", False),
+            confidence_head_temperature=_floats("DEEPINFER_DFLASH_CONFIDENCE_HEAD_TEMPERATURE"),
+            prefill_attempt_interval=_int("DEEPINFER_PREFILL_ATTEMPT_INTERVAL", 70, minimum=1),
+            prefill_any_attempt_interval=_int("DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL", 100, minimum=1),
+            logging_interval_step=_int("DEEPINFER_LOGGING_INTERVAL_STEP", 0, minimum=0),
+        )
+
+    def describe(self) -> str:
+        return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))

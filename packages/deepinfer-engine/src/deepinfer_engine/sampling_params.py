@@ -1,0 +1,71 @@
+"""Per-request sampling parameters, validated on construction and again against the model's vocabulary."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from deepinfer_engine.errors import InvalidRequestError
+
+UINT64_MAX = 2**64 - 1
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one request.
+
+    temperature: 0 means greedy; > 0 scales logits before sampling.
+    top_p: nucleus mass in (0, 1]; 1 disables it.
+    top_k: -1 disables it; otherwise >= 1 tokens are kept.
+    max_tokens: output tokens to generate at most (>= 1).
+    min_tokens: EOS and stop ids are ignored until this many tokens exist.
+    seed: per-request seed (uint64). Sampling is a function of (seed, position) alone, so a seeded
+        request gives the same tokens at any batch size or order. None draws one from the engine.
+    stop_token_ids: extra token ids that finish the request (the stop token is emitted).
+    ignore_eos: keep generating past EOS (until max_tokens or a stop id).
+    logprobs: None = no logprobs; k >= 0 = the sampled token's logprob plus the top-k alternatives.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 16
+    min_tokens: int = 0
+    seed: int | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.validate()
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise InvalidRequestError naming the first bad field and its limit."""
+        t = self.temperature
+        if not isinstance(t, (int, float)) or math.isnan(t) or math.isinf(t) or t < 0:
+            raise InvalidRequestError("temperature", f"must be a finite number >= 0, got {t!r}")
+        p = self.top_p
+        if not isinstance(p, (int, float)) or math.isnan(p) or not (0.0 < p <= 1.0):
+            raise InvalidRequestError("top_p", f"must be in (0, 1], got {p!r}")
+        if not isinstance(self.top_k, int) or self.top_k == 0 or self.top_k < -1:
+            raise InvalidRequestError("top_k", f"must be -1 (disabled) or >= 1, got {self.top_k!r}")
+        if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
+            raise InvalidRequestError("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
+        if not isinstance(self.min_tokens, int) or not (0 <= self.min_tokens <= self.max_tokens):
+            raise InvalidRequestError(
+                "min_tokens", f"must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or not (0 <= self.seed <= UINT64_MAX)):
+            raise InvalidRequestError("seed", f"must be None or an integer in [0, 2**64 - 1], got {self.seed!r}")
+        if self.logprobs is not None and (
+                not isinstance(self.logprobs, int) or not (0 <= self.logprobs <= MAX_TOP_LOGPROBS)):
+            raise InvalidRequestError("logprobs", f"must be None or in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")
+        for token_id in self.stop_token_ids:
+            if not isinstance(token_id, int) or token_id < 0 or (vocab_size is not None and token_id >= vocab_size):
+                limit = f"[0, {vocab_size})" if vocab_size is not None else ">= 0"
+                raise InvalidRequestError("stop_token_ids", f"token id {token_id!r} is outside the vocabulary {limit}")
