@@ -18,6 +18,11 @@ class TextTokenizer:
         return cls(Tokenizer.from_file(str(path)), eos_token_ids, bos_token_id)
 
     @property
+    def backend(self) -> Tokenizer:
+        """The underlying HF `tokenizers` object (e.g. to build the Engram compressed vocabulary)."""
+        return self._tok
+
+    @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size()
 

@@ -1,0 +1,73 @@
+"""`LLM`: the offline entry point. `LLM().generate(prompts, SamplingParams(...))`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from deepinfer_engine.config import EngineConfig
+from deepinfer_engine.errors import InvalidRequestError
+from deepinfer_engine.llm_engine import LLMEngine
+from deepinfer_engine.outputs import GenerationOutput
+from deepinfer_engine.request_state import FINISH_REASON_ERROR
+from deepinfer_engine.sampling_params import SamplingParams
+
+
+class LLM:
+    """Offline batch generation.
+
+    >>> llm = LLM()                                   # embedded default model
+    >>> out = llm.generate(["def add(a, b):"], SamplingParams(temperature=0, max_tokens=32))[0]
+    >>> out.text, out.finish_reason
+    """
+
+    def __init__(self, model: str | Path | None = None, **engine_args):
+        self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: str | Sequence[str] | None = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        prompt_token_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[GenerationOutput]:
+        """One output per prompt, in input order. A request with invalid input gets an output with
+        `finish_reason == "error"` and `error` naming the field; every other request runs normally."""
+        if (prompts is None) == (prompt_token_ids is None):
+            raise ValueError("generate: pass exactly one of prompts or prompt_token_ids")
+        if prompts is not None:
+            items: list[tuple[str | None, list[int] | None]] = [
+                (p, None) for p in ([prompts] if isinstance(prompts, str) else list(prompts))]
+        else:
+            ids = list(prompt_token_ids)
+            single = len(ids) > 0 and not isinstance(ids[0], (list, tuple))
+            items = [(None, list(x)) for x in ([ids] if single else ids)]
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params or SamplingParams()] * len(items)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(items):
+                raise ValueError(f"sampling_params: {len(params)} given for {len(items)} prompts")
+
+        results: list[GenerationOutput | None] = [None] * len(items)
+        slot_of: dict[int, int] = {}
+        for i, ((text, ids), p) in enumerate(zip(items, params)):
+            try:
+                slot_of[self.engine.add_request(text, ids, p)] = i
+            except InvalidRequestError as err:
+                results[i] = GenerationOutput(request_id=-1, prompt=text, prompt_token_ids=ids or [],
+                                              finish_reason=FINISH_REASON_ERROR, error=str(err))
+        bar = tqdm(total=len(slot_of), desc="generate", unit="req", disable=not use_tqdm or len(slot_of) < 2)
+        while self.engine.has_unfinished():
+            for out in self.engine.step():
+                results[slot_of[out.request_id]] = out
+                bar.update(1)
+        bar.close()
+        return results  # type: ignore[return-value]

@@ -1,0 +1,176 @@
+"""LLMEngine: the engine loop. One step = schedule -> forward + sample -> ledger -> outputs.
+
+    out = scheduler.schedule()                       # C++: admission, chunking, KV blocks
+    res = runner.execute(out, sampling batch)        # device: forward + sampler
+    pushed = scheduler.process_outputs(out, ...)     # C++ ledger: append tokens, stop checks
+    handles = scheduler.build_request_outputs(...)   # C++: pooled RequestOutputs
+    pool.gather(handles) -> per-request GenerationOutput; handles released one step later
+
+A request with invalid input is rejected at add_request with InvalidRequestError naming the field;
+nothing already accepted is affected.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+from deepinfer_sched import RequestOutputPool, RequestParams, Scheduler, SchedulerConfig, StepKind
+
+from deepinfer_engine.config import EngineConfig
+from deepinfer_engine.envs import Envs
+from deepinfer_engine.errors import InvalidRequestError
+from deepinfer_engine.kv_sizing import num_kv_blocks
+from deepinfer_engine.model_loader import load_model, resolve_device
+from deepinfer_engine.model_runner import ModelRunner, StepResult
+from deepinfer_engine.outputs import GenerationOutput
+from deepinfer_engine.request_state import RequestState
+from deepinfer_engine.sampler import SamplingBatch
+from deepinfer_engine.sampling_params import UINT64_MAX, SamplingParams
+
+logger = logging.getLogger("deepinfer")
+
+# Finish reasons of the ledger whose output carries no generated token.
+NON_TOKEN_FINISHES = ("prompt_length_exceeded", "abort")
+
+
+def _as_int64_bits(seed: int) -> int:
+    """uint64 seed -> the int64 with the same bits (what the sampling kernels take)."""
+    return seed - (1 << 64) if seed >= (1 << 63) else seed
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        config.validate()
+        self.config = config
+        self.envs = Envs.from_environ()
+        self.device = resolve_device(config.device)
+        loaded = load_model(config.model, self.device, config.random_init_seed)
+        self.model, self.tokenizer, self.model_source = loaded.model, loaded.tokenizer, loaded.source
+        mcfg = self.model.config
+        self.vocab_size = mcfg.vocab_size
+        self.max_model_len = min(config.max_model_len or mcfg.max_position_embeddings, mcfg.max_position_embeddings)
+        # YOCO: the last prefill chunk must hold the decoder bounded-replay tokens (docs/model.md).
+        min_final_chunk = mcfg.sliding_window if mcfg.has_yoco_consumers else 1
+        if config.max_num_batched_tokens < min_final_chunk:
+            raise ValueError(f"max_num_batched_tokens: must be >= {min_final_chunk} (the model's decoder "
+                             f"bounded-replay length), got {config.max_num_batched_tokens}")
+        blocks = num_kv_blocks(self.model, config, self.max_model_len)
+        self.scheduler = Scheduler(SchedulerConfig(
+            block_size=config.block_size, num_blocks=blocks, max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len,
+            nextn=0, min_final_chunk_tokens=min_final_chunk,
+            enable_prefix_caching=config.enable_prefix_caching, eos_token_ids=loaded.eos_token_ids))
+        self.runner = ModelRunner(self.model, blocks, config.block_size)
+        self.pool = RequestOutputPool()
+        self._requests: dict[int, RequestState] = {}
+        self._next_request_id = 0
+        self._seed_rng = np.random.default_rng(config.seed)
+        self._handles_to_release: np.ndarray | None = None
+        logger.info("engine: model %s on %s, %d KV blocks of %d tokens, max_model_len %d", self.model_source,
+                    self.device, blocks, config.block_size, self.max_model_len)
+
+    # ------------------------------------------------------------------ requests
+    def encode(self, prompt: str) -> list[int]:
+        if self.tokenizer is None:
+            raise InvalidRequestError("prompt", "this model has no tokenizer; pass prompt_token_ids")
+        return self.tokenizer.encode(prompt)
+
+    def validate_request(self, prompt: str | None, prompt_token_ids: list[int] | None,
+                         params: SamplingParams) -> list[int]:
+        """Token ids of a valid request; raises InvalidRequestError naming the field and the limit."""
+        if prompt_token_ids is None:
+            if not isinstance(prompt, str) or not prompt:
+                raise InvalidRequestError("prompt", "must be a non-empty string")
+            prompt_token_ids = self.encode(prompt)
+            if not prompt_token_ids:
+                raise InvalidRequestError("prompt", "encodes to zero tokens")
+        else:
+            prompt_token_ids = list(prompt_token_ids)
+            if not prompt_token_ids:
+                raise InvalidRequestError("prompt_token_ids", "must contain at least 1 token")
+            for i, t in enumerate(prompt_token_ids):
+                if not isinstance(t, (int, np.integer)) or not (0 <= int(t) < self.vocab_size):
+                    raise InvalidRequestError(
+                        "prompt_token_ids", f"token id {t!r} at index {i} is outside the vocabulary [0, {self.vocab_size})")
+            prompt_token_ids = [int(t) for t in prompt_token_ids]
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError("sampling_params", f"expected SamplingParams, got {type(params).__name__}")
+        params.validate(self.vocab_size)
+        return prompt_token_ids
+
+    def add_request(self, prompt: str | None = None, prompt_token_ids: list[int] | None = None,
+                    params: SamplingParams | None = None) -> int:
+        params = params or SamplingParams()
+        token_ids = self.validate_request(prompt, prompt_token_ids, params)
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        seed = params.seed if params.seed is not None else int(self._seed_rng.integers(0, UINT64_MAX, dtype=np.uint64))
+        out = GenerationOutput(request_id=request_id, prompt=prompt, prompt_token_ids=token_ids)
+        self._requests[request_id] = RequestState(request_id, params, seed, out)
+        self.scheduler.add_request(request_id, token_ids, RequestParams(
+            max_tokens=params.max_tokens, min_tokens=params.min_tokens,
+            stop_token_ids=tuple(params.stop_token_ids), ignore_eos=params.ignore_eos))
+        return request_id
+
+    def abort_request(self, request_id: int) -> bool:
+        return self.scheduler.abort_request(request_id)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ------------------------------------------------------------------ the loop
+    def _sampling_batch(self, request_ids: np.ndarray) -> SamplingBatch:
+        states = [self._requests[int(r)] for r in request_ids]
+        dev = self.device
+        return SamplingBatch(
+            temperature=torch.tensor([s.params.temperature for s in states], dtype=torch.float32, device=dev),
+            top_k=torch.tensor([s.params.top_k for s in states], dtype=torch.int32, device=dev),
+            top_p=torch.tensor([s.params.top_p for s in states], dtype=torch.float32, device=dev),
+            seeds=torch.tensor([_as_int64_bits(s.seed) for s in states], dtype=torch.int64, device=dev),
+            num_top_logprobs=[s.num_top_logprobs for s in states],
+        )
+
+    def step(self) -> list[GenerationOutput]:
+        """Run one step; returns the requests that finished in it."""
+        out = self.scheduler.schedule()
+        if out.step_kind == StepKind.IDLE:
+            res = StepResult(np.zeros(out.req_cnt, np.int32), np.zeros(out.req_cnt, np.float32), None, None,
+                             [None] * out.req_cnt)
+        else:
+            res = self.runner.execute(out, self._sampling_batch(out.request_ids))
+        pushed = self.scheduler.process_outputs(out, res.token_ids, res.verified_token_ids, None,
+                                                out.first_token_pos)
+        handles = self.scheduler.build_request_outputs(out, pushed, self.pool, res.token_logprobs,
+                                                       res.verified_logprobs, out.first_token_pos)
+        if self._handles_to_release is not None:  # the previous step's outputs: consumed by now
+            self.pool.release(self._handles_to_release)
+        self._handles_to_release = handles
+        return self._consume(out.request_ids, res, self.pool.gather(handles))
+
+    def _consume(self, request_ids: np.ndarray, res: StepResult, cols: dict[str, np.ndarray]) -> list[GenerationOutput]:
+        index_of = {int(r): i for i, r in enumerate(request_ids)}
+        emitted: dict[int, int] = {}
+        finished = []
+        for j in range(len(cols["request_id"])):
+            rid = int(cols["request_id"][j])
+            state = self._requests[rid]
+            reason = cols["finish_reason"][j]
+            reason = None if reason in (None, "") else str(reason)
+            if reason not in NON_TOKEN_FINISHES:
+                k = emitted.get(rid, 0)
+                emitted[rid] = k + 1
+                top_rows = res.top_logprobs[index_of[rid]] if rid in index_of else None
+                state.append(int(cols["token_id"][j]), float(cols["token_logprob"][j]),
+                             top_rows[k] if top_rows and k < len(top_rows) else None)
+            if bool(cols["finished"][j]):
+                out = state.output
+                out.finish_reason = reason
+                stop_id = int(cols["stop_token_id"][j])
+                out.stop_token_id = stop_id if stop_id >= 0 else None
+                if self.tokenizer is not None:
+                    out.text = self.tokenizer.decode(out.token_ids)
+                finished.append(out)
+                del self._requests[rid]
+        return finished

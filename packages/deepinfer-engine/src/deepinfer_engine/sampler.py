@@ -1,0 +1,100 @@
+"""The sampler: logits of the flat rows -> main token per request (+ accepted drafts when speculating).
+
+One code path for every step kind: a request without drafts is a request with seqlen_q = 1.
+Sampling distributions come from `probs_from_logits` (temperature / top-k / top-p; greedy rows
+one-hot) and every random decision is keyed by (request seed, token position), so a seeded
+request samples the same tokens whatever the batch. Reported logprobs are the model's raw
+distribution (`log_softmax` of the unprocessed logits), never the truncated sampling one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from deepinfer_kernels.ops.sampling.logprobs import compute_logprobs
+from deepinfer_kernels.ops.sampling.sampling_params import probs_from_logits
+from deepinfer_kernels.ops.verification import VERIFIED_END, verify_and_sample
+
+
+@dataclass
+class SamplingBatch:
+    """Per-request sampling parameters of one step, on the device, in SchedulerOutput order."""
+
+    temperature: torch.Tensor  # [req_cnt] float32, 0 = greedy
+    top_k: torch.Tensor        # [req_cnt] int32, -1 = off
+    top_p: torch.Tensor        # [req_cnt] float32, 1.0 = off
+    seeds: torch.Tensor        # [req_cnt] int64 (uint64 bits)
+    num_top_logprobs: list[int]  # per request: 0 = none
+
+    @property
+    def is_greedy(self) -> torch.Tensor:  # [req_cnt] bool
+        return self.temperature == 0
+
+
+@dataclass
+class SampleResult:
+    """Host copies of one step's sampling decisions (SampledInfo of docs/design.md)."""
+
+    token_ids: torch.Tensor           # [req_cnt] int32 main token per request
+    token_logprobs: torch.Tensor      # [req_cnt] float32 raw-model logprob of the main token
+    verified_token_ids: torch.Tensor  # [num_rows] int32 accepted drafts, VERIFIED_END terminated
+    verified_logprobs: torch.Tensor   # [num_rows] float32 raw-model logprob of each accepted draft
+    num_accepted: torch.Tensor        # [req_cnt] int32
+    top_logprobs: list[list[dict[int, float]] | None]  # per request: per emitted row, {token: logprob}
+
+
+class Sampler:
+    def sample(
+        self,
+        logits: torch.Tensor,           # [num_rows, vocab] rows of the sampled requests, packed by request
+        batch: SamplingBatch,
+        ftp: torch.Tensor,              # [req_cnt] int32 first logits row of each request
+        seqlens_q: torch.Tensor,        # [req_cnt] int32 logits rows per request (1 + drafts)
+        positions: torch.Tensor,        # [num_rows] int64 position of each row's input token
+        draft_token_ids: torch.Tensor | None = None,  # [num_rows] draft checked at each row
+        draft_probs: torch.Tensor | None = None,      # [num_rows, vocab] q of each draft
+    ) -> SampleResult:
+        req_cnt = ftp.shape[0]
+        rows = logits.shape[0]
+        row_req = torch.repeat_interleave(torch.arange(req_cnt, device=logits.device), seqlens_q.long())
+        probs = probs_from_logits(logits, batch.temperature[row_req], batch.top_k[row_req], batch.top_p[row_req])
+        if draft_token_ids is None:
+            draft_token_ids = torch.zeros(rows, dtype=torch.int64, device=logits.device)
+        result = verify_and_sample(probs, draft_token_ids, draft_probs, batch.seeds, positions, ftp, seqlens_q,
+                                   batch.is_greedy)
+        raw = compute_logprobs(logits)  # [num_rows, vocab] float32
+        final_row = result.final_row.long()
+        token_logprobs = raw[final_row, result.token_ids.long()]
+        verified = result.verified_token_ids
+        accepted = verified != VERIFIED_END
+        verified_logprobs = torch.where(
+            accepted, raw.gather(1, verified.clamp(min=0).long().unsqueeze(1)).squeeze(1), 0.0)
+        top = self._top_logprobs(raw, batch.num_top_logprobs, ftp, result.num_accepted)
+        return SampleResult(
+            token_ids=result.token_ids.cpu(),
+            token_logprobs=token_logprobs.cpu(),
+            verified_token_ids=verified.cpu(),
+            verified_logprobs=verified_logprobs.cpu(),
+            num_accepted=result.num_accepted.cpu(),
+            top_logprobs=top,
+        )
+
+    @staticmethod
+    def _top_logprobs(raw: torch.Tensor, counts: list[int], ftp: torch.Tensor,
+                      num_accepted: torch.Tensor) -> list[list[dict[int, float]] | None]:
+        """Top-n alternatives for each emitted row (accepted drafts, then the final row)."""
+        if not any(counts):
+            return [None] * len(counts)
+        n_max = max(counts)
+        values, ids = torch.topk(raw, k=min(n_max, raw.shape[1]), dim=1)
+        values, ids = values.cpu().tolist(), ids.cpu().tolist()
+        out: list[list[dict[int, float]] | None] = []
+        for i, n in enumerate(counts):
+            if n == 0:
+                out.append(None)
+                continue
+            first = int(ftp[i])
+            emitted_rows = range(first, first + int(num_accepted[i]) + 1)
+            out.append([{ids[r][k]: max(values[r][k], -9999.0) for k in range(n)} for r in emitted_rows])
+        return out
