@@ -21,18 +21,18 @@ using namespace deepinfer::bind;
 namespace {
 
 void bind_enums(nb::module_& m) {
-  nb::enum_<StepKind>(m, "StepKind")
+  nb::enum_<StepKind>(m, "StepKind", nb::is_arithmetic())
       .value("IDLE", StepKind::IDLE)
       .value("PREFILL", StepKind::PREFILL)
       .value("DECODE", StepKind::DECODE);
-  nb::enum_<SequenceStatus>(m, "SequenceStatus")
+  nb::enum_<SequenceStatus>(m, "SequenceStatus", nb::is_arithmetic())
       .value("WAITING", SequenceStatus::WAITING)
       .value("RUNNING", SequenceStatus::RUNNING)
       .value("FINISHED_STOPPED", SequenceStatus::FINISHED_STOPPED)
       .value("FINISHED_LENGTH", SequenceStatus::FINISHED_LENGTH)
       .value("FINISHED_ABORTED", SequenceStatus::FINISHED_ABORTED)
       .value("FINISHED_IGNORED", SequenceStatus::FINISHED_IGNORED);
-  nb::enum_<FinishReason>(m, "FinishReason")
+  nb::enum_<FinishReason>(m, "FinishReason", nb::is_arithmetic())
       .value("NONE", FinishReason::NONE)
       .value("STOP", FinishReason::STOP)
       .value("LENGTH", FinishReason::LENGTH)
@@ -143,12 +143,14 @@ void bind_scheduler_output(nb::module_& m) {
   DI_VIEW(slot_mapping);
   DI_VIEW(pushed);
   DI_VIEW(num_accepted);
+  DI_VIEW(kept_rows);
+  DI_VIEW(output_len_before);
 #undef DI_VIEW
   cls.def_prop_ro("is_last_chunk", [](const SO& o) {
     auto* heap = new std::vector<uint8_t>(o.is_last_chunk);
     nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<uint8_t>*>(p); });
     return nb::ndarray<nb::numpy, bool, nb::ndim<1>>(reinterpret_cast<bool*>(heap->data()), {heap->size()}, owner);
-  });
+  }, nb::rv_policy::automatic);
   cls.def_prop_ro("block_tables",
                   [](const SO& o) { return view2d(o.block_tables, size_t(o.req_cnt()), size_t(o.max_blocks), nb::find(o)); });
   cls.def_prop_ro("num_drafts", [](const SO& o) {
@@ -156,7 +158,7 @@ void bind_scheduler_output(nb::module_& m) {
     if (o.step_kind == StepKind::DECODE)
       for (size_t i = 0; i < d.size(); ++i) d[i] = o.seqlens_q[i] - 1;
     return to_numpy(std::move(d));
-  });
+  }, nb::rv_policy::automatic);
   cls.def("__repr__", [](const SO& o) {
     const char* k = o.step_kind == StepKind::PREFILL ? "PREFILL" : o.step_kind == StepKind::DECODE ? "DECODE" : "IDLE";
     return str_cat("SchedulerOutput(step_id=", o.step_id, ", step_kind=", k, ", req_cnt=", o.req_cnt(),

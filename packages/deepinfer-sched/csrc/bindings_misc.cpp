@@ -33,7 +33,7 @@ void bind_misc(nb::module_& m) {
       .def("estimate_ms", &ForwardRuntimeEstimator::estimate_ms, "graph_size"_a, "baseline_ms"_a)
       .def_prop_ro("num_samples", &ForwardRuntimeEstimator::num_samples);
 
-  nb::enum_<AttemptPoint>(m, "AttemptPoint")
+  nb::enum_<AttemptPoint>(m, "AttemptPoint", nb::is_arithmetic())
       .value("NONE", AttemptPoint::NONE)
       .value("ALL", AttemptPoint::ALL)
       .value("ANY", AttemptPoint::ANY);

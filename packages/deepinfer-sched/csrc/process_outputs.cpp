@@ -100,6 +100,7 @@ std::vector<int32_t> Scheduler::process_outputs(SchedulerOutput& out, const Samp
   out.pushed.assign(n, 0);
   out.num_accepted = accepted;
   out.output_len_before.assign(n, 0);
+  out.kept_rows.assign(n, 0);
   out.finish_reason.assign(n, uint8_t(FinishReason::NONE));
   out.stop_token_id.assign(n, -1);
   out.step_confidence.assign(size_t(n) * out.nextn, 0.0f);
@@ -132,7 +133,8 @@ std::vector<int32_t> Scheduler::process_outputs(SchedulerOutput& out, const Samp
         seq.mtp.prev_confidence.clear();
     }
     // KV commit: a prefill chunk keeps all its rows; a decode step keeps the appended tokens.
-    seq.cache.commit_processed_tokens(seq.request_id, rows, decode ? pushed : rows);
+    out.kept_rows[i] = decode ? pushed : rows;
+    seq.cache.commit_processed_tokens(seq.request_id, rows, out.kept_rows[i]);
     out.pushed[i] = pushed;
     if (seq.is_finished()) {
       out.finish_reason[i] = uint8_t(finish_reason_of(seq.status));

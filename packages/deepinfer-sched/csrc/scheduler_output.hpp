@@ -59,6 +59,7 @@ struct SchedulerOutput {
   bool processed = false;
   std::vector<int32_t> pushed;             // tokens appended before finish (pushed_tokens_before_finish)
   std::vector<int32_t> num_accepted;       // accepted drafts per request
+  std::vector<int32_t> kept_rows;          // KV rows the commit kept (prefill: chunk; decode: pushed)
   std::vector<int32_t> output_len_before;  // output_len before this step's appends
   std::vector<uint8_t> finish_reason;      // FinishReason reached in this step (NONE if none)
   std::vector<int32_t> stop_token_id;      // token that stopped it in this step, else -1
