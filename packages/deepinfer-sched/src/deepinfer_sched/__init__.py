@@ -16,13 +16,13 @@ from ._core import (
     RequestOutputView,
     SamplerRuntimeEstimator,
     SchedulerOutput,
-    Sequence,
     SequenceStatus,
     StepKind,
     prepare_zos_inputs,
 )
 from .config import RequestParams, SchedulerConfig
 from .scheduler import Scheduler
+from .sequence import Sequence
 from .step_vote import AttemptPoint, decide_step_kind, prefill_attempt_point, step_type_vote
 
 __version__ = "0.1.0"
