@@ -149,7 +149,7 @@ def engine_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
             update_compressed_source(model, src, s, positions, req, slots, meta.block_tables, cache)
         x = x[full_rows]
         frows = rows.subset(full_rows, lo[full_rows])
-        for l in topo.consumer_layers:
+        for l in (topo.consumer_layers if full_rows.numel() else ()):  # no last chunk: encoder side only
             x = run_layer(model, l, x, frows, meta, cache)
             if l in targets:
                 feats[l] = x

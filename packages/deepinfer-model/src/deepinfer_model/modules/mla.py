@@ -59,4 +59,4 @@ class MLAAttention(nn.Module):
 
     def output(self, o: torch.Tensor) -> torch.Tensor:
         """o [N, nh, D] -> [N, H]."""
-        return self.o_proj(o.reshape(o.shape[0], -1).to(self.o_proj.weight.dtype))
+        return self.o_proj(o.reshape(o.shape[0], self.num_heads * self.head_dim).to(self.o_proj.weight.dtype))
