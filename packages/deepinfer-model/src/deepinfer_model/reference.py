@@ -100,6 +100,30 @@ def layer_forward(model, l, x, pos, lo, windows, entries, kv_quant):
 
 
 @torch.no_grad()
+def encoder_side(model, tokens: torch.Tensor, kv_quant: bool = False):
+    """YOCO prefill, densely: encoder layers over every position, then the consumer-side
+    compressors over the shared hidden. -> (x after the last encoder layer [T, H], Engram
+    windows, entries of every compressed source, residuals of the encoder layers)."""
+    cfg, topo = model.config, model.config.topology
+    tokens = torch.as_tensor(tokens, device=model.device).long().reshape(-1)
+    pos = torch.arange(tokens.shape[0], device=model.device)
+    x = model.model.embed_tokens(tokens)
+    windows = None
+    if cfg.engram_layer_ids:
+        windows = dense_windows(model.engram_vocab_map[tokens], cfg.engram_max_ngram_size)
+    entries: dict = {}
+    residuals = {}
+    for l in topo.encoder_layers:
+        x = layer_forward(model, l, x, pos, 0, windows, entries, kv_quant)
+        residuals[l] = x
+    if topo.yoco_enabled:
+        s = model.model.layers[topo.first_consumer_layer].input_layernorm(x)     # YOCO shared hidden
+        for src in topo.consumer_sources:
+            entries[src] = compressed_entries(model.model.layers[src].self_attn.compressor, s, kv_quant)
+    return x, windows, entries, residuals
+
+
+@torch.no_grad()
 def reference_forward(model, token_ids: torch.Tensor, mode: str = "exact", prompt_len: int | None = None,
                       kv_quant: bool = False, return_dspark_features: bool = False) -> ReferenceOutput:
     cfg, topo = model.config, model.config.topology
@@ -114,19 +138,9 @@ def reference_forward(model, token_ids: torch.Tensor, mode: str = "exact", promp
     else:
         raise ValueError(f"mode={mode!r}: expected 'exact' or 'bounded_replay'")
     pos = torch.arange(t, device=model.device)
-    x = model.model.embed_tokens(tokens)
-    windows = None
-    if cfg.engram_layer_ids:
-        windows = dense_windows(model.engram_vocab_map[tokens], cfg.engram_max_ngram_size)
-    entries: dict = {}
-    residuals, row_start = {}, {}
-    for l in topo.encoder_layers:
-        x = layer_forward(model, l, x, pos, 0, windows, entries, kv_quant)
-        residuals[l], row_start[l] = x, 0
+    x, windows, entries, residuals = encoder_side(model, tokens, kv_quant)
+    row_start = {l: 0 for l in residuals}
     if topo.yoco_enabled:
-        s = model.model.layers[topo.first_consumer_layer].input_layernorm(x)     # YOCO shared hidden
-        for src in topo.consumer_sources:
-            entries[src] = compressed_entries(model.model.layers[src].self_attn.compressor, s, kv_quant)
         x = x[start:]
         for l in topo.consumer_layers:
             x = layer_forward(model, l, x, pos[start:], start, None if windows is None else windows[start:],
