@@ -1,0 +1,116 @@
+"""Lightning indexer: score compressed entries, reduce to block scores, select top-k blocks.
+
+1. `indexer_scores`: for each query row and candidate entry j (an index into a paged FP4
+   indexer-key pool, `-1` = no entry), `score_j = sum_h w_h * relu(q_h . k_j)`; `-inf` where empty.
+   No softmax: only the order matters.
+2. `candidate_block_max`: entries are grouped in blocks of `block_size` along the candidate axis;
+   only the first `valid_lens[r]` entries of row r are valid. Block score = max valid score,
+   clamped to the largest finite bf16 (3.3895e38); the last valid block gets `+inf` so it is
+   always selected; blocks past the last valid one are `-inf`.
+3. `select_topk_blocks`: the `topk` highest valid blocks per row, sorted by score (descending),
+   ties broken by the lower block index; `-1` padded when a row has fewer valid blocks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer_kernels.ops._checks import FLOAT_DTYPES, INDEX_DTYPES, check_dim, check_same_device, check_tensor
+from deepinfer_kernels.ops.kv_fp4 import dequantize_index_k_fp4_ref, fp4_record_bytes
+from deepinfer_kernels.platform import select_backend
+
+BF16_MAX = torch.finfo(torch.bfloat16).max
+
+
+def indexer_scores_ref(q: torch.Tensor, weights: torch.Tensor, k_pool: torch.Tensor,
+                       indices: torch.Tensor) -> torch.Tensor:
+    """q [rows, heads, Di], weights [rows, heads], k_pool uint8 [slots, Di/2 + Di/32],
+    indices [rows, n] (-1 = empty) -> float32 [rows, n]."""
+    rows, _, di = q.shape
+    n = indices.shape[1]
+    valid = indices >= 0
+    flat = indices.clamp(min=0).long().reshape(-1)
+    k = dequantize_index_k_fp4_ref(k_pool[flat], di).reshape(rows, n, di)           # [rows, n, Di]
+    s = torch.einsum("rhd,rnd->rhn", q.float(), k).relu()                            # [rows, heads, n]
+    out = torch.einsum("rhn,rh->rn", s, weights.float())
+    return out.masked_fill(~valid, float("-inf"))
+
+
+def candidate_block_max_ref(logits: torch.Tensor, valid_lens: torch.Tensor,
+                            block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [rows, n] float, valid_lens [rows] -> (block_scores float32 [rows, ceil(n/B)],
+    num_valid_blocks int32 [rows])."""
+    rows, n = logits.shape
+    nb = (n + block_size - 1) // block_size
+    col = torch.arange(nb * block_size, device=logits.device)
+    padded = torch.full((rows, nb * block_size), float("-inf"), device=logits.device)
+    padded[:, :n] = logits.float()
+    padded = padded.masked_fill(col.unsqueeze(0) >= valid_lens.long().unsqueeze(1), float("-inf"))
+    scores = padded.reshape(rows, nb, block_size).amax(-1).clamp(max=BF16_MAX)
+    num_valid = (valid_lens.long() + block_size - 1) // block_size                  # [rows]
+    bidx = torch.arange(nb, device=logits.device).unsqueeze(0)
+    scores = scores.masked_fill(bidx >= num_valid.unsqueeze(1), float("-inf"))
+    scores = torch.where(bidx == (num_valid - 1).unsqueeze(1), float("inf"), scores)
+    return scores, num_valid.to(torch.int32)
+
+
+def select_topk_blocks_ref(block_scores: torch.Tensor, num_valid_blocks: torch.Tensor,
+                           topk: int) -> torch.Tensor:
+    """block_scores [rows, nb], num_valid_blocks [rows] -> block ids int32 [rows, topk], -1 padded."""
+    rows, nb = block_scores.shape
+    # Stable descending sort: equal scores keep ascending block order (lower index wins).
+    order = torch.sort(block_scores, dim=1, descending=True, stable=True).indices   # [rows, nb]
+    k = min(topk, nb)
+    chosen = order[:, :k]
+    keep = torch.arange(k, device=block_scores.device).unsqueeze(0) < num_valid_blocks.long().unsqueeze(1)
+    out = torch.full((rows, topk), -1, dtype=torch.int32, device=block_scores.device)
+    out[:, :k] = torch.where(keep, chosen, -1).to(torch.int32)
+    return out
+
+
+# ---------------------------------------------------------------- public wrappers
+
+
+def indexer_scores(q: torch.Tensor, weights: torch.Tensor, k_pool: torch.Tensor,
+                   indices: torch.Tensor) -> torch.Tensor:
+    """q [rows, heads, Di], weights [rows, heads], k_pool uint8 [slots, Di/2+Di/32],
+    indices int32 [rows, n] -> float32 [rows, n] (-inf where indices == -1)."""
+    check_tensor("q", q, 3, FLOAT_DTYPES)
+    check_tensor("weights", weights, 2, FLOAT_DTYPES)
+    check_tensor("k_pool", k_pool, 2, (torch.uint8,))
+    check_tensor("indices", indices, 2, INDEX_DTYPES)
+    check_dim("weights", weights, 0, q.shape[0])
+    check_dim("weights", weights, 1, q.shape[1])
+    check_dim("k_pool", k_pool, 1, fp4_record_bytes(q.shape[2]))
+    check_dim("indices", indices, 0, q.shape[0])
+    device = check_same_device(q=q, weights=weights, k_pool=k_pool, indices=indices)
+    select_backend("indexer_scores", device, has_kernel=False)
+    return indexer_scores_ref(q, weights, k_pool, indices)
+
+
+def candidate_block_max(logits: torch.Tensor, valid_lens: torch.Tensor,
+                        block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [rows, n], valid_lens int [rows] (<= n) -> (block scores float32 [rows, ceil(n/B)],
+    num_valid_blocks int32 [rows])."""
+    check_tensor("logits", logits, 2, FLOAT_DTYPES)
+    check_tensor("valid_lens", valid_lens, 1, INDEX_DTYPES)
+    check_dim("valid_lens", valid_lens, 0, logits.shape[0])
+    if block_size <= 0:
+        raise ValueError(f"block_size={block_size}: must be > 0")
+    if valid_lens.numel() and (int(valid_lens.max()) > logits.shape[1] or int(valid_lens.min()) < 0):
+        raise ValueError(f"valid_lens: must lie in [0, {logits.shape[1]}]")
+    device = check_same_device(logits=logits, valid_lens=valid_lens)
+    select_backend("candidate_block_max", device, has_kernel=False)
+    return candidate_block_max_ref(logits, valid_lens, block_size)
+
+
+def select_topk_blocks(block_scores: torch.Tensor, num_valid_blocks: torch.Tensor, topk: int) -> torch.Tensor:
+    """block_scores float32 [rows, nb], num_valid_blocks [rows] -> int32 [rows, topk] (-1 padded)."""
+    check_tensor("block_scores", block_scores, 2, (torch.float32,))
+    check_tensor("num_valid_blocks", num_valid_blocks, 1, INDEX_DTYPES)
+    check_dim("num_valid_blocks", num_valid_blocks, 0, block_scores.shape[0])
+    if topk <= 0:
+        raise ValueError(f"topk={topk}: must be > 0")
+    device = check_same_device(block_scores=block_scores, num_valid_blocks=num_valid_blocks)
+    select_backend("select_topk_blocks", device, has_kernel=False)
+    return select_topk_blocks_ref(block_scores, num_valid_blocks, topk)

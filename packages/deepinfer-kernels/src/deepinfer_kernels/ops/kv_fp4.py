@@ -1,0 +1,104 @@
+"""The FP4 indexer-key record: D e2m1 values packed two per byte + D/32 ue8m0 scale bytes.
+
+Record of one key (68 bytes for D = 128), token-interleaved::
+
+    byte 0 .. D/2-1        packed e2m1: element 2i in the low nibble, 2i+1 in the high nibble
+    byte D/2 .. D/2+D/32-1 ue8m0 scale exponents (bias 127), one per group of 32 values
+
+Nibble = sign bit (8) | magnitude code (0..7) for magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6}.
+Scale rule: `e = ceil(log2(amax / 6))` clamped to [-127, 127]; values `x / 2^e` round to the
+nearest magnitude, ties to the even code (down at .25, 1.25, 2.5, 5; up at .75, 1.75, 3.5).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer_kernels.ops._checks import FLOAT_DTYPES, INDEX_DTYPES, check_dim, check_same_device, check_tensor
+from deepinfer_kernels.ops.kv_fp8 import GROUP, UE8M0_BIAS, ue8m0_exponent
+from deepinfer_kernels.platform import select_backend
+
+E2M1_MAX = 6.0
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+# Midpoints between consecutive magnitudes; a value equal to a midpoint goes to the even code.
+_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+
+
+def fp4_record_bytes(dim: int) -> int:
+    """Bytes of one indexer key: D/2 packed e2m1 + D/32 scale bytes (68 for D = 128)."""
+    if dim % GROUP:
+        raise ValueError(f"dim={dim}: must be a multiple of {GROUP}")
+    return dim // 2 + dim // GROUP
+
+
+def _e2m1_codes(x: torch.Tensor) -> torch.Tensor:
+    """float (already scaled into [-6, 6]) -> uint8 nibble codes."""
+    mag = x.abs()
+    mids = torch.tensor(_MIDPOINTS, dtype=torch.float32, device=x.device)
+    # code = number of midpoints strictly below mag, +1 where mag equals a midpoint and the
+    # upper neighbour is the even code.
+    code = torch.searchsorted(mids, mag.contiguous(), right=False)      # mids < mag  -> count
+    at_mid = (code < len(_MIDPOINTS)) & (mids[code.clamp(max=len(_MIDPOINTS) - 1)] == mag)
+    code = torch.where(at_mid & ((code + 1) % 2 == 0), code + 1, code)
+    sign = (x < 0) & (code > 0)
+    return (code + sign.to(code.dtype) * 8).to(torch.uint8)
+
+
+def quantize_index_k_fp4_ref(k: torch.Tensor) -> torch.Tensor:
+    """k [n, D] float -> records uint8 [n, D/2 + D/32]."""
+    n, d = k.shape
+    x = k.float().reshape(n, d // GROUP, GROUP)
+    e = ue8m0_exponent(x.abs().amax(-1), E2M1_MAX)
+    scaled = (x * torch.exp2(-e.float()).unsqueeze(-1)).clamp(-E2M1_MAX, E2M1_MAX).reshape(n, d)
+    codes = _e2m1_codes(scaled)                                          # [n, D]
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)                      # [n, D/2]
+    return torch.cat([packed, (e + UE8M0_BIAS).to(torch.uint8)], dim=1)
+
+
+def dequantize_index_k_fp4_ref(records: torch.Tensor, dim: int) -> torch.Tensor:
+    """records uint8 [n, D/2 + D/32] -> float32 [n, D]."""
+    n = records.shape[0]
+    packed = records[:, : dim // 2]
+    codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(n, dim).long()
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=records.device)
+    vals = table[codes & 7] * torch.where(codes >= 8, -1.0, 1.0)
+    e = records[:, dim // 2:].to(torch.int32) - UE8M0_BIAS
+    return (vals.reshape(n, dim // GROUP, GROUP) * torch.exp2(e.float()).unsqueeze(-1)).reshape(n, dim)
+
+
+def store_index_k_fp4_ref(k: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    keep = slot_mapping >= 0
+    if not bool(keep.any()):
+        return
+    pool[slot_mapping[keep].long()] = quantize_index_k_fp4_ref(k[keep])
+
+
+# ---------------------------------------------------------------- public wrappers
+
+
+def quantize_index_k_fp4(k: torch.Tensor) -> torch.Tensor:
+    """k [n, D] -> uint8 [n, D/2 + D/32]."""
+    check_tensor("k", k, 2, FLOAT_DTYPES)
+    fp4_record_bytes(k.shape[1])
+    select_backend("quantize_index_k_fp4", k.device, has_kernel=False)
+    return quantize_index_k_fp4_ref(k)
+
+
+def dequantize_index_k_fp4(records: torch.Tensor, dim: int) -> torch.Tensor:
+    """records uint8 [n, D/2 + D/32] -> float32 [n, D]."""
+    check_tensor("records", records, 2, (torch.uint8,))
+    check_dim("records", records, 1, fp4_record_bytes(dim))
+    select_backend("dequantize_index_k_fp4", records.device, has_kernel=False)
+    return dequantize_index_k_fp4_ref(records, dim)
+
+
+def store_index_k_fp4(k: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Quantize k [n, D] and write row i to pool[slot_mapping[i]] (uint8 [slots, D/2 + D/32]); -1 = skip."""
+    check_tensor("k", k, 2, FLOAT_DTYPES)
+    check_tensor("pool", pool, 2, (torch.uint8,))
+    check_tensor("slot_mapping", slot_mapping, 1, INDEX_DTYPES)
+    check_dim("pool", pool, 1, fp4_record_bytes(k.shape[1]))
+    check_dim("slot_mapping", slot_mapping, 0, k.shape[0])
+    device = check_same_device(k=k, pool=pool, slot_mapping=slot_mapping)
+    select_backend("store_index_k_fp4", device, has_kernel=False)
+    store_index_k_fp4_ref(k, pool, slot_mapping)

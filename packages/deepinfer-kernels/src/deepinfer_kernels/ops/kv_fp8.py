@@ -1,0 +1,96 @@
+"""The FP8 KV record: D e4m3 values + D/32 ue8m0 scale bytes, token-interleaved.
+
+Record of one token (528 bytes for D = 512)::
+
+    byte  0 .. D-1        e4m3 values            (value_i = e4m3_i * 2^(scale_{i//32} - 127))
+    byte  D .. D+D/32-1   ue8m0 scale exponents  (one per group of 32 values, bias 127)
+
+Scale rule (exact, the oracle for kernels): for a group with absolute maximum `amax`,
+`e = ceil(log2(amax / 448))` clamped to [-127, 127] (`amax == 0` gives -127), stored as the byte
+`e + 127`; values are `x / 2^e` rounded to nearest-even e4m3 (saturating at +-448).
+No BF16 part: the record is the whole cached KV of a token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer_kernels.ops._checks import FLOAT_DTYPES, INDEX_DTYPES, check_dim, check_same_device, check_tensor
+from deepinfer_kernels.platform import select_backend
+
+GROUP = 32            # values per ue8m0 scale
+E4M3_MAX = 448.0
+UE8M0_BIAS = 127
+
+
+def fp8_record_bytes(dim: int) -> int:
+    """Bytes of one token's record: D e4m3 + D/32 scale bytes (528 for D = 512)."""
+    if dim % GROUP:
+        raise ValueError(f"dim={dim}: must be a multiple of {GROUP}")
+    return dim + dim // GROUP
+
+
+def ue8m0_exponent(amax: torch.Tensor, qmax: float) -> torch.Tensor:
+    """Power-of-two scale exponent `ceil(log2(amax / qmax))`, clamped to [-127, 127]; int32."""
+    amax = amax.float()
+    safe = torch.where(amax > 0, amax / qmax, torch.full_like(amax, 2.0 ** -127))
+    e = torch.ceil(torch.log2(safe))
+    return e.clamp(-UE8M0_BIAS, UE8M0_BIAS).to(torch.int32)
+
+
+def quantize_kv_fp8_ref(kv: torch.Tensor) -> torch.Tensor:
+    """kv [n, D] float -> records uint8 [n, D + D/32]."""
+    n, d = kv.shape
+    x = kv.float().reshape(n, d // GROUP, GROUP)
+    e = ue8m0_exponent(x.abs().amax(-1), E4M3_MAX)                      # [n, D/32]
+    scaled = (x * torch.exp2(-e.float()).unsqueeze(-1)).clamp(-E4M3_MAX, E4M3_MAX)
+    q = scaled.reshape(n, d).to(torch.float8_e4m3fn).view(torch.uint8)  # [n, D]
+    sf = (e + UE8M0_BIAS).to(torch.uint8)                               # [n, D/32]
+    return torch.cat([q, sf], dim=1)
+
+
+def dequantize_kv_fp8_ref(records: torch.Tensor, dim: int) -> torch.Tensor:
+    """records uint8 [n, D + D/32] -> float32 [n, D]."""
+    n = records.shape[0]
+    q = records[:, :dim].contiguous().view(torch.float8_e4m3fn).float().reshape(n, dim // GROUP, GROUP)
+    e = records[:, dim:].to(torch.int32) - UE8M0_BIAS                   # [n, D/32]
+    return (q * torch.exp2(e.float()).unsqueeze(-1)).reshape(n, dim)
+
+
+def store_kv_fp8_ref(kv: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """pool[slot_mapping[i]] = quantize(kv[i]) for every i with slot_mapping[i] >= 0 (in place)."""
+    keep = slot_mapping >= 0
+    if not bool(keep.any()):
+        return
+    pool[slot_mapping[keep].long()] = quantize_kv_fp8_ref(kv[keep])
+
+
+# ---------------------------------------------------------------- public wrappers
+
+
+def quantize_kv_fp8(kv: torch.Tensor) -> torch.Tensor:
+    """kv [n, D] (float32/bf16/fp16) -> uint8 [n, D + D/32]."""
+    check_tensor("kv", kv, 2, FLOAT_DTYPES)
+    fp8_record_bytes(kv.shape[1])
+    select_backend("quantize_kv_fp8", kv.device, has_kernel=False)
+    return quantize_kv_fp8_ref(kv)
+
+
+def dequantize_kv_fp8(records: torch.Tensor, dim: int) -> torch.Tensor:
+    """records uint8 [n, D + D/32] -> float32 [n, D]."""
+    check_tensor("records", records, 2, (torch.uint8,))
+    check_dim("records", records, 1, fp8_record_bytes(dim))
+    select_backend("dequantize_kv_fp8", records.device, has_kernel=False)
+    return dequantize_kv_fp8_ref(records, dim)
+
+
+def store_kv_fp8(kv: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Quantize kv [n, D] and write row i to pool[slot_mapping[i]] (uint8 [slots, D + D/32]); slot -1 = skip."""
+    check_tensor("kv", kv, 2, FLOAT_DTYPES)
+    check_tensor("pool", pool, 2, (torch.uint8,))
+    check_tensor("slot_mapping", slot_mapping, 1, INDEX_DTYPES)
+    check_dim("pool", pool, 1, fp8_record_bytes(kv.shape[1]))
+    check_dim("slot_mapping", slot_mapping, 0, kv.shape[0])
+    device = check_same_device(kv=kv, pool=pool, slot_mapping=slot_mapping)
+    select_backend("store_kv_fp8", device, has_kernel=False)
+    store_kv_fp8_ref(kv, pool, slot_mapping)

@@ -1,0 +1,129 @@
+"""MoE ops: sigmoid routing with a selection bias, grouped expert GEMM, routed-experts forward.
+
+Routing (`moe_route`), per token t over E experts::
+
+    sigma = sigmoid(router_logits[t])                 # the gate values
+    ids   = top_k(sigma + bias)                       # bias only chooses, never weighs;
+                                                      # ties -> lower expert id
+    w     = sigma[ids] / sum(sigma[ids]) if norm_topk_prob else sigma[ids]
+    w     = w * routed_scaling_factor
+
+Grouped GEMM (`grouped_expert_gemm`): tokens are permuted so that those of expert e are rows
+`expert_offsets[e] .. expert_offsets[e+1]-1`; `out[rows of e] = x[rows of e] @ w[e].T`.
+
+Routed experts (`routed_experts`): SwiGLU experts with stacked weights `w13 [E, 2I, H]`
+(gate rows then up rows) and `w2 [E, H, I]`; `out[t] = sum_k w[t,k] * expert_{ids[t,k]}(x[t])`,
+accumulated over k in order 0..top_k-1 (the permutation is stable, so the sum order is fixed).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from deepinfer_kernels.ops._checks import FLOAT_DTYPES, INDEX_DTYPES, check_dim, check_same_device, check_tensor
+from deepinfer_kernels.platform import select_backend
+
+
+def moe_route_ref(router_logits: torch.Tensor, bias: torch.Tensor, top_k: int, norm_topk_prob: bool,
+                  routed_scaling_factor: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """router_logits [T, E], bias [E] -> (weights float32 [T, k], expert ids int32 [T, k])."""
+    sigma = torch.sigmoid(router_logits.float())
+    choice = sigma + bias.float().unsqueeze(0)
+    ids = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :top_k]
+    w = sigma.gather(1, ids)
+    if norm_topk_prob:
+        w = w / w.sum(-1, keepdim=True).clamp(min=1e-20)
+    return w * routed_scaling_factor, ids.to(torch.int32)
+
+
+def permute_by_expert(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids [T, k] -> (order [T*k] int64: flat (t*k + slot) indices sorted by expert, stable;
+    expert_offsets [E+1] int64)."""
+    flat = ids.reshape(-1).long()
+    order = torch.sort(flat, stable=True).indices
+    counts = torch.bincount(flat, minlength=num_experts)
+    offsets = torch.zeros(num_experts + 1, dtype=torch.long, device=ids.device)
+    offsets[1:] = torch.cumsum(counts, 0)
+    return order, offsets
+
+
+def grouped_expert_gemm_ref(x: torch.Tensor, w: torch.Tensor, expert_offsets: torch.Tensor) -> torch.Tensor:
+    """x [N, K] (rows grouped by expert), w [E, Nout, K], expert_offsets [E+1] -> [N, Nout]."""
+    out = torch.empty(x.shape[0], w.shape[1], dtype=torch.float32, device=x.device)
+    bounds = expert_offsets.tolist()
+    for e in range(w.shape[0]):
+        lo, hi = bounds[e], bounds[e + 1]
+        if hi > lo:
+            out[lo:hi] = x[lo:hi].float() @ w[e].float().t()
+    return out.to(x.dtype)
+
+
+def routed_experts_ref(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                       w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """x [T, H], weights [T, k], ids [T, k], w13 [E, 2I, H], w2 [E, H, I] -> [T, H]."""
+    t, k = ids.shape
+    order, offsets = permute_by_expert(ids, w13.shape[0])
+    token_of = order // k                                                      # [T*k]
+    xp = x[token_of]                                                           # [T*k, H]
+    gu = grouped_expert_gemm_ref(xp, w13, offsets)                             # [T*k, 2I]
+    inter = w13.shape[1] // 2
+    act = F.silu(gu[:, :inter].float()) * gu[:, inter:].float()
+    y = grouped_expert_gemm_ref(act.to(x.dtype), w2, offsets).float()        # [T*k, H]
+    y = y * weights.reshape(-1)[order].float().unsqueeze(1)
+    # Unpermute then sum over k in slot order (deterministic).
+    unperm = torch.empty_like(y)
+    unperm[order] = y
+    return unperm.reshape(t, k, -1).sum(1).to(x.dtype)
+
+
+# ---------------------------------------------------------------- public wrappers
+
+
+def moe_route(router_logits: torch.Tensor, bias: torch.Tensor, top_k: int, norm_topk_prob: bool = True,
+              routed_scaling_factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """router_logits [T, E], bias [E] -> (weights float32 [T, top_k], ids int32 [T, top_k])."""
+    check_tensor("router_logits", router_logits, 2, FLOAT_DTYPES)
+    check_tensor("bias", bias, 1, FLOAT_DTYPES)
+    check_dim("bias", bias, 0, router_logits.shape[1])
+    if not 0 < top_k <= router_logits.shape[1]:
+        raise ValueError(f"top_k={top_k}: must lie in [1, {router_logits.shape[1]}]")
+    device = check_same_device(router_logits=router_logits, bias=bias)
+    select_backend("moe_route", device, has_kernel=False)
+    return moe_route_ref(router_logits, bias, top_k, norm_topk_prob, routed_scaling_factor)
+
+
+def grouped_expert_gemm(x: torch.Tensor, w: torch.Tensor, expert_offsets: torch.Tensor) -> torch.Tensor:
+    """x [N, K] grouped by expert, w [E, Nout, K], expert_offsets int64 [E+1] -> [N, Nout] (x.dtype)."""
+    check_tensor("x", x, 2, FLOAT_DTYPES)
+    check_tensor("w", w, 3, FLOAT_DTYPES)
+    check_tensor("expert_offsets", expert_offsets, 1, INDEX_DTYPES)
+    check_dim("w", w, 2, x.shape[1])
+    check_dim("expert_offsets", expert_offsets, 0, w.shape[0] + 1)
+    if int(expert_offsets[0]) != 0 or int(expert_offsets[-1]) != x.shape[0]:
+        raise ValueError(f"expert_offsets: must start at 0 and end at N={x.shape[0]}")
+    device = check_same_device(x=x, w=w, expert_offsets=expert_offsets)
+    select_backend("grouped_expert_gemm", device, has_kernel=False)
+    return grouped_expert_gemm_ref(x, w, expert_offsets)
+
+
+def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                   w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """x [T, H], weights [T, k] float32, ids int32 [T, k], w13 [E, 2I, H], w2 [E, H, I] -> [T, H]."""
+    check_tensor("x", x, 2, FLOAT_DTYPES)
+    check_tensor("weights", weights, 2, FLOAT_DTYPES)
+    check_tensor("ids", ids, 2, INDEX_DTYPES)
+    check_tensor("w13", w13, 3, FLOAT_DTYPES)
+    check_tensor("w2", w2, 3, FLOAT_DTYPES)
+    check_dim("weights", weights, 0, x.shape[0])
+    check_dim("ids", ids, 0, x.shape[0])
+    check_dim("ids", ids, 1, weights.shape[1])
+    check_dim("w13", w13, 2, x.shape[1])
+    check_dim("w2", w2, 0, w13.shape[0])
+    check_dim("w2", w2, 1, x.shape[1])
+    check_dim("w2", w2, 2, w13.shape[1] // 2)
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= w13.shape[0]):
+        raise ValueError(f"ids: expert ids must lie in [0, {w13.shape[0]})")
+    device = check_same_device(x=x, weights=weights, ids=ids, w13=w13, w2=w2)
+    select_backend("routed_experts", device, has_kernel=False)
+    return routed_experts_ref(x, weights, ids, w13, w2)

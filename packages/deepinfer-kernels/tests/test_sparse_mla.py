@@ -1,0 +1,36 @@
+import math
+
+import torch
+
+from deepinfer_kernels.ops.kv_fp8 import dequantize_kv_fp8, quantize_kv_fp8
+from deepinfer_kernels.ops.sparse_mla import sparse_mla_attention
+
+
+def test_sparse_attention_matches_dense_loop_and_empty_rows():
+    g = torch.Generator().manual_seed(0)
+    rows, heads, d, slots = 5, 3, 64, 20
+    q = torch.randn(rows, heads, d, generator=g)
+    pool = quantize_kv_fp8(torch.randn(slots, d, generator=g))
+    kv = dequantize_kv_fp8(pool, d)
+    idx = torch.tensor([[0, 1, 2, -1], [-1, -1, -1, -1], [19, 4, -1, 7], [3, -1, -1, -1], [5, 6, 7, 8]],
+                       dtype=torch.int32)
+    scale = 1 / math.sqrt(d)
+    out, lse = sparse_mla_attention(q, pool, idx, scale)
+    assert out.shape == (rows, heads, d) and lse.shape == (rows, heads)
+    for r in range(rows):
+        cols = [int(i) for i in idx[r] if i >= 0]
+        if not cols:
+            assert torch.equal(out[r], torch.zeros(heads, d))
+            assert bool((lse[r] == float("-inf")).all())
+            continue
+        k = kv[cols]
+        s = q[r] @ k.t() * scale
+        torch.testing.assert_close(out[r], torch.softmax(s, -1) @ k, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(lse[r], torch.logsumexp(s, -1), rtol=1e-5, atol=1e-5)
+
+
+def test_sparse_attention_bf16_output_dtype():
+    q = torch.randn(2, 1, 32).bfloat16()
+    pool = quantize_kv_fp8(torch.randn(4, 32))
+    out, _ = sparse_mla_attention(q, pool, torch.tensor([[0, 1], [2, 3]], dtype=torch.int32), 0.1)
+    assert out.dtype == torch.bfloat16

@@ -1,0 +1,69 @@
+"""Engine path of the DSpark draft block.
+
+- `write_main_keys`: every DFlash layer's main-token latent from the target features of the rows
+  the target just processed, written at their slots in the layer's DFlash plane (optimistically,
+  including draft rows that may be rejected: the next step rewrites those slots first).
+- `draft_forward`: per request, block positions p+1 .. p+nextn (inputs embed(m), embed(noise)..).
+  Attention of block row j = softmax over [main keys at positions max(0, q-W+1) .. p, read from
+  the pool by `sparse_mla_attention`] + [block keys 0..j, in flight, never cached]; the two
+  partial results are merged through their log-sum-exps. Then `DSparkDraft.heads`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer_kernels.ops.kv_fp8 import store_kv_fp8
+from deepinfer_kernels.ops.sparse_mla import sparse_mla_attention
+from deepinfer_model.engine.indexing import slots_of, to_flat, window_positions
+from deepinfer_model.metadata import DraftMetadata, DraftOutput, ForwardMetadata, ForwardOutput
+
+
+def write_main_keys(model, meta: ForwardMetadata, out: ForwardOutput, cache) -> None:
+    ds = model.model.dspark
+    if ds is None or out.dspark_features is None:
+        raise ValueError("dspark_write_main_keys: needs a DSpark model and meta.return_dspark_features=True")
+    pos = meta.positions.long()[out.full_rows]
+    slots = meta.slot_mapping.long()[out.full_rows]
+    for k, layer in enumerate(ds.layers):
+        store_kv_fp8(layer.main_keys(out.dspark_features, pos), cache.kv_flat,
+                     to_flat(slots, cache.layout.dflash_planes[k], cache.num_slots))
+
+
+def merge_attention(o1, lse1, o2, lse2) -> torch.Tensor:
+    """Combine two softmax-attention partials over disjoint key sets: o [N, h, D], lse [N, h]."""
+    m = torch.maximum(lse1, lse2)
+    w1, w2 = torch.exp(lse1 - m).nan_to_num(0.0), torch.exp(lse2 - m).nan_to_num(0.0)
+    return (o1.float() * w1.unsqueeze(-1) + o2.float() * w2.unsqueeze(-1)) / (w1 + w2).unsqueeze(-1)
+
+
+def draft_forward(model, meta: DraftMetadata, cache, uniforms: torch.Tensor | None) -> DraftOutput:
+    cfg, ds = model.config, model.model.dspark
+    if ds is None:
+        raise ValueError("dspark_draft: the model has no DSpark block (nextn = 0)")
+    n_req, n, w = meta.positions.shape[0], ds.nextn, cfg.sliding_window
+    p = meta.positions.long()
+    bpos = (p.unsqueeze(1) + 1 + torch.arange(n, device=p.device)).reshape(-1)     # [R*n]
+    req = torch.arange(n_req, device=p.device).repeat_interleave(n)
+    main_pos = window_positions(bpos, torch.zeros_like(bpos), w)                     # [R*n, W]
+    main_pos = torch.where(main_pos <= p[req].unsqueeze(1), main_pos, torch.full_like(main_pos, -1))
+    main_slots = slots_of(meta.block_tables, req, main_pos, meta.block_size)
+    j = torch.arange(n, device=p.device)
+    bmask = (j.unsqueeze(0) <= j.unsqueeze(1)) & (j.unsqueeze(0) > j.unsqueeze(1) - w)   # [n(q), n(k)]
+    h = ds.block_inputs(meta.main_token_ids, model.model.embed_tokens).reshape(n_req * n, -1)
+    for k, layer in enumerate(ds.layers):
+        attn = layer.self_attn
+        u = layer.input_layernorm(h)
+        q, _ = attn.query(u, bpos)
+        idx = to_flat(main_slots, cache.layout.dflash_planes[k], cache.num_slots).to(torch.int32)
+        o1, lse1 = sparse_mla_attention(q, cache.kv_flat, idx, attn.sm_scale)
+        bk = attn.latent(u, bpos).float().reshape(n_req, n, -1)                     # [R, n, D]
+        qb = q.float().reshape(n_req, n, attn.num_heads, -1)
+        s = torch.einsum("rjhd,rid->rjhi", qb, bk) * attn.sm_scale
+        s = s.masked_fill(~bmask.unsqueeze(0).unsqueeze(2), float("-inf"))
+        lse2 = torch.logsumexp(s, -1)
+        o2 = torch.einsum("rjhi,rid->rjhd", torch.softmax(s, -1), bk)
+        o = merge_attention(o1, lse1, o2.reshape(n_req * n, attn.num_heads, -1), lse2.reshape(n_req * n, -1))
+        h = h + attn.output(o.to(h.dtype))
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return ds.heads(h.reshape(n_req, n, -1), model.lm_head.weight, meta.main_token_ids, uniforms)

@@ -1,0 +1,167 @@
+"""The engine-path forward: flat rows over paged caches, driven by `ForwardMetadata`.
+
+Numbered steps of one call:
+1. Write the Engram ids of every row (all writes of a step precede the reads that need them).
+2. Row sets. Decode: every row runs every layer. Prefill: encoder layers run every row; YOCO
+   consumer layers run only the *replay rows* of last-chunk requests, the last
+   `R = min(W, context_len)` positions (decoder bounded replay; the scheduler guarantees the last
+   chunk holds them), with their window branch truncated to the replay segment.
+3. Encoder layers: window KV -> FP8 plane, compressor of encoder sources, sparse attention over
+   window + indexer-selected far entries, FFN.
+4. YOCO: shared hidden `s = RMSNorm_attn_{first consumer}(x)` for every row; consumer-side
+   compressors consume it (the decoder's global KV is projected, never recomputed by layers).
+5. Consumer layers over the full rows; logits of `meta.logit_rows` (must be full rows);
+   DSpark target features of the full rows when asked.
+Replay writes only the consumer layers' window planes: nothing prefix-cache visible.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer_kernels.ops.indexer import candidate_block_max, indexer_scores, select_topk_blocks
+from deepinfer_kernels.ops.kv_fp8 import store_kv_fp8
+from deepinfer_kernels.ops.sparse_mla import sparse_mla_attention
+from deepinfer_model.engine.compressed import update_compressed_source
+from deepinfer_model.engine.indexing import (
+    entry_positions,
+    num_far_entries,
+    slots_of,
+    to_flat,
+    window_positions,
+)
+from deepinfer_model.metadata import ForwardMetadata, ForwardOutput, MetadataError
+from deepinfer_model.modules.engram import PAD_ID
+
+
+class _Rows:
+    """The rows a layer processes: positions, requests, slots, window lower bound (all [N])."""
+
+    def __init__(self, positions, req, slots, lo, windows):
+        self.positions, self.req, self.slots, self.lo, self.windows = positions, req, slots, lo, windows
+
+    def subset(self, idx, lo=None):
+        w = None if self.windows is None else self.windows[idx]
+        return _Rows(self.positions[idx], self.req[idx], self.slots[idx],
+                     self.lo[idx] if lo is None else lo, w)
+
+
+def engram_windows(model, meta: ForwardMetadata, cache, rows: _Rows) -> torch.Tensor:
+    n_max = model.config.engram_max_ngram_size
+    vpos = rows.positions.unsqueeze(1) - (n_max - 1) + torch.arange(n_max, device=rows.positions.device)
+    s = slots_of(meta.block_tables, rows.req, vpos, meta.block_size)
+    ids = cache.engram_ids[s.clamp(min=0)].long()
+    return torch.where(s >= 0, ids, torch.full_like(ids, PAD_ID))
+
+
+def far_indices(model, layer, q_lat, u, rows: _Rows, meta: ForwardMetadata, cache) -> torch.Tensor | None:
+    """Indexer-selected far compressed entries -> flat kv rows [N, topk * B] (or None)."""
+    cfg = model.config
+    r, src, ns = layer.ratio, layer.source, cache.num_slots
+    n_far = num_far_entries(rows.positions, cfg.sliding_window, r)
+    max_far = int(n_far.max()) if n_far.numel() else 0
+    if max_far == 0:
+        return None
+    ent_slots = slots_of(meta.block_tables, rows.req, entry_positions(n_far, max_far, r), meta.block_size)
+    q_idx, w = layer.self_attn.indexer.query(q_lat, u)
+    scores = indexer_scores(q_idx, w, cache.index_flat,
+                            to_flat(ent_slots, cache.layout.index_planes[src], ns).to(torch.int32))
+    bscores, nvalid = candidate_block_max(scores, n_far, cfg.index_block_size)
+    blocks = select_topk_blocks(bscores, nvalid, cfg.index_topk).long()           # [N, topk]
+    bsz = cfg.index_block_size
+    ent = (blocks.unsqueeze(2) * bsz + torch.arange(bsz, device=blocks.device)).reshape(len(blocks), -1)
+    ok = (blocks.unsqueeze(2) >= 0).expand(-1, -1, bsz).reshape(len(blocks), -1) & (ent < n_far.unsqueeze(1))
+    vpos = torch.where(ok, ent * r + r - 1, torch.full_like(ent, -1))
+    return to_flat(slots_of(meta.block_tables, rows.req, vpos, meta.block_size), cache.layout.comp_planes[src], ns)
+
+
+def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata, cache) -> torch.Tensor:
+    cfg = model.config
+    layer = model.model.layers[l]
+    attn = layer.self_attn
+    ns = cache.num_slots
+    if layer.engram is not None:
+        x = x + layer.engram(x, rows.windows)
+    u = layer.input_layernorm(x)
+    q, q_lat = attn.query(u, rows.positions)
+    plane = cache.layout.window_planes[l]
+    store_kv_fp8(attn.latent(u, rows.positions), cache.kv_flat, to_flat(rows.slots, plane, ns))
+    if attn.compressor is not None and not layer.is_consumer:
+        update_compressed_source(model, l, u, rows.positions, rows.req, rows.slots, meta.block_tables, cache)
+    win = window_positions(rows.positions, rows.lo, cfg.sliding_window)
+    idx = to_flat(slots_of(meta.block_tables, rows.req, win, meta.block_size), plane, ns)
+    if layer.ratio > 0:
+        far = far_indices(model, layer, q_lat, u, rows, meta, cache)
+        if far is not None:
+            idx = torch.cat([idx, far], dim=1)
+    o, _ = sparse_mla_attention(q, cache.kv_flat, idx.to(torch.int32), attn.sm_scale)
+    x = x + attn.output(o)
+    return x + layer.mlp(layer.post_attention_layernorm(x))
+
+
+def full_row_mask(model, meta: ForwardMetadata, req: torch.Tensor, positions: torch.Tensor) -> tuple:
+    """-> (bool [N] rows that run every layer, int64 [N] consumer window lower bound)."""
+    topo, w = model.config.topology, model.config.sliding_window
+    if not meta.is_prefill or not topo.yoco_enabled:
+        return torch.ones_like(positions, dtype=torch.bool), torch.zeros_like(positions)
+    ctx = meta.context_lens.long()
+    replay_start = ctx - torch.clamp(ctx, max=w)                                  # [R]
+    num_computed = ctx - meta.seqlens_q.long()
+    short = meta.is_last_chunk & (num_computed > replay_start)
+    if bool(short.any()):
+        i = int(short.nonzero()[0])
+        raise MetadataError(f"request {i}: the last prefill chunk must hold the last min(W, prompt) = "
+                            f"{int(ctx[i] - replay_start[i])} tokens for the decoder bounded replay, "
+                            f"it starts at {int(num_computed[i])}")
+    lo = replay_start[req]
+    return meta.is_last_chunk[req] & (positions >= lo), lo
+
+
+def engine_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
+    cfg, topo = model.config, model.config.topology
+    req = meta.row_to_req
+    positions, slots = meta.positions.long(), meta.slot_mapping.long()
+    # 1. Engram ids first.
+    windows = None
+    if cfg.engram_layer_ids:
+        cids = meta.engram_ids if meta.engram_ids is not None else model.engram_vocab_map[meta.input_ids.long()]
+        keep = slots >= 0
+        cache.engram_ids[slots[keep]] = cids[keep].to(torch.int32)
+    rows = _Rows(positions, req, slots, torch.zeros_like(positions), None)
+    if cfg.engram_layer_ids:
+        rows.windows = engram_windows(model, meta, cache, rows)
+    # 2. Row sets.
+    full, lo = full_row_mask(model, meta, req, positions)
+    full_rows = full.nonzero().squeeze(1)
+    targets = set(model.model.dspark.target_layer_ids) if (meta.return_dspark_features and
+                                                           model.model.dspark is not None) else set()
+    feats: dict[int, torch.Tensor] = {}
+    # 3. Encoder layers over every row.
+    x = model.model.embed_tokens(meta.input_ids.long())
+    for l in topo.encoder_layers:
+        x = run_layer(model, l, x, rows, meta, cache)
+        if l in targets:
+            feats[l] = x[full_rows]
+    # 4./5. YOCO shared hidden, consumer compressors, consumer layers over the full rows.
+    if topo.yoco_enabled:
+        s = model.model.layers[topo.first_consumer_layer].input_layernorm(x)
+        for src in topo.consumer_sources:
+            update_compressed_source(model, src, s, positions, req, slots, meta.block_tables, cache)
+        x = x[full_rows]
+        frows = rows.subset(full_rows, lo[full_rows])
+        for l in (topo.consumer_layers if full_rows.numel() else ()):  # no last chunk: encoder side only
+            x = run_layer(model, l, x, frows, meta, cache)
+            if l in targets:
+                feats[l] = x
+    else:
+        x = x[full_rows]
+    inv = torch.full((meta.total_q,), -1, dtype=torch.long, device=positions.device)
+    inv[full_rows] = torch.arange(full_rows.numel(), device=positions.device)
+    lrows = inv[meta.logit_rows.long()]
+    if bool((lrows < 0).any()):
+        raise MetadataError("logit_rows: a row outside the replay segment of a last chunk has no logits")
+    logits = model.lm_head(model.model.norm(x[lrows])).float()
+    out = ForwardOutput(logits=logits, full_rows=full_rows)
+    if targets:
+        out.dspark_features = model.model.dspark.features([feats[l] for l in model.model.dspark.target_layer_ids])
+    return out

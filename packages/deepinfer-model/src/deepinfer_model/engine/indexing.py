@@ -1,0 +1,51 @@
+"""Index arithmetic of the engine path: virtual positions -> slots -> flat pool rows.
+
+```
+virtual position v of request i  ->  slot = block_tables[i, v // bs] * bs + v % bs
+slot s of plane p                 ->  flat row p * num_slots + s   (pools are viewed [planes * slots, rec])
+window of a row at position p     ->  positions max(lo, p - W + 1) .. p      (expand_swa_index, 1 segment)
+far entries of a row              ->  j < n_far = max(0, p - W + 1) // r     entry j at position j*r + r - 1
+```
+`-1` marks an empty column everywhere and survives every mapping.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer_kernels.ops.swa_index import expand_swa_index
+
+
+def slots_of(block_tables: torch.Tensor, req: torch.Tensor, vpos: torch.Tensor, block_size: int) -> torch.Tensor:
+    """block_tables [R, MB] int32, req [N], vpos [N, K] int64 (-1 = empty) -> slots int64 [N, K]."""
+    v = vpos.clamp(min=0)
+    blk_idx = (v // block_size).clamp(max=block_tables.shape[1] - 1)
+    blk = block_tables.long()[req.unsqueeze(1).expand_as(v), blk_idx]
+    ok = (vpos >= 0) & (blk >= 0) & (v // block_size < block_tables.shape[1])
+    return torch.where(ok, blk * block_size + v % block_size, torch.full_like(v, -1))
+
+
+def to_flat(slots: torch.Tensor, plane: int, num_slots: int) -> torch.Tensor:
+    """slots [...] (-1 = empty) -> flat pool rows int64 of `plane`."""
+    return torch.where(slots >= 0, slots + plane * num_slots, torch.full_like(slots, -1))
+
+
+def window_positions(positions: torch.Tensor, lo: torch.Tensor, width: int) -> torch.Tensor:
+    """positions [N], lo [N] (first position that exists for this branch) -> int64 [N, W] virtual
+    positions of the window, -1 padded."""
+    start = torch.maximum(positions - width + 1, lo)
+    length = (positions - start + 1).clamp(min=0)
+    zeros = torch.zeros_like(start)
+    pivots = torch.stack([start, length, zeros, zeros], dim=1).to(torch.int32)
+    return expand_swa_index(pivots, width).long()
+
+
+def num_far_entries(positions: torch.Tensor, width: int, ratio: int) -> torch.Tensor:
+    """Complete compressed entries entirely before the window of each row: [N] int64."""
+    return (positions - width + 1).clamp(min=0) // ratio
+
+
+def entry_positions(n_far: torch.Tensor, max_far: int, ratio: int) -> torch.Tensor:
+    """-> [N, max_far] virtual position (j*r + r - 1) of entry j, -1 where j >= n_far."""
+    j = torch.arange(max_far, device=n_far.device).unsqueeze(0)
+    return torch.where(j < n_far.unsqueeze(1), j * ratio + ratio - 1, torch.full_like(j, -1))

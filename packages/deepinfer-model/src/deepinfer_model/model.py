@@ -1,0 +1,151 @@
+"""`V41ForCausalLM`: the module tree (HF names) and the entry points of both forward paths.
+
+```python
+model = V41ForCausalLM(cfg)                       # float32 on the CPU, bf16 on CUDA by default
+model.init_random_weights(seed)                   # bf16-representable random weights
+cache = model.allocate_kv_cache(num_blocks, block_size, device)
+out = model.forward(meta, cache)                  # engine path -> ForwardOutput
+model.dspark_write_main_keys(meta, out, cache)    # DFlash main-token keys of the processed rows
+draft = model.dspark_draft(draft_meta, cache)     # -> DraftOutput (nextn tokens, probs, confidence)
+ref = model.reference_forward(token_ids, mode="bounded_replay", prompt_len=P, kv_quant=True)
+```
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from deepinfer_model.config import V41Config
+from deepinfer_model.metadata import DraftMetadata, DraftOutput, ForwardMetadata, ForwardOutput
+from deepinfer_model.modules.dspark import DSparkDraft
+from deepinfer_model.modules.layer import DecoderLayer
+from deepinfer_model.modules.norm import RMSNorm
+from deepinfer_model.paged_cache import CacheLayout, PagedKVCache, allocate_kv_cache
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """Compute dtype: float32 on the CPU (weights hold bf16 values), bf16 on CUDA."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+class V41Model(nn.Module):
+    def __init__(self, cfg: V41Config):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, l) for l in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.dspark = DSparkDraft(cfg) if cfg.nextn > 0 else None
+
+
+class V41ForCausalLM(nn.Module):
+    def __init__(self, cfg: V41Config, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None):
+        super().__init__()
+        device = torch.device(device or "cpu")
+        self.config = cfg
+        self.model = V41Model(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        # token id -> compressed (Engram) id; identity until a tokenizer provides the classes.
+        self.register_buffer("engram_vocab_map", torch.arange(cfg.vocab_size, dtype=torch.int32), persistent=False)
+        self.to(device=device, dtype=dtype or default_dtype(device))
+        self.engram_vocab_map = self.engram_vocab_map.to(torch.int32)
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    # ------------------------------------------------------------------ weights
+    @torch.no_grad()
+    def init_random_weights(self, seed: int = 0, std: float = 0.02) -> V41ForCausalLM:
+        """Deterministic random weights (generated on the CPU, rounded to bf16): norms ~1,
+        linear weights N(0, 1/fan_in), embeddings and Engram tables N(0, 1), small biases."""
+        g = torch.Generator().manual_seed(seed)
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name:
+                v = 1.0 + 0.1 * torch.randn(p.shape, generator=g)
+            elif name.endswith("pos_bias"):
+                v = 0.5 * torch.randn(p.shape, generator=g)
+            elif name.endswith("e_score_correction_bias"):
+                v = 0.01 * torch.randn(p.shape, generator=g)
+            elif name.endswith("engram.gate.weight") or name.endswith("compressor.gate.weight"):
+                v = 0.2 * torch.randn(p.shape, generator=g)
+            elif p.dim() == 1:
+                v = std * torch.randn(p.shape, generator=g)
+            elif "embed" in name or ".tables." in name:
+                v = torch.randn(p.shape, generator=g)
+            else:  # linear / stacked expert weights [..., out, in]: unit-variance outputs
+                v = torch.randn(p.shape, generator=g) * p.shape[-1] ** -0.5
+            p.copy_(v.to(torch.bfloat16).to(p.dtype))
+        return self
+
+    def set_engram_vocab_map(self, vocab_map: list[int] | torch.Tensor) -> None:
+        m = torch.as_tensor(vocab_map, dtype=torch.int32, device=self.device)
+        if m.shape != (self.config.vocab_size,):
+            raise ValueError(f"engram vocab map: shape {tuple(m.shape)}, expected ({self.config.vocab_size},)")
+        self.engram_vocab_map = m
+
+    @classmethod
+    def from_pretrained(cls, path, device: torch.device | str | None = None,
+                        dtype: torch.dtype | None = None) -> V41ForCausalLM:
+        """Load an HF-layout checkpoint directory (validated; see checkpoint/loader.py)."""
+        from deepinfer_model.checkpoint import load_checkpoint
+        return load_checkpoint(path, device=device, dtype=dtype)
+
+    def save_pretrained(self, path, tokenizer=None, max_shard_bytes: int = 2 * 1024**3):
+        from deepinfer_model.checkpoint import save_checkpoint
+        return save_checkpoint(self, path, max_shard_bytes=max_shard_bytes, tokenizer=tokenizer)
+
+    # ------------------------------------------------------------------ caches
+    def cache_layout(self) -> CacheLayout:
+        return CacheLayout.from_config(self.config)
+
+    def kv_cache_bytes_per_block(self, block_size: int) -> int:
+        """Bytes one block of `block_size` tokens takes over all paged caches (pool sizing)."""
+        return self.cache_layout().bytes_per_block(block_size, self.dtype)
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int,
+                          device: torch.device | str | None = None) -> PagedKVCache:
+        return allocate_kv_cache(self.config, num_blocks, block_size, device or self.device,
+                                 stage_dtype=torch.float32 if self.dtype == torch.float32 else self.dtype)
+
+    # ------------------------------------------------------------------ forward paths
+    @torch.no_grad()
+    def forward(self, meta: ForwardMetadata, cache: PagedKVCache) -> ForwardOutput:
+        """Engine path over the paged caches (see engine/forward.py)."""
+        from deepinfer_model.engine.forward import engine_forward
+        return engine_forward(self, meta, cache)
+
+    @torch.no_grad()
+    def dspark_write_main_keys(self, meta: ForwardMetadata, out: ForwardOutput, cache: PagedKVCache) -> None:
+        """Write every DFlash layer's main-token keys from `out.dspark_features` at the slots of
+        `out.full_rows` (all processed rows, written optimistically)."""
+        from deepinfer_model.engine.dspark import write_main_keys
+        write_main_keys(self, meta, out, cache)
+
+    @torch.no_grad()
+    def dspark_draft(self, meta: DraftMetadata, cache: PagedKVCache,
+                     uniforms: torch.Tensor | None = None) -> DraftOutput:
+        """`nextn` draft tokens per request (greedy, or inverse-CDF with uniforms [req, nextn])."""
+        from deepinfer_model.engine.dspark import draft_forward
+        return draft_forward(self, meta, cache, uniforms)
+
+    def reference_forward(self, token_ids: torch.Tensor, mode: str = "exact", prompt_len: int | None = None,
+                          kv_quant: bool = False, return_dspark_features: bool = False):
+        """Dense, unpaged oracle for one sequence (see reference.py)."""
+        from deepinfer_model.reference import reference_forward
+        return reference_forward(self, token_ids, mode=mode, prompt_len=prompt_len, kv_quant=kv_quant,
+                                 return_dspark_features=return_dspark_features)
+
+    def reference_draft(self, token_ids: torch.Tensor, main_token: int, prompt_len: int | None = None,
+                        kv_quant: bool = False, uniforms: torch.Tensor | None = None) -> DraftOutput:
+        """Dense draft for one sequence whose last token is at position p = len(token_ids) - 1."""
+        from deepinfer_model.reference import reference_draft
+        return reference_draft(self, token_ids, main_token, prompt_len=prompt_len, kv_quant=kv_quant,
+                               uniforms=uniforms)

@@ -1,0 +1,59 @@
+"""Compressor of a compressed source layer: r consecutive tokens -> one KV entry + index key.
+
+Per token t (input v_t = u_t on the encoder side, the YOCO shared hidden s_t on the consumer
+side): `c_t = W_kv v_t` [D], `ik_t = W_k v_t` [Di], `g_t = w_gate · v_t` (the *token terms*,
+what the engine's stage plane keeps). Entry j covers positions `j*r .. j*r + r - 1`::
+
+    a        = softmax_i(g_{j*r+i} + pos_bias[i])                      i = 0 .. r-1
+    latent_j = [RMSNorm(sum_i a_i c[:dc]), RoPE(sum_i a_i c[dc:], position j*r + r - 1)]
+    index_kj = sum_i a_i ik
+
+`combine` is the single definition used by both forward paths.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from deepinfer_model.modules.norm import RMSNorm
+from deepinfer_model.modules.rope import apply_rope
+
+
+class Compressor(nn.Module):
+    def __init__(self, cfg, ratio: int):
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.ratio = ratio
+        self.dc = d - cfg.qk_rope_head_dim
+        self.theta = cfg.rope_theta
+        self.wkv = nn.Linear(h, d, bias=False)
+        self.wk = nn.Linear(h, cfg.index_head_dim, bias=False)
+        self.gate = nn.Linear(h, 1, bias=False)
+        self.pos_bias = nn.Parameter(torch.zeros(ratio))
+        self.kv_norm = RMSNorm(self.dc, cfg.rms_norm_eps)
+
+    @property
+    def stage_width(self) -> int:
+        return self.wkv.out_features + self.wk.out_features + 1
+
+    def token_terms(self, v: torch.Tensor) -> torch.Tensor:
+        """v [N, H] -> packed token terms [N, D + Di + 1] = (c, ik, g) in float32."""
+        return torch.cat([self.wkv(v).float(), self.wk(v).float(), self.gate(v).float()], dim=-1)
+
+    def combine(self, terms: torch.Tensor, entry_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """terms [E, r, D + Di + 1] (tokens of each entry in order), entry_ids [E]
+        -> (latent [E, D] float32, index_k [E, Di] float32)."""
+        d = self.wkv.out_features
+        c, ik, g = terms[..., :d], terms[..., d:-1], terms[..., -1]
+        a = torch.softmax(g + self.pos_bias.float(), dim=-1).unsqueeze(-1)        # [E, r, 1]
+        cs, iks = (a * c).sum(1), (a * ik).sum(1)
+        pos = entry_ids.long() * self.ratio + self.ratio - 1
+        latent = torch.cat([self.kv_norm(cs[:, : self.dc]), apply_rope(cs[:, self.dc:], pos, self.theta)], -1)
+        return latent, iks
+
+    def entries(self, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dense: v [T, H] for positions 0..T-1 -> complete entries (latent [T//r, D], index_k [T//r, Di])."""
+        n = v.shape[0] // self.ratio
+        terms = self.token_terms(v[: n * self.ratio]).reshape(n, self.ratio, -1)
+        return self.combine(terms, torch.arange(n, device=v.device))

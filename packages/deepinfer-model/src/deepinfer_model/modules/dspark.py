@@ -1,0 +1,100 @@
+"""DSpark draft block (DFlash): target-feature projection, `nextn` DFlash layers, Markov and
+confidence heads.
+
+```
+f_t        = RMSNorm(W_proj · concat(x^(l)_t for l in dspark_target_layer_ids))   target features
+main key   = DFlash layer k's latent of RMSNorm_attn_k(f_t) at position t             (every k)
+block      = positions p+1 .. p+nextn, inputs embed(m), embed(noise) ...            (m = main token)
+h          = DFlash layers over the block (window attention: main keys <= p + the block, causal)
+base_j     = lm_head(RMSNorm(h_j))                      predicts the token at p + 2 + j
+e_j        = E_markov[prev_j]  (prev_0 = m, prev_j = draft_{j-1});  logits_j = base_j + W_markov e_j (fp32)
+conf_j     = sigmoid(w_conf · cat(RMSNorm(h_j), e_j) / T)
+```
+`heads` is shared by the engine path and the reference (it has no cache).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from deepinfer_model.metadata import DraftOutput
+from deepinfer_model.modules.ffn import SwiGLU
+from deepinfer_model.modules.mla import MLAAttention
+from deepinfer_model.modules.norm import RMSNorm
+
+
+class DFlashLayer(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = MLAAttention(cfg, ratio=0)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.dspark_intermediate_size)
+
+    def main_keys(self, f: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """f [N, H] target features -> this layer's main-token latents [N, D]."""
+        return self.self_attn.latent(self.input_layernorm(f), positions)
+
+
+class DSparkDraft(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        h = cfg.hidden_size
+        self.nextn = cfg.nextn
+        self.noise_token_id = cfg.dspark_noise_token_id
+        self.target_layer_ids = tuple(cfg.dspark_target_layer_ids)
+        self.temperature = cfg.dspark_confidence_temperature
+        self.markov_rank = cfg.dspark_markov_rank
+        self.projection = nn.Linear(h * len(self.target_layer_ids), h, bias=False)
+        self.projection_norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DFlashLayer(cfg) for _ in range(cfg.nextn))
+        self.norm = RMSNorm(h, cfg.rms_norm_eps)
+        if self.markov_rank > 0:
+            self.markov_embed = nn.Embedding(cfg.vocab_size, self.markov_rank)
+            self.markov_proj = nn.Linear(self.markov_rank, cfg.vocab_size, bias=False)
+        self.confidence_head = nn.Linear(h + self.markov_rank, 1, bias=False)
+
+    def features(self, hiddens: list[torch.Tensor]) -> torch.Tensor:
+        """residual streams after the target layers, each [N, H] -> f [N, H]."""
+        return self.projection_norm(self.projection(torch.cat(hiddens, dim=-1)))
+
+    def block_inputs(self, main_tokens: torch.Tensor, embed: nn.Embedding) -> torch.Tensor:
+        """main_tokens [R] -> block input hidden [R, nextn, H]: embed(m), then embed(noise)."""
+        toks = torch.full((main_tokens.shape[0], self.nextn), self.noise_token_id,
+                          dtype=torch.long, device=main_tokens.device)
+        toks[:, 0] = main_tokens.long()
+        return embed(toks)
+
+    def heads(self, h: torch.Tensor, lm_head_weight: torch.Tensor, main_tokens: torch.Tensor,
+              uniforms: torch.Tensor | None = None) -> DraftOutput:
+        """h [R, nextn, H] (DFlash output, before the final norm), main_tokens [R],
+        uniforms [R, nextn] in [0, 1) or None (greedy) -> DraftOutput."""
+        hn = self.norm(h)
+        base = F.linear(hn, lm_head_weight).float()                                # [R, n, V]
+        prev = main_tokens.long()
+        tokens, logits_all, conf = [], [], []
+        for j in range(self.nextn):
+            if self.markov_rank > 0:
+                e = self.markov_embed(prev).float()                                 # [R, rank]
+                logits = base[:, j] + F.linear(e, self.markov_proj.weight.float())
+                cat = torch.cat([hn[:, j].float(), e], dim=-1)
+            else:
+                logits = base[:, j]
+                cat = hn[:, j].float()
+            probs = torch.softmax(logits, dim=-1)
+            if uniforms is None:
+                tok = logits.argmax(-1)
+            else:
+                cdf = probs.cumsum(-1)
+                target = (uniforms[:, j].float() * cdf[:, -1]).unsqueeze(1)
+                tok = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp(max=probs.shape[1] - 1)
+            c = torch.sigmoid(F.linear(cat, self.confidence_head.weight.float()).squeeze(-1) / self.temperature)
+            tokens.append(tok)
+            logits_all.append(logits)
+            conf.append(c)
+            prev = tok
+        logits_t = torch.stack(logits_all, 1)
+        return DraftOutput(token_ids=torch.stack(tokens, 1), logits=logits_t,
+                           probs=torch.softmax(logits_t, -1), confidence=torch.stack(conf, 1))

@@ -1,0 +1,62 @@
+"""Engram: hashed n-gram lookups gated into the residual stream.
+
+For n = 2..N (N = engram_max_ngram_size), over compressed token ids (see engram_vocab.py)::
+
+    h_n     = fold(cid_{t-n+1} .. cid_t)          fold: h = (h * 1000003 + cid + 1) mod (2^31 - 1), h0 = 0
+    bucket  = h_n mod engram_table_size           (positions before 0 use the pad id -1)
+    y_t     = W_proj · concat_n T_n[bucket_n]
+    x_t    += sigmoid(w_gate · RMSNorm(x_t)) · y_t
+
+One table per n (`tables.{n-2}`); tables shard by rows across ranks (one rank here).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from deepinfer_model.modules.norm import RMSNorm
+
+PAD_ID = -1
+_MULT = 1000003
+_MOD = 2**31 - 1
+
+
+def ngram_buckets(windows: torch.Tensor, table_size: int) -> torch.Tensor:
+    """windows int64 [N, N_max] = compressed ids of positions t-N_max+1 .. t (PAD_ID before 0)
+    -> buckets int64 [N, N_max - 1] for n = 2..N_max."""
+    n_max = windows.shape[1]
+    out = []
+    for n in range(2, n_max + 1):
+        h = torch.zeros(windows.shape[0], dtype=torch.long, device=windows.device)
+        for k in range(n_max - n, n_max):
+            h = (h * _MULT + windows[:, k].long() + 1) % _MOD
+        out.append(h % table_size)
+    return torch.stack(out, dim=1)
+
+
+def dense_windows(cids: torch.Tensor, n_max: int) -> torch.Tensor:
+    """cids [T] for positions 0..T-1 -> windows [T, n_max] (PAD_ID before position 0)."""
+    pad = torch.full((n_max - 1,), PAD_ID, dtype=torch.long, device=cids.device)
+    padded = torch.cat([pad, cids.long()])
+    return padded.unfold(0, n_max, 1)
+
+
+class Engram(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.n_max = cfg.engram_max_ngram_size
+        self.table_size = cfg.engram_table_size
+        self.tables = nn.ModuleList(nn.Embedding(cfg.engram_table_size, cfg.engram_dim)
+                                    for _ in range(self.n_max - 1))
+        self.proj = nn.Linear((self.n_max - 1) * cfg.engram_dim, cfg.hidden_size, bias=False)
+        self.gate = nn.Linear(cfg.hidden_size, 1, bias=False)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, windows: torch.Tensor) -> torch.Tensor:
+        """x [N, H], windows [N, n_max] -> the residual delta [N, H]."""
+        buckets = ngram_buckets(windows, self.table_size)
+        looked = torch.cat([t(buckets[:, i]) for i, t in enumerate(self.tables)], dim=-1)
+        y = self.proj(looked)
+        g = torch.sigmoid(self.gate(self.norm(x)).float()).to(x.dtype)
+        return g * y

@@ -1,0 +1,82 @@
+"""Mixture of experts: sigmoid router + selection bias, shared expert(s), stacked routed experts.
+
+Routed expert weights are stacked (`experts.w13 [E, 2I, H]` = gate rows then up rows,
+`experts.w2 [E, H, I]`) for the grouped GEMM; the checkpoint keeps HF's per-expert tensors
+(`mlp.experts.{e}.{gate,up,down}_proj.weight`), mapped in `checkpoint/names.py`.
+`forward` runs the kernels package's ops (engine path); `forward_reference` is a plain
+per-expert loop (the oracle).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from deepinfer_kernels.ops.moe import moe_route, routed_experts
+from deepinfer_model.modules.ffn import SwiGLU
+
+
+class Router(nn.Module):
+    def __init__(self, hidden: int, num_experts: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(num_experts, hidden))
+        self.e_score_correction_bias = nn.Parameter(torch.zeros(num_experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [N, H] -> logits [N, E]
+        return F.linear(x, self.weight)
+
+
+class StackedExperts(nn.Module):
+    def __init__(self, num_experts: int, hidden: int, inter: int):
+        super().__init__()
+        self.w13 = nn.Parameter(torch.zeros(num_experts, 2 * inter, hidden))  # [E, 2I, H]
+        self.w2 = nn.Parameter(torch.zeros(num_experts, hidden, inter))       # [E, H, I]
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.top_k = cfg.num_experts_per_tok
+        self.norm_topk_prob = cfg.norm_topk_prob
+        self.scaling = cfg.routed_scaling_factor
+        self.gate = Router(cfg.hidden_size, cfg.n_routed_experts)
+        self.experts = StackedExperts(cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size)
+        n_shared = cfg.n_shared_experts * cfg.moe_intermediate_size
+        self.shared_experts = SwiGLU(cfg.hidden_size, n_shared) if n_shared > 0 else None
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, H] -> (weights float32 [N, k], ids int32 [N, k])."""
+        return moe_route(self.gate(x), self.gate.e_score_correction_bias, self.top_k,
+                         self.norm_topk_prob, self.scaling)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, H]
+        weights, ids = self.route(x)
+        out = routed_experts(x, weights, ids, self.experts.w13, self.experts.w2)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return out
+
+    def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
+        sigma = torch.sigmoid(self.gate(x).float())                               # [N, E]
+        choice = sigma + self.gate.e_score_correction_bias.float()
+        ids = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, : self.top_k]
+        w = sigma.gather(1, ids)
+        if self.norm_topk_prob:
+            w = w / w.sum(-1, keepdim=True)
+        w = w * self.scaling
+        inter = self.experts.w2.shape[2]
+        out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
+        for slot in range(self.top_k):  # slot order matches the op's deterministic sum
+            contrib = torch.zeros_like(out)
+            for e in ids[:, slot].unique().tolist():
+                rows = (ids[:, slot] == e).nonzero().squeeze(1)
+                w13 = self.experts.w13[e].float()
+                h = x[rows].float() @ w13.t()
+                a = F.silu(h[:, :inter]) * h[:, inter:]
+                contrib[rows] = (a @ self.experts.w2[e].float().t()) * w[rows, slot].unsqueeze(1)
+            out = out + contrib
+        out = out.to(x.dtype)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return out

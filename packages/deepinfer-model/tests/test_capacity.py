@@ -1,0 +1,39 @@
+"""Acceptance 6: KV record size, SWA state per sequence, parameter counts beside SPEC's."""
+
+from deepinfer_model.capacity import kv_bytes_per_token, param_counts, swa_state_bytes_per_sequence
+from deepinfer_model.model import V41ForCausalLM
+from deepinfer_model.presets import flash, flash_slice, mini, tiny
+
+
+def test_kv_record_is_528_bytes():
+    for cfg in (flash(), mini(), flash_slice()):
+        b = kv_bytes_per_token(cfg)
+        assert b["main_record"] == 528 and b["index_record"] == 68
+    assert abs(kv_bytes_per_token(flash())["global_compressed"] - 890) < 10   # SPEC: ~890 B/token
+
+
+def test_flash_swa_state_per_sequence():
+    assert swa_state_bytes_per_sequence(flash()) == 20 * 134 * 528 == 1_415_040
+
+
+def test_flash_parameter_counts_beside_spec():
+    pc = param_counts(flash())
+    rows = [("backbone", pc.backbone, 552e9), ("active prefill", pc.active_prefill, 8e9),
+            ("active decode", pc.active_decode, 16e9), ("engram tables", pc.engram, 196.6e9)]
+    print()
+    for name, got, spec in rows:
+        print(f"flash {name:15s} {got / 1e9:8.2f}B   SPEC {spec / 1e9:7.1f}B   ({got / spec - 1:+.1%})")
+        assert abs(got / spec - 1) < 0.02, name
+    print(f"flash total (backbone + engram + dspark) {pc.total / 1e9:.1f}B")
+
+
+def test_analytic_count_equals_built_module():
+    for cfg in (tiny(), tiny().replace(tie_word_embeddings=True)):
+        model = V41ForCausalLM(cfg)
+        assert param_counts(cfg).total == sum(p.numel() for p in model.parameters())
+
+
+def test_bytes_per_block_matches_allocation():
+    model = V41ForCausalLM(tiny())
+    cache = model.allocate_kv_cache(num_blocks=3, block_size=8)
+    assert model.kv_cache_bytes_per_block(8) * 3 == cache.nbytes()
