@@ -50,3 +50,15 @@ def test_argument_errors():
         gather_token_logprobs(torch.zeros(2, 4), torch.tensor([0, 4]))
     with pytest.raises(ValueError, match=r"logits must have shape \[rows, vocab\]"):
         compute_logprobs(torch.zeros(4))
+
+
+def test_top_logprobs_large_vocab_with_minus_inf_and_ties():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randint(-50, 0, (8, 4000), generator=g).float()
+    x[:, 100:3990] = float("-inf")          # fewer finite values than n in some rows
+    x[0] = float("-inf")
+    vals, ids = top_logprobs(x, 20)
+    for r in range(8):
+        order = sorted(range(4000), key=lambda c: (-float(x[r, c]), c))[:20]
+        assert ids[r].tolist() == order
+        assert vals[r].tolist() == [float(x[r, c]) for c in order]

@@ -122,3 +122,33 @@ def test_argument_errors():
         apply_sampling_params(lg, t, torch.zeros(2, dtype=torch.int32), p)
     with pytest.raises(ValueError, match="top_p must be in"):
         apply_sampling_params(lg, t, k, p * 0)
+
+
+@pytest.mark.parametrize("window", [2, 5, 12])
+def test_top_p_candidate_window_and_fallback_match_oracle(monkeypatch, window):
+    """A small candidate window forces both the windowed nucleus and the full-sort fallback."""
+    import deepinfer_kernels.ops.sampling.sampling_params as sp
+
+    monkeypatch.setattr(sp, "TOP_P_CANDIDATES", window)
+    g = torch.Generator().manual_seed(window)
+    rows, vocab = 60, 23
+    logits = torch.randn(rows, vocab, generator=g) * torch.rand(rows, 1, generator=g) * 6  # flat to peaked
+    logits[:, :6] = torch.round(logits[:, :6])
+    t = torch.ones(rows)
+    k = torch.full((rows,), TOP_K_OFF, dtype=torch.int32)
+    p = torch.rand(rows, generator=g) * 0.9 + 0.05
+    out = apply_sampling_params(logits, t, k, p)
+    for r in range(rows):
+        assert out[r].tolist() == oracle_row(logits[r].tolist(), 1.0, TOP_K_OFF, float(p[r])), r
+
+
+def test_large_vocab_top_k_top_p_match_oracle():
+    g = torch.Generator().manual_seed(9)
+    rows, vocab = 6, 5000
+    logits = torch.randn(rows, vocab, generator=g) * torch.tensor([[0.1], [0.5], [1.0], [3.0], [6.0], [0.01]])
+    t = torch.tensor([1.0, 0.7, 1.3, 1.0, 1.0, 1.0])
+    k = torch.tensor([TOP_K_OFF, 3000, 100, TOP_K_OFF, 7, TOP_K_OFF], dtype=torch.int32)
+    p = torch.tensor([0.95, 0.9, 0.5, 0.99, 0.3, 0.5])
+    out = apply_sampling_params(logits, t, k, p)
+    for r in range(rows):
+        assert out[r].tolist() == oracle_row(logits[r].tolist(), float(t[r]), int(k[r]), float(p[r])), r

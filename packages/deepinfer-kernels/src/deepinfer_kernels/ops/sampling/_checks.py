@@ -47,6 +47,14 @@ def is_host(t: torch.Tensor) -> bool:
     return t.device.type == "cpu"
 
 
+def may_be_true(mask: torch.Tensor) -> bool:
+    """False only if ``mask`` is provably all-false without a device sync (i.e. on the host).
+
+    References use it to skip work nobody needs on the CPU while staying sync-free on CUDA.
+    """
+    return not is_host(mask) or bool(mask.any())
+
+
 def check_flat_layout(op: str, ftp: torch.Tensor, seqlens_q: torch.Tensor, total_q: int) -> None:
     """The bridge between flat rows and requests (docs/design.md, "Two index languages").
 

@@ -41,8 +41,24 @@ def gather_token_logprobs(
 
 
 def top_logprobs_ref(logprobs: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    values, ids = logprobs.to(torch.float32).sort(dim=1, descending=True, stable=True)
-    return values[:, :n].contiguous(), ids[:, :n].to(torch.int32).contiguous()
+    """Exact (value desc, id asc) top-n without sorting whole rows.
+
+    The n-th largest value ``v`` is unique whatever order topk gives ties; the result is every
+    column above ``v`` plus the lowest-id columns equal to ``v`` until n are taken.
+    """
+    x = logprobs.to(torch.float32)
+    rows = x.shape[0]
+    if n == 0 or rows == 0:
+        return x.new_zeros(rows, n), torch.zeros(rows, n, dtype=torch.int32, device=x.device)
+    v = x.topk(n, dim=1, sorted=True).values[:, -1:]
+    above = x > v
+    tied = x == v
+    need = n - above.sum(dim=1, keepdim=True)
+    take = above | (tied & (torch.cumsum(tied, dim=1) <= need))
+    ids = torch.nonzero(take)[:, 1].reshape(rows, n)  # ascending column ids per row
+    vals = x.gather(1, ids)
+    order = vals.sort(dim=1, descending=True, stable=True).indices
+    return vals.gather(1, order), ids.gather(1, order).to(torch.int32)
 
 
 def top_logprobs(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_kernels.ops.sampling._checks import FLOAT_DTYPES, check_tensor
+from deepinfer_kernels.ops.sampling._checks import FLOAT_DTYPES, check_tensor, may_be_true
 from deepinfer_kernels.ops.sampling.rng import RngStream, counter_uniform_ref
 from deepinfer_kernels.platform import select_backend
 
@@ -39,9 +39,11 @@ def sample_from_uniform_ref(
     total = cdf[:, -1]
     threshold = (u * total).unsqueeze(1)
     idx = torch.searchsorted(cdf, threshold, right=True).squeeze(1)  # first c with cdf[c] > threshold
-    cols = torch.arange(vocab, device=probs.device)
-    last_positive = torch.where(probs > 0, cols, -1).amax(dim=1)
-    idx = torch.where(idx >= vocab, last_positive, idx)
+    past_end = idx >= vocab
+    if may_be_true(past_end):  # threshold rounded up to row_sum: take the last positive column
+        cols = torch.arange(vocab, device=probs.device)
+        last_positive = torch.where(probs > 0, cols, -1).amax(dim=1)
+        idx = torch.where(past_end, last_positive, idx)
     return torch.where(total > 0, idx, torch.full_like(idx, EMPTY_ROW_SAMPLE))
 
 

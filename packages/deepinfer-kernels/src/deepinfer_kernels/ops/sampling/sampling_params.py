@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_kernels.ops.sampling._checks import FLOAT_DTYPES, check_tensor, is_host
+from deepinfer_kernels.ops.sampling._checks import FLOAT_DTYPES, check_tensor, is_host, may_be_true
 from deepinfer_kernels.platform import select_backend
 
 TOP_K_OFF = -1    # top_k value that disables top-k for a row
@@ -33,28 +33,71 @@ def _greedy_mask(logits: torch.Tensor) -> torch.Tensor:  # [rows, vocab] bool, T
     return keep.scatter_(1, logits.argmax(dim=1, keepdim=True), True)
 
 
-def _top_k_keep(scaled: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:  # [rows, vocab] bool
+def _top_k_keep(scaled: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor | None:  # [rows, vocab] bool
+    """Columns top-k keeps; None when no row filters (nothing to mask)."""
     rows, vocab = scaled.shape
     active = (top_k != TOP_K_OFF) & (top_k < vocab)
     if not bool(active.any()):
-        return torch.ones_like(scaled, dtype=torch.bool)
-    k = torch.where(active, top_k, vocab).clamp(1, vocab).to(torch.int64)
-    sorted_desc = scaled.sort(dim=1, descending=True).values
-    kth = sorted_desc.gather(1, (k - 1).unsqueeze(1))
+        return None
+    k = torch.where(active, top_k, 1).clamp(1, vocab).to(torch.int64)
+    # The k-th largest value is the same whichever way a selection orders ties, so topk of the
+    # largest active k (cheap for the usual k << vocab) gives it exactly.
+    k_max = int(k.max())
+    kth = scaled.topk(k_max, dim=1, sorted=True).values.gather(1, (k - 1).unsqueeze(1))
     return (scaled >= kth) | ~active.unsqueeze(1)
 
 
-def _top_p_keep(scaled: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:  # [rows, vocab] bool
+TOP_P_CANDIDATES = 1024  # columns examined before falling back to a full sort of a row
+
+
+def _nucleus_in_sorted(q_sorted: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Keep flags of columns already in (q desc, column asc) order; float64 masses."""
+    mass_before = torch.cumsum(q_sorted, dim=1) - q_sorted
+    keep = mass_before < top_p.unsqueeze(1)
+    keep[:, 0] = True
+    return keep
+
+
+def _stable_desc(values: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reorder (value, id) pairs of each row by value descending, then id ascending."""
+    by_id = ids.sort(dim=1).indices
+    values, ids = values.gather(1, by_id), ids.gather(1, by_id)
+    order = values.sort(dim=1, descending=True, stable=True).indices
+    return values.gather(1, order), ids.gather(1, order)
+
+
+def _top_p_keep(scaled: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor | None:  # [rows, vocab] bool
+    """Exact nucleus without sorting whole rows.
+
+    Take the ``m`` largest ``q`` of a row (``v_m`` the smallest of them). If the columns with
+    ``q > v_m`` already hold mass ``>= top_p``, every column with ``q <= v_m`` has at least that much
+    mass ranked before it and is dropped, so the nucleus lies inside the candidates and their
+    (q desc, column asc) order decides it with the same float64 prefix sums as a full sort. Rows
+    where that does not hold (very flat distributions) are sorted in full. None when no row filters.
+    """
+    rows, vocab = scaled.shape
     active = top_p < TOP_P_OFF
     if not bool(active.any()):
-        return torch.ones_like(scaled, dtype=torch.bool)
-    q = torch.softmax(scaled, dim=1).to(torch.float64)
-    q_sorted, order = q.sort(dim=1, descending=True, stable=True)  # stable: ties by column index
-    mass_before = torch.cumsum(q_sorted, dim=1) - q_sorted
-    keep_sorted = mass_before < top_p.to(torch.float64).unsqueeze(1)
-    keep_sorted[:, 0] = True
-    keep = torch.empty_like(keep_sorted).scatter_(1, order, keep_sorted)
-    return keep | ~active.unsqueeze(1)
+        return None
+    keep = torch.ones_like(scaled, dtype=torch.bool)
+    act = torch.nonzero(active).squeeze(1)
+    q = torch.softmax(scaled[act], dim=1).to(torch.float64)
+    p = top_p[act].to(torch.float64)
+    m = min(vocab, TOP_P_CANDIDATES)
+    vals, ids = q.topk(m, dim=1, sorted=True)
+    vals, ids = _stable_desc(vals, ids)
+    v_m = vals[:, -1:]
+    mass_above = torch.where(vals > v_m, vals, 0.0).sum(dim=1)
+    decided = (mass_above >= p + 1e-9) | (m == vocab)
+    sub = torch.zeros_like(q, dtype=torch.bool)
+    sub.scatter_(1, ids, _nucleus_in_sorted(vals, p))
+    if not bool(decided.all()):
+        rest = torch.nonzero(~decided).squeeze(1)
+        q_sorted, order = q[rest].sort(dim=1, descending=True, stable=True)
+        sub[rest] = torch.zeros_like(q_sorted, dtype=torch.bool).scatter_(
+            1, order, _nucleus_in_sorted(q_sorted, p[rest]))
+    keep[act] = sub
+    return keep
 
 
 def apply_sampling_params_ref(
@@ -64,14 +107,16 @@ def apply_sampling_params_ref(
     top_p: torch.Tensor,        # [rows] float32
 ) -> torch.Tensor:              # [rows, vocab] float32
     logits = logits.to(torch.float32)
-    greedy = (temperature == GREEDY_TEMPERATURE).unsqueeze(1)
-    scaled = logits / torch.where(greedy.squeeze(1), 1.0, temperature).unsqueeze(1)
-    keep = _top_k_keep(scaled, top_k)
-    scaled = scaled.masked_fill(~keep, float("-inf"))
-    keep = keep & _top_p_keep(scaled, top_p)
-    keep = torch.where(greedy, _greedy_mask(logits), keep)
-    out = torch.where(greedy, logits, scaled)
-    return out.masked_fill(~keep, float("-inf"))
+    greedy = temperature == GREEDY_TEMPERATURE
+    out = logits / torch.where(greedy, 1.0, temperature).unsqueeze(1)
+    for keep_fn, param in ((_top_k_keep, top_k), (_top_p_keep, top_p)):  # top-k first, top-p on its result
+        keep = keep_fn(out, param)
+        if keep is not None:
+            out = out.masked_fill(~keep, float("-inf"))
+    if may_be_true(greedy):
+        one_hot = logits.masked_fill(~_greedy_mask(logits), float("-inf"))
+        out = torch.where(greedy.unsqueeze(1), one_hot, out)
+    return out
 
 
 def _check_params(op: str, logits, temperature, top_k, top_p) -> None:

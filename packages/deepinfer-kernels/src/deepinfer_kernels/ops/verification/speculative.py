@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer_kernels.ops.sampling._checks import may_be_true
 from deepinfer_kernels.ops.sampling.random_sampling import sample_from_uniform_ref
 from deepinfer_kernels.ops.sampling.rng import RngStream, counter_uniform_ref
 
@@ -58,6 +59,8 @@ def speculative_accept_ref(
     q_x = _draft_prob(draft_probs, draft_ids)
     u = counter_uniform_ref(seeds, token_positions, _stream(rows, RngStream.ACCEPT, dev))
     sampled_accept = u * q_x < p_x
+    if not may_be_true(is_greedy):
+        return sampled_accept
     greedy_accept = draft_ids == target_probs.argmax(dim=1)
     return torch.where(is_greedy, greedy_accept, sampled_accept)
 
@@ -71,7 +74,7 @@ def residual_probs_ref(
     if draft_probs is None:
         residual = p.scatter(1, draft_ids.unsqueeze(1), 0.0)
     else:
-        residual = (p - draft_probs.to(torch.float64)).clamp_min(0.0)
+        residual = (p - draft_probs.to(torch.float64)).clamp_min_(0.0)
     empty = (residual.sum(dim=1) <= 0).unsqueeze(1)
     return torch.where(empty, p, residual)
 
@@ -85,9 +88,13 @@ def sample_main_token_ref(
     token_positions: torch.Tensor,     # [req_cnt] int64: position of the main token
     is_greedy: torch.Tensor,           # [req_cnt] bool
 ) -> torch.Tensor:                     # [req_cnt] int64
-    residual = residual_probs_ref(target_probs, draft_ids, draft_probs)
-    dist = torch.where(rejected.unsqueeze(1), residual, target_probs.to(torch.float64))
+    dist = target_probs.to(torch.float64)
+    if may_be_true(rejected):
+        residual = residual_probs_ref(target_probs, draft_ids, draft_probs)
+        dist = torch.where(rejected.unsqueeze(1), residual, dist)
     streams = torch.where(rejected, int(RngStream.RESIDUAL), int(RngStream.SAMPLE)).to(torch.int64)
     u = counter_uniform_ref(seeds, token_positions, streams)
     sampled = sample_from_uniform_ref(dist, u)
+    if not may_be_true(is_greedy):
+        return sampled
     return torch.where(is_greedy, target_probs.argmax(dim=1), sampled)
