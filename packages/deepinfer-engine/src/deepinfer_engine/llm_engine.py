@@ -16,7 +16,7 @@ import logging
 
 import numpy as np
 import torch
-from deepinfer_sched import RequestOutputPool, RequestParams, Scheduler, SchedulerConfig, StepKind
+from deepinfer_sched import FinishReason, RequestOutputPool, RequestParams, Scheduler, SchedulerConfig, StepKind
 
 from deepinfer_engine.config import EngineConfig
 from deepinfer_engine.envs import Envs
@@ -31,7 +31,10 @@ from deepinfer_engine.sampling_params import UINT64_MAX, SamplingParams
 
 logger = logging.getLogger("deepinfer")
 
-# Finish reasons of the ledger whose output carries no generated token.
+# The ledger's finish codes (RequestOutputPool.gather's int8 column) as user-facing strings.
+FINISH_REASONS = {int(r): (None if r == FinishReason.NONE else r.name.lower())
+                  for r in FinishReason.__members__.values()}
+# Finish reasons whose output carries no generated token.
 NON_TOKEN_FINISHES = ("prompt_length_exceeded", "abort")
 
 
@@ -52,7 +55,7 @@ class LLMEngine:
         self.vocab_size = mcfg.vocab_size
         self.max_model_len = min(config.max_model_len or mcfg.max_position_embeddings, mcfg.max_position_embeddings)
         # YOCO: the last prefill chunk must hold the decoder bounded-replay tokens (docs/model.md).
-        min_final_chunk = mcfg.sliding_window if mcfg.has_yoco_consumers else 1
+        min_final_chunk = mcfg.sliding_window if mcfg.topology.yoco_enabled else 1
         if config.max_num_batched_tokens < min_final_chunk:
             raise ValueError(f"max_num_batched_tokens: must be >= {min_final_chunk} (the model's decoder "
                              f"bounded-replay length), got {config.max_num_batched_tokens}")
@@ -156,8 +159,7 @@ class LLMEngine:
         for j in range(len(cols["request_id"])):
             rid = int(cols["request_id"][j])
             state = self._requests[rid]
-            reason = cols["finish_reason"][j]
-            reason = None if reason in (None, "") else str(reason)
+            reason = FINISH_REASONS[int(cols["finish_reason"][j])]
             if reason not in NON_TOKEN_FINISHES:
                 k = emitted.get(rid, 0)
                 emitted[rid] = k + 1

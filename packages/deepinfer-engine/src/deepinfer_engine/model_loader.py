@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from deepinfer_model import checkpoint, presets
+from deepinfer_model import presets
+from deepinfer_model.checkpoint import load_checkpoint
 from deepinfer_model.engram_vocab import padded_vocab_map
 from deepinfer_model.model import V41ForCausalLM
 
@@ -46,7 +47,7 @@ def load_model(model: str | Path | None, device: torch.device, random_init_seed:
     if model is not None and not model_dir.is_dir():
         raise FileNotFoundError(f"model: {model_dir} is not a directory holding an HF-layout checkpoint")
     if (model_dir / "config.json").exists():
-        net = checkpoint.load_checkpoint(model_dir, device=device)
+        net = load_checkpoint(model_dir, device=device)
         source = str(model_dir)
     else:  # no trained default shipped yet: random tiny weights + the shipped tokenizer
         net = V41ForCausalLM(presets.tiny(), device=device).init_random_weights(random_init_seed)

@@ -37,7 +37,7 @@ class ModelRunner:
         self.sampler = Sampler()
 
     def _tensor(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(device=self.device, dtype=dtype)
+        return torch.from_numpy(np.array(array, copy=True)).to(device=self.device, dtype=dtype)
 
     def build_metadata(self, out: SchedulerOutput) -> ForwardMetadata:
         is_prefill = out.step_kind == StepKind.PREFILL
