@@ -28,6 +28,7 @@ from deepinfer_engine.outputs import GenerationOutput
 from deepinfer_engine.request_state import RequestState
 from deepinfer_engine.sampler import SamplingBatch
 from deepinfer_engine.sampling_params import UINT64_MAX, SamplingParams
+from deepinfer_engine.stats import EngineStats
 
 logger = logging.getLogger("deepinfer")
 
@@ -71,6 +72,8 @@ class LLMEngine:
         self._next_request_id = 0
         self._seed_rng = np.random.default_rng(config.seed)
         self._handles_to_release: np.ndarray | None = None
+        self._prefill_started: set[int] = set()
+        self.stats = EngineStats()
         logger.info("engine: model %s on %s, %d KV blocks of %d tokens, max_model_len %d", self.model_source,
                     self.device, blocks, config.block_size, self.max_model_len)
 
@@ -138,6 +141,7 @@ class LLMEngine:
     def step(self) -> list[GenerationOutput]:
         """Run one step; returns the requests that finished in it."""
         out = self.scheduler.schedule()
+        self._record(out)
         if out.step_kind == StepKind.IDLE:
             res = StepResult(np.zeros(out.req_cnt, np.int32), np.zeros(out.req_cnt, np.float32), None, None,
                              [None] * out.req_cnt)
@@ -152,6 +156,15 @@ class LLMEngine:
         self._handles_to_release = handles
         return self._consume(out.request_ids, res, self.pool.gather(handles))
 
+    def _record(self, out) -> None:
+        self.stats.num_steps += 1
+        if out.step_kind == StepKind.PREFILL:
+            first = np.array([int(r) not in self._prefill_started for r in out.request_ids], dtype=bool)
+            self._prefill_started.update(int(r) for r in out.request_ids)
+            self.stats.record_prefill(out.num_computed_tokens, out.seqlens_q, first)
+        elif out.step_kind == StepKind.DECODE:
+            self.stats.num_decode_steps += 1
+
     def _consume(self, request_ids: np.ndarray, res: StepResult, cols: dict[str, np.ndarray]) -> list[GenerationOutput]:
         index_of = {int(r): i for i, r in enumerate(request_ids)}
         emitted: dict[int, int] = {}
@@ -164,6 +177,7 @@ class LLMEngine:
                 k = emitted.get(rid, 0)
                 emitted[rid] = k + 1
                 top_rows = res.top_logprobs[index_of[rid]] if rid in index_of else None
+                self.stats.num_generated_tokens += 1
                 state.append(int(cols["token_id"][j]), float(cols["token_logprob"][j]),
                              top_rows[k] if top_rows and k < len(top_rows) else None)
             if bool(cols["finished"][j]):
@@ -175,4 +189,5 @@ class LLMEngine:
                     out.text = self.tokenizer.decode(out.token_ids)
                 finished.append(out)
                 del self._requests[rid]
+                self._prefill_started.discard(rid)
         return finished

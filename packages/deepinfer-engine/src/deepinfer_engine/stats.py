@@ -1,0 +1,36 @@
+"""Engine counters: what ran, what the prefix cache saved, what speculation accepted."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class EngineStats:
+    num_steps: int = 0
+    num_prefill_steps: int = 0
+    num_decode_steps: int = 0
+    num_prefill_tokens: int = 0          # prompt rows computed (prefix-cache hits excluded)
+    num_prefix_cached_tokens: int = 0    # prompt tokens served from the prefix cache
+    num_generated_tokens: int = 0
+    num_draft_tokens: int = 0            # drafts verified
+    num_accepted_tokens: int = 0         # drafts accepted
+    accepted_per_position: list[int] = field(default_factory=list)  # [nextn] drafts accepted at depth j
+    verified_per_position: list[int] = field(default_factory=list)  # [nextn] drafts verified at depth j
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens emitted per request per decode step (1 + accepted drafts)."""
+        steps = self.num_generated_tokens - self.num_accepted_tokens
+        return self.num_generated_tokens / steps if steps else 0.0
+
+    def record_prefill(self, num_computed_before: np.ndarray, seqlens_q: np.ndarray, first_chunk: np.ndarray) -> None:
+        self.num_prefill_steps += 1
+        self.num_prefill_tokens += int(seqlens_q.sum())
+        self.num_prefix_cached_tokens += int(num_computed_before[first_chunk].sum())
