@@ -10,8 +10,14 @@ from __future__ import annotations
 import time
 
 import numpy as np
-
-from deepinfer_sched import VERIFIED_END, RequestOutputPool, RequestParams, Scheduler, SchedulerConfig, StepKind
+from deepinfer_sched import (
+    VERIFIED_END,
+    RequestOutputPool,
+    RequestParams,
+    Scheduler,
+    SchedulerConfig,
+    StepKind,
+)
 
 NUM_SEQS = 1024
 NEXTN = 5

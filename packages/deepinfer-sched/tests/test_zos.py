@@ -3,7 +3,6 @@ csrc/sequence.hpp, remap, finish-in-flight pushing 0, and prepare_zos_inputs."""
 
 import numpy as np
 import pytest
-
 from deepinfer_sched import (
     VERIFIED_END,
     RequestOutputPool,
@@ -27,7 +26,7 @@ def verified(out, accepted):
 
 
 def test_counter_timeline_of_the_diagram():
-    s, pool = make(), RequestOutputPool()
+    s = make()
     s.add_request(1, list(range(3, 12)), RequestParams(max_tokens=50))  # 9 prompt tokens
     pre = s.schedule()
     s.process_outputs(pre, [12])  # L = 10, committed 9
