@@ -76,8 +76,7 @@ nb::dict gather(const RequestOutputPool& pool, In1D<uint64_t> handles) {
   std::vector<int8_t> finish_reason(n);
   {
     nb::gil_scoped_release nogil;
-    for (size_t i = 0; i < n; ++i) {
-      const RequestOutput& o = pool.at(handles.data()[i]);
+    pool.for_each(handles.data(), n, [&](size_t i, const RequestOutput& o) {
       request_id[i] = o.request_id;
       token_id[i] = o.token_id;
       token_logprob[i] = o.token_logprob;
@@ -88,7 +87,7 @@ nb::dict gather(const RequestOutputPool& pool, In1D<uint64_t> handles) {
       prompt_len[i] = o.prompt_len;
       draft_tok[i] = o.draft_tok;
       accept_tok[i] = o.accept_tok;
-    }
+    });
   }
   nb::dict d;
   d["request_id"] = to_numpy(std::move(request_id));

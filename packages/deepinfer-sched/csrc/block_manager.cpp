@@ -36,6 +36,7 @@ BlockManager::BlockManager(int32_t num_blocks, int32_t block_size, bool enable_p
   if (block_size < 1) fail_value("block_size must be >= 1, got ", block_size);
   if (prefix_caching_) block_tokens_.assign(size_t(num_blocks) * block_size, 0);
   plain_free_.reserve(num_blocks);
+  if (prefix_caching_) cached_.reserve(size_t(num_blocks));
   for (int32_t b = num_blocks - 1; b >= 0; --b) plain_free_.push_back(b);  // pop order 0, 1, ...
 }
 

@@ -64,6 +64,11 @@ std::vector<uint64_t> build_request_outputs(const SchedulerOutput& out, const in
       o.token_logprob = clamp_logprob(logprob);
       o.num_output_tokens = out.output_len_before[i] + j + 1;
       o.prompt_len = seq.prompt_len;
+      o.finished = false;
+      o.finish_reason = FinishReason::NONE;
+      o.stop_token_id = -1;
+      o.draft_tok = o.accept_tok = -1;
+      o.num_confidence = 0;
       if (j + 1 < p) continue;
       // Last output of this request in this step: finish and step statistics.
       o.finish_reason = FinishReason(out.finish_reason[i]);
@@ -77,6 +82,7 @@ std::vector<uint64_t> build_request_outputs(const SchedulerOutput& out, const in
   }
   for (const auto& seq : out.ignored_seqs) {
     RequestOutput& o = *slots[k++];
+    o = RequestOutput{};
     o.request_id = seq->request_id;
     o.token_id = seq->last_token_id();
     o.finished = true;
@@ -87,6 +93,7 @@ std::vector<uint64_t> build_request_outputs(const SchedulerOutput& out, const in
   }
   for (const auto& seq : out.aborted_seqs) {
     RequestOutput& o = *slots[k++];
+    o = RequestOutput{};
     o.request_id = seq->request_id;
     o.token_id = kNoToken;
     o.finished = true;

@@ -82,7 +82,8 @@ std::vector<int32_t> Scheduler::process_outputs(SchedulerOutput& out, const Samp
   const auto* map = engram_map();
 
   // Pass 1: validate everything.
-  std::vector<int32_t> accepted(n);
+  std::vector<int32_t>& accepted = out.num_accepted;
+  accepted.assign(n, 0);
   for (int32_t i = 0; i < n; ++i) {
     accepted[i] = count_accepted(out, i, in.verified_token_ids, map);
     const Sequence& seq = *out.seqs[i];
@@ -98,7 +99,6 @@ std::vector<int32_t> Scheduler::process_outputs(SchedulerOutput& out, const Samp
 
   // Pass 2: commit.
   out.pushed.assign(n, 0);
-  out.num_accepted = accepted;
   out.output_len_before.assign(n, 0);
   out.kept_rows.assign(n, 0);
   out.finish_reason.assign(n, uint8_t(FinishReason::NONE));

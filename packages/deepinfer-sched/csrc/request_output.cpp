@@ -24,7 +24,6 @@ void RequestOutputPool::allocate(size_t n, uint64_t* handles, RequestOutput** ou
     uint32_t s = free_.back();
     free_.pop_back();
     live_[s] = 1;
-    slots_[s] = RequestOutput{};
     handles[k] = (uint64_t(generation_[s]) << 32) | (uint64_t(s) + 1);
     outputs[k] = &slots_[s];
   }

@@ -44,7 +44,8 @@ class RequestOutputPool {
   size_t num_free() const;
   size_t num_in_use() const { return capacity() - num_free(); }
 
-  // Leases n slots at once (all or nothing); throws std::runtime_error when exhausted.
+  // Leases n slots at once (all or nothing); throws std::runtime_error when exhausted. The
+  // leased outputs hold stale contents: the caller writes every field.
   void allocate(size_t n, uint64_t* handles, RequestOutput** outputs);
   // Returns leases; throws std::invalid_argument (and releases nothing) on a stale, foreign or
   // repeated handle.
@@ -52,6 +53,12 @@ class RequestOutputPool {
   // The output behind a live handle; throws std::invalid_argument on a stale handle.
   const RequestOutput& at(uint64_t handle) const;
   bool is_live(uint64_t handle) const;
+  // Calls fn(i, output) for each live handle under one lock; throws on a stale handle.
+  template <typename F>
+  void for_each(const uint64_t* handles, size_t n, F&& fn) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < n; ++i) fn(i, slots_[checked_slot(handles[i])]);
+  }
   static size_t slot_of(uint64_t handle) { return size_t(handle & 0xffffffffu) - 1; }
 
  private:

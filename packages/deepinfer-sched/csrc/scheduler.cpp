@@ -176,8 +176,9 @@ bool Scheduler::schedule_prefill(SchedulerOutput& out) {
 // ---------------------------------------------------------------------------------------------
 // Decode
 
-void Scheduler::preempt(SeqPtr seq, SchedulerOutput& out) {
-  running_.erase(std::find(running_.begin(), running_.end(), seq));
+// Frees the victim and queues it for recompute. It stays in running_ (status WAITING) until the
+// caller compacts running_, so pointers into running_ stay valid during the decode loop.
+void Scheduler::preempt(const SeqPtr& seq, SchedulerOutput& out) {
   release_resources(*seq);
   seq->reset_for_recompute();
   waiting_.push_front(seq);
@@ -186,32 +187,34 @@ void Scheduler::preempt(SeqPtr seq, SchedulerOutput& out) {
 
 bool Scheduler::schedule_decode(SchedulerOutput& out) {
   int32_t budget = config_.max_num_batched_tokens;
-  std::vector<SeqPtr> candidates;
-  candidates.reserve(running_.size());
-  for (auto it = running_.rbegin(); it != running_.rend(); ++it)  // LCFS
-    if (!(*it)->needs_prefill()) candidates.push_back(*it);
-  for (auto& seq : candidates) {
-    if (budget == 0) break;
-    if (seq->status != SequenceStatus::RUNNING) continue;  // preempted earlier in this loop
+  bool any_preempted = false;
+  for (auto it = running_.rbegin(); it != running_.rend() && budget > 0; ++it) {  // LCFS
+    const SeqPtr& seq = *it;
+    if (seq->status != SequenceStatus::RUNNING || seq->needs_prefill()) continue;
     int32_t rows = std::min(1 + seq->take_num_drafts(config_.nextn), budget);
     int64_t need_tokens = int64_t(seq->cache.num_tokens) + rows;
     while (!blocks_.can_append(seq->block_table, need_tokens)) {
       // Victim: shortest output among running sequences not scheduled in this step; ties go to
       // the latest admitted. The candidate itself is eligible, so a victim always exists.
-      SeqPtr victim;
-      for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
-        if ((*it)->last_scheduled_step == out.step_id) continue;
-        if (!victim || (*it)->output_len() < victim->output_len()) victim = *it;
+      const SeqPtr* victim = nullptr;
+      for (auto v = running_.rbegin(); v != running_.rend(); ++v) {
+        if ((*v)->status != SequenceStatus::RUNNING || (*v)->last_scheduled_step == out.step_id) continue;
+        if (!victim || (*v)->output_len() < (*victim)->output_len()) victim = &*v;
       }
       DI_LEDGER_CHECK(victim != nullptr, "request ", seq->request_id, ": no preemption victim");
-      preempt(victim, out);
-      if (victim == seq) break;
+      preempt(*victim, out);
+      any_preempted = true;
+      if (victim->get() == seq.get()) break;
     }
     if (seq->status != SequenceStatus::RUNNING) continue;
     blocks_.append(seq->block_table, need_tokens);
     add_rows(out, seq, rows, true, true);
     budget -= rows;
   }
+  if (any_preempted)
+    running_.erase(std::remove_if(running_.begin(), running_.end(),
+                                  [](const SeqPtr& s) { return s->status != SequenceStatus::RUNNING; }),
+                   running_.end());
   return !out.request_ids.empty();
 }
 
@@ -275,6 +278,22 @@ void Scheduler::add_rows(SchedulerOutput& out, const SeqPtr& seq_ptr, int32_t ro
   seq.last_scheduled_index = index;
 }
 
+void Scheduler::reserve(SchedulerOutput& out) const {
+  const size_t reqs = std::min<size_t>(running_.size() + waiting_.size(), size_t(config_.max_num_seqs));
+  const size_t rows = std::min<size_t>(size_t(config_.max_num_batched_tokens), reqs * size_t(config_.nextn + 1) +
+                                                                                 size_t(config_.max_num_batched_tokens));
+  for (auto* v : {&out.seqlens_q, &out.first_token_pos, &out.num_computed_tokens, &out.context_lens, &out.prompt_lens,
+                  &out.mtp_slots, &out.remap, &out.num_uncommitted_rows, &out.epochs})
+    v->reserve(reqs);
+  out.request_ids.reserve(reqs);
+  out.is_last_chunk.reserve(reqs);
+  out.seqs.reserve(reqs);
+  out.positions.reserve(rows);
+  out.input_token_ids.reserve(rows);
+  out.slot_mapping.reserve(rows);
+  if (config_.has_engram_map()) out.input_engram_ids.reserve(rows);
+}
+
 void Scheduler::finalize(SchedulerOutput& out) const {
   const int32_t n = out.req_cnt(), w = out.max_blocks;
   out.block_tables.assign(size_t(n) * w, -1);
@@ -294,6 +313,7 @@ std::shared_ptr<SchedulerOutput> Scheduler::schedule(std::optional<StepKind> for
   out->ignored_seqs.swap(pending_ignored_);
   out->aborted_seqs.swap(pending_aborted_);
 
+  reserve(*out);
   bool try_prefill = !forced || *forced == StepKind::PREFILL;
   bool try_decode = !forced || *forced == StepKind::DECODE;
   if (try_prefill && schedule_prefill(*out)) {

@@ -76,12 +76,13 @@ class Scheduler {
   bool schedule_prefill(SchedulerOutput& out);
   bool schedule_decode(SchedulerOutput& out);
   void add_rows(SchedulerOutput& out, const SeqPtr& seq, int32_t rows, bool is_last_chunk, bool is_decode);
-  void preempt(SeqPtr seq, SchedulerOutput& out);
+  void preempt(const SeqPtr& seq, SchedulerOutput& out);
   void release_resources(Sequence& seq);
   void allocate_mtp_slot(Sequence& seq);
   void release_mtp_slot(Sequence& seq);
   void check_stop(Sequence& seq, int32_t token) const;
   void check_slot_invariant(const char* where) const;
+  void reserve(SchedulerOutput& out) const;
   void finalize(SchedulerOutput& out) const;
 
   SchedulerConfig config_;

@@ -2,8 +2,14 @@
 
 import numpy as np
 import pytest
-
-from deepinfer_sched import VERIFIED_END, RequestOutputPool, RequestParams, Scheduler, SchedulerConfig, StepKind
+from deepinfer_sched import (
+    VERIFIED_END,
+    RequestOutputPool,
+    RequestParams,
+    Scheduler,
+    SchedulerConfig,
+    StepKind,
+)
 
 NUM_BLOCKS = 64
 

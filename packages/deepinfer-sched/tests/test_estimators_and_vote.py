@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-
 from deepinfer_sched import (
     AttemptPoint,
     ForwardRuntimeEstimator,

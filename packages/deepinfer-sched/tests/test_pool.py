@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-
 from deepinfer_sched import VERIFIED_END, RequestOutputPool, RequestParams, Scheduler, SchedulerConfig
 
 
@@ -39,7 +38,7 @@ def test_released_handles_are_reused_and_stale_handles_rejected():
     pool.release(h1)
     assert pool.num_free == 4
     with pytest.raises(ValueError, match="not live"):
-        view.token_id  # a borrowed view dies with its lease
+        _ = view.token_id  # a borrowed view dies with its lease
     with pytest.raises(ValueError, match="not live"):
         pool.release(h1[:1])  # double release
     assert clone.token_id == 7 and clone.request_id == 0 and clone.num_output_tokens == 1  # clone outlives

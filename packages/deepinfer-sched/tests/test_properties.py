@@ -8,11 +8,11 @@ request finished exactly once and all blocks and slots returned.
 """
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
+import pytest
 from deepinfer_sched import RequestParams, Scheduler, SchedulerConfig
 from deepinfer_sched.testing import LedgerHarness, SimulatedDevice
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 VOCAB = 16
 EOS = 2
@@ -94,4 +94,18 @@ def run_stream(cfg, reqs, seed, zos, accept_prob, varlen):
     varlen=st.booleans(),
 )
 def test_random_streams_keep_the_ledger(cfg, reqs, seed, zos, accept_prob, varlen):
+    run_stream(cfg, reqs, seed, zos, accept_prob, varlen)
+
+
+@pytest.mark.slow
+@settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    cfg=configs(),
+    reqs=st.lists(requests(), min_size=1, max_size=12),
+    seed=st.integers(0, 2**31),
+    zos=st.booleans(),
+    accept_prob=st.sampled_from([0.0, 0.5, 0.9, 1.0]),
+    varlen=st.booleans(),
+)
+def test_random_streams_keep_the_ledger_long(cfg, reqs, seed, zos, accept_prob, varlen):
     run_stream(cfg, reqs, seed, zos, accept_prob, varlen)

@@ -8,8 +8,14 @@ consistent reading: A had max_tokens - 3, so its third token hits the limit.)
 
 import numpy as np
 import pytest
-
-from deepinfer_sched import VERIFIED_END, RequestOutputPool, RequestParams, Scheduler, SchedulerConfig, StepKind
+from deepinfer_sched import (
+    VERIFIED_END,
+    RequestOutputPool,
+    RequestParams,
+    Scheduler,
+    SchedulerConfig,
+    StepKind,
+)
 
 A, B, C = 100, 200, 300
 T1, T2, T3, MAIN_A, MAIN_B, MAIN_C, DRAFT_B = 11, 12, 13, 21, 22, 23, 14

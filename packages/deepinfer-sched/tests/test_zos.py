@@ -3,7 +3,6 @@ csrc/sequence.hpp, remap, finish-in-flight pushing 0, and prepare_zos_inputs."""
 
 import numpy as np
 import pytest
-
 from deepinfer_sched import (
     VERIFIED_END,
     RequestOutputPool,
@@ -27,7 +26,7 @@ def verified(out, accepted):
 
 
 def test_counter_timeline_of_the_diagram():
-    s, pool = make(), RequestOutputPool()
+    s = make()
     s.add_request(1, list(range(3, 12)), RequestParams(max_tokens=50))  # 9 prompt tokens
     pre = s.schedule()
     s.process_outputs(pre, [12])  # L = 10, committed 9
@@ -138,3 +137,26 @@ def test_processing_twice_or_out_of_shape_fails_loudly():
     assert seq.num_uncommitted_rows == 3 and len(seq.token_ids) == 4  # nothing was committed
     s.process_outputs(d, [9], np.array([4, VERIFIED_END, VERIFIED_END], np.int32))
     assert s.get_sequence(1).output_token_ids == [9, 4, 9]
+
+
+def test_preempted_while_in_flight_pushes_zero_and_recomputes():
+    s = Scheduler(SchedulerConfig(block_size=4, num_blocks=5, max_num_seqs=4, max_num_batched_tokens=64,
+                                  max_model_len=16, nextn=1, min_final_chunk_tokens=0, eos_token_ids=[2]))
+    pool = RequestOutputPool()
+    s.add_request(1, [5] * 6, RequestParams(max_tokens=8))  # A
+    s.add_request(2, [6] * 6, RequestParams(max_tokens=8))  # B
+    s.process_outputs(s.schedule(), [9, 9])  # 2 blocks each
+    n = s.schedule()  # both decode (8 tokens: still 2 blocks each)
+    n1 = s.schedule()  # 10 tokens: 3 blocks each > 5: B (LCFS first) grows, A preempts itself
+    assert list(n1.preempted_request_ids) == [1] and list(n1.request_ids) == [2]
+    a = s.get_sequence(1)
+    assert a.num_tokens == 0 and a.epoch == 1 and a.info_slot == 0 and a.block_table == []
+    pushed = s.process_outputs(n, [9, 9], verified(n, [[], []]))
+    assert pushed[list(n.request_ids).index(1)] == 0  # A's in-flight step is void
+    assert pushed[list(n.request_ids).index(2)] == 1
+    assert s.get_sequence(1).output_token_ids == [9] and s.get_sequence(1).num_tokens == 0
+    h = s.build_request_outputs(n, pushed, pool)
+    assert [pool.get(x).request_id for x in h] == [2]
+    pool.release(h)
+    s.process_outputs(n1, [9], verified(n1, [[]]))
+    assert s.num_used_mtp_slots() == s.num_running() == 1
