@@ -129,7 +129,7 @@ def test_top_p_candidate_window_and_fallback_match_oracle(monkeypatch, window):
     """A small candidate window forces both the windowed nucleus and the full-sort fallback."""
     import deepinfer_kernels.ops.sampling.sampling_params as sp
 
-    monkeypatch.setattr(sp, "TOP_P_CANDIDATES", window)
+    monkeypatch.setattr(sp, "TOP_P_WINDOWS", (window, 2 * window))
     g = torch.Generator().manual_seed(window)
     rows, vocab = 60, 23
     logits = torch.randn(rows, vocab, generator=g) * torch.rand(rows, 1, generator=g) * 6  # flat to peaked

@@ -12,6 +12,10 @@ proportional to the row. Zero-probability columns are never returned, not even a
 boundaries: ``u = 0`` selects the first positive column, and a threshold that rounding pushed to
 ``row_sum`` selects the last positive column. A row with no positive entry returns
 ``EMPTY_ROW_SAMPLE``. Prefix sums run in float64.
+
+Across devices the uniforms are bit-identical; a float64 prefix sum computed in a different
+order (a parallel scan) can round differently, so CPU and CUDA samples can differ only when
+``u * row_sum`` lands within rounding (~1e-16 relative) of a CDF boundary.
 """
 
 from __future__ import annotations

@@ -18,14 +18,16 @@ two, so CPU and CUDA produce bit-identical uniforms.
 Streams separate the independent random decisions taken at the same (seed, position):
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: TileLang reads the kernel signatures' annotations
+# as live expressions over the factory's local sizes.
 
 import enum
 
 import torch
 
 from deepinfer_kernels.ops.sampling._checks import check_tensor
-from deepinfer_kernels.platform import select_backend
+from deepinfer_kernels.ops.sampling._tilelang import THREADS, compiled, uint64_const
+from deepinfer_kernels.platform import Backend, select_backend
 
 
 class RngStream(enum.IntEnum):
@@ -80,6 +82,48 @@ def counter_uniform_ref(
     return _shr(h, 64 - _MANTISSA_BITS).to(torch.float64) * (2.0**-_MANTISSA_BITS)
 
 
+def counter_uniform_kernel():
+    """TileLang: one thread per row, the same hash in native uint64 arithmetic."""
+    import tilelang.language as T
+
+    rows = T.dynamic("rows")
+
+    @T.prim_func
+    def kernel(
+        seeds: T.Tensor((rows,), "int64"),
+        positions: T.Tensor((rows,), "int64"),
+        streams: T.Tensor((rows,), "int64"),
+        out: T.Tensor((rows,), "float64"),
+    ):
+        with T.Kernel(T.ceildiv(rows, THREADS), threads=THREADS) as bx:
+            r = bx * THREADS + T.get_thread_binding()
+            if r < rows:
+                gamma = uint64_const(T, 0x9E3779B97F4A7C15)
+                mul1 = uint64_const(T, 0xBF58476D1CE4E5B9)
+                mul2 = uint64_const(T, 0x94D049BB133111EB)
+                z = T.alloc_var("uint64")
+                z = T.cast(seeds[r], "uint64") + gamma
+                for key in T.unroll(3):  # mix(z) three times; after mix 1 xor position, after mix 2 stream
+                    z = z ^ (z >> T.uint64(30))
+                    z = z * mul1
+                    z = z ^ (z >> T.uint64(27))
+                    z = z * mul2
+                    z = z ^ (z >> T.uint64(31))
+                    if key == 0:
+                        z = z ^ T.cast(positions[r], "uint64")
+                    elif key == 1:
+                        z = z ^ ((T.cast(streams[r], "uint64") + T.uint64(1)) * gamma)
+                out[r] = T.cast(z >> T.uint64(64 - _MANTISSA_BITS), "float64") * T.float64(2.0**-_MANTISSA_BITS)
+
+    return kernel
+
+
+def counter_uniform_tilelang(seeds: torch.Tensor, positions: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(seeds.shape[0], dtype=torch.float64, device=seeds.device)
+    compiled(counter_uniform_kernel)(seeds.contiguous(), positions.contiguous(), streams.contiguous(), out)
+    return out
+
+
 def counter_uniform(
     seeds: torch.Tensor,                        # [rows] int64 (uint64 seeds as their int64 bits)
     positions: torch.Tensor,                    # [rows] int32 or int64
@@ -95,5 +139,7 @@ def counter_uniform(
         streams = stream.to(torch.int64)
     else:
         streams = torch.full((rows,), int(stream), dtype=torch.int64, device=seeds.device)
-    select_backend(op, seeds.device, has_kernel=False)
+    backend = select_backend(op, seeds.device, has_kernel=True)
+    if backend is Backend.TILELANG and rows > 0:
+        return counter_uniform_tilelang(seeds, positions.to(torch.int64), streams)
     return counter_uniform_ref(seeds, positions.to(torch.int64), streams)

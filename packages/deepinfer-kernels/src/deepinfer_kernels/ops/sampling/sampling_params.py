@@ -47,7 +47,7 @@ def _top_k_keep(scaled: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor | Non
     return (scaled >= kth) | ~active.unsqueeze(1)
 
 
-TOP_P_CANDIDATES = 1024  # columns examined before falling back to a full sort of a row
+TOP_P_WINDOWS = (64, 1024)  # candidate window sizes tried before a full sort of a row
 
 
 def _nucleus_in_sorted(q_sorted: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -73,29 +73,38 @@ def _top_p_keep(scaled: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor | Non
     ``q > v_m`` already hold mass ``>= top_p``, every column with ``q <= v_m`` has at least that much
     mass ranked before it and is dropped, so the nucleus lies inside the candidates and their
     (q desc, column asc) order decides it with the same float64 prefix sums as a full sort. Rows
-    where that does not hold (very flat distributions) are sorted in full. None when no row filters.
+    not decided by any window in ``TOP_P_WINDOWS`` (very flat distributions) are sorted in full.
+    ``q`` is ranked in float32 (its float64 values are exact conversions, so the order is the
+    same). None when no row filters.
     """
     rows, vocab = scaled.shape
     active = top_p < TOP_P_OFF
     if not bool(active.any()):
         return None
-    keep = torch.ones_like(scaled, dtype=torch.bool)
-    act = torch.nonzero(active).squeeze(1)
-    q = torch.softmax(scaled[act], dim=1).to(torch.float64)
-    p = top_p[act].to(torch.float64)
-    m = min(vocab, TOP_P_CANDIDATES)
-    vals, ids = q.topk(m, dim=1, sorted=True)
-    vals, ids = _stable_desc(vals, ids)
-    v_m = vals[:, -1:]
-    mass_above = torch.where(vals > v_m, vals, 0.0).sum(dim=1)
-    decided = (mass_above >= p + 1e-9) | (m == vocab)
+    all_active = bool(active.all())
+    act = None if all_active else torch.nonzero(active).squeeze(1)
+    q = torch.softmax(scaled if all_active else scaled[act], dim=1)  # float32
+    p = (top_p if all_active else top_p[act]).to(torch.float64)
     sub = torch.zeros_like(q, dtype=torch.bool)
-    sub.scatter_(1, ids, _nucleus_in_sorted(vals, p))
-    if not bool(decided.all()):
-        rest = torch.nonzero(~decided).squeeze(1)
-        q_sorted, order = q[rest].sort(dim=1, descending=True, stable=True)
-        sub[rest] = torch.zeros_like(q_sorted, dtype=torch.bool).scatter_(
-            1, order, _nucleus_in_sorted(q_sorted, p[rest]))
+    todo = torch.arange(q.shape[0], device=q.device)
+    for m in (*(w for w in TOP_P_WINDOWS if w < vocab), vocab):
+        qt, pt = q[todo], p[todo]
+        if m < vocab:
+            vals, ids = qt.topk(m, dim=1, sorted=True)
+            vals, ids = _stable_desc(vals.to(torch.float64), ids)
+            v_m = vals[:, -1:]
+            decided = torch.where(vals > v_m, vals, 0.0).sum(dim=1) >= pt + 1e-9
+        else:  # full sort: always decides
+            vals, ids = qt.to(torch.float64).sort(dim=1, descending=True, stable=True)
+            decided = torch.ones(todo.shape[0], dtype=torch.bool, device=q.device)
+        keep_sorted = _nucleus_in_sorted(vals, pt) & decided.unsqueeze(1)
+        sub[todo] = sub[todo].scatter(1, ids, keep_sorted)
+        todo = todo[~decided]
+        if todo.numel() == 0:
+            break
+    if all_active:
+        return sub
+    keep = torch.ones_like(scaled, dtype=torch.bool)
     keep[act] = sub
     return keep
 

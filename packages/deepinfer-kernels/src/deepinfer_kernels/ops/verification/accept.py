@@ -19,12 +19,14 @@ request is blocked, no request's prefix leaks into the next one, and every reque
 one ``is_final`` row: its first rejected verify row, or its last row if every draft was accepted.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: TileLang reads the kernel signatures' annotations
+# as live expressions over the factory's local sizes.
 
 import torch
 
 from deepinfer_kernels.ops.sampling._checks import check_tensor
-from deepinfer_kernels.platform import select_backend
+from deepinfer_kernels.ops.sampling._tilelang import THREADS, compiled
+from deepinfer_kernels.platform import Backend, select_backend
 
 
 def get_accept_result_ref(
@@ -38,6 +40,48 @@ def get_accept_result_ref(
     start = ftp.to(torch.int64)[row_to_req.to(torch.int64)]
     alive = prefix[:-1] == prefix[start]
     return alive & is_verify & raw_accept, alive & blocked
+
+
+def get_accept_result_kernel():
+    """TileLang: one thread per request walks its rows until the first blocked one.
+
+    Same result as the cumsum: per request, rows stay alive until the first blocked row.
+    """
+    import tilelang.language as T
+
+    req_cnt = T.dynamic("req_cnt")
+    total_q = T.dynamic("total_q")
+
+    @T.prim_func
+    def kernel(
+        raw_accept: T.Tensor((total_q,), "bool"),
+        is_verify: T.Tensor((total_q,), "bool"),
+        ftp: T.Tensor((req_cnt,), "int32"),
+        effective_accept: T.Tensor((total_q,), "bool"),
+        is_final: T.Tensor((total_q,), "bool"),
+    ):
+        with T.Kernel(T.ceildiv(req_cnt, THREADS), threads=THREADS) as bx:
+            i = bx * THREADS + T.get_thread_binding()
+            if i < req_cnt:
+                end = T.if_then_else(i + 1 < req_cnt, ftp[T.min(i + 1, req_cnt - 1)], total_q)
+                alive = T.alloc_var("bool", init=True)
+                for r in T.serial(ftp[i], end):
+                    blocked = not (is_verify[r] and raw_accept[r])
+                    effective_accept[r] = alive and not blocked
+                    is_final[r] = alive and blocked
+                    if blocked:
+                        alive = False
+
+    return kernel
+
+
+def get_accept_result_tilelang(
+    raw_accept: torch.Tensor, is_verify: torch.Tensor, ftp: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    effective = torch.empty_like(raw_accept)
+    is_final = torch.empty_like(raw_accept)
+    compiled(get_accept_result_kernel)(raw_accept, is_verify, ftp, effective, is_final)
+    return effective, is_final
 
 
 def get_accept_result(
@@ -54,5 +98,7 @@ def get_accept_result(
     check_tensor(op, "is_verify", is_verify, [total_q], "[total_q]", [torch.bool], dev)
     check_tensor(op, "ftp", ftp, [None], "[req_cnt]", [torch.int32], dev)
     check_tensor(op, "row_to_req", row_to_req, [total_q], "[total_q]", [torch.int32], dev)
-    select_backend(op, dev, has_kernel=False)
+    backend = select_backend(op, dev, has_kernel=True)
+    if backend is Backend.TILELANG and ftp.numel() > 0:
+        return get_accept_result_tilelang(raw_accept.contiguous(), is_verify.contiguous(), ftp.contiguous())
     return get_accept_result_ref(raw_accept, is_verify, ftp, row_to_req)

@@ -17,6 +17,11 @@ given drafts ``< j`` were), aligned to this step's batch by ``remap``.
    ``seqlens_q[i] = 1 + #chosen``. The sum of the R largest gains bounds every allocation, so
    this maximises ``E[accepted] = sum_i sum_{j < s_i - 1} g[i, j]``.
 
+Selecting draft ``j`` depends only on the gains ranked at or above it, i.e. on ``c[i, :j + 1]``
+(and on other sequences). With DSpark confidences (``c[i, j]`` sees drafts before ``j`` only)
+whether a draft is verified never depends on the draft itself, which keeps speculative sampling
+exact (see verification/speculative.py).
+
 Budget: ``budget = clamp(total_q, num_seqs, num_seqs * (nextn + 1))`` (every sequence needs one
 row and can use at most ``nextn + 1``); ``sum(seqlens_q) == budget`` always, so
 ``sum(seqlens_q) == total_q`` whenever the CPU asks for a feasible budget

@@ -19,15 +19,17 @@ The reference is sync-free (scatter-adds instead of boolean indexing), so it can
 captured CUDA graph as the fallback path.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: TileLang reads the kernel signatures' annotations
+# as live expressions over the factory's local sizes.
 
 from dataclasses import dataclass
 
 import torch
 
 from deepinfer_kernels.ops.sampling._checks import INDEX_DTYPES, check_tensor
+from deepinfer_kernels.ops.sampling._tilelang import THREADS, compiled
 from deepinfer_kernels.ops.verification.constants import VERIFIED_END
-from deepinfer_kernels.platform import select_backend
+from deepinfer_kernels.platform import Backend, select_backend
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,62 @@ def finalize_verification_ref(
     return FinalizeResult(final_row, final_row - ftp, num_accepted, num_verified, verified)
 
 
+def finalize_verification_kernel(draft_dtype: str):
+    """TileLang: one thread per request walks its rows (``draft_dtype``: "int32" or "int64")."""
+    import tilelang.language as T
+
+    req_cnt = T.dynamic("req_cnt")
+    total_q = T.dynamic("total_q")
+
+    @T.prim_func
+    def kernel(
+        effective_accept: T.Tensor((total_q,), "bool"),
+        is_final: T.Tensor((total_q,), "bool"),
+        is_verify: T.Tensor((total_q,), "bool"),
+        draft_token_ids: T.Tensor((total_q,), draft_dtype),
+        ftp: T.Tensor((req_cnt,), "int32"),
+        final_row: T.Tensor((req_cnt,), "int32"),
+        last_valid_offset: T.Tensor((req_cnt,), "int32"),
+        num_accepted: T.Tensor((req_cnt,), "int32"),
+        num_verified: T.Tensor((req_cnt,), "int32"),
+        verified_token_ids: T.Tensor((total_q,), "int32"),
+    ):
+        with T.Kernel(T.ceildiv(req_cnt, THREADS), threads=THREADS) as bx:
+            i = bx * THREADS + T.get_thread_binding()
+            if i < req_cnt:
+                first = ftp[i]
+                end = T.if_then_else(i + 1 < req_cnt, ftp[T.min(i + 1, req_cnt - 1)], total_q)
+                final = T.alloc_var("int32", init=0)
+                accepted = T.alloc_var("int32", init=0)
+                verified = T.alloc_var("int32", init=0)
+                for r in T.serial(first, end):
+                    verified_token_ids[r] = T.if_then_else(
+                        effective_accept[r], T.cast(draft_token_ids[r], "int32"), VERIFIED_END)
+                    accepted += T.cast(effective_accept[r], "int32")
+                    verified += T.cast(is_verify[r], "int32")
+                    if is_final[r]:
+                        final = r
+                final_row[i] = final
+                last_valid_offset[i] = final - first
+                num_accepted[i] = accepted
+                num_verified[i] = verified
+
+    return kernel
+
+
+def finalize_verification_tilelang(
+    effective_accept: torch.Tensor, is_final: torch.Tensor, is_verify: torch.Tensor,
+    draft_token_ids: torch.Tensor, ftp: torch.Tensor,
+) -> FinalizeResult:
+    req_cnt, total_q, dev = ftp.shape[0], is_final.shape[0], ftp.device
+    per_req = [torch.empty(req_cnt, dtype=torch.int32, device=dev) for _ in range(4)]
+    verified = torch.empty(total_q, dtype=torch.int32, device=dev)
+    dtype = "int64" if draft_token_ids.dtype == torch.int64 else "int32"
+    compiled(finalize_verification_kernel, dtype)(
+        effective_accept, is_final, is_verify, draft_token_ids, ftp, *per_req, verified)
+    return FinalizeResult(*per_req, verified)
+
+
 def finalize_verification(
     effective_accept: torch.Tensor,  # [total_q] bool, from get_accept_result
     is_final: torch.Tensor,          # [total_q] bool, from get_accept_result
@@ -75,5 +133,8 @@ def finalize_verification(
     check_tensor(op, "draft_token_ids", draft_token_ids, [total_q], "[total_q]", INDEX_DTYPES, dev)
     check_tensor(op, "ftp", ftp, [None], "[req_cnt]", [torch.int32], dev)
     check_tensor(op, "row_to_req", row_to_req, [total_q], "[total_q]", [torch.int32], dev)
-    select_backend(op, dev, has_kernel=False)
+    backend = select_backend(op, dev, has_kernel=True)
+    if backend is Backend.TILELANG and ftp.numel() > 0:
+        return finalize_verification_tilelang(effective_accept.contiguous(), is_final.contiguous(),
+                                              is_verify.contiguous(), draft_token_ids.contiguous(), ftp.contiguous())
     return finalize_verification_ref(effective_accept, is_final, is_verify, draft_token_ids, ftp, row_to_req)

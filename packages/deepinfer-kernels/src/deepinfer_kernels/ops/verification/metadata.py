@@ -12,12 +12,14 @@ the next row's draft); the last is the request's *final* row (fresh-sampled)::
     is_verify   T  T  T  F  T  F  F          (a request with seqlen_q = 1 has no verify row)
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: TileLang reads the kernel signatures' annotations
+# as live expressions over the factory's local sizes.
 
 import torch
 
 from deepinfer_kernels.ops.sampling._checks import check_flat_layout, check_tensor
-from deepinfer_kernels.platform import select_backend
+from deepinfer_kernels.ops.sampling._tilelang import THREADS, compiled
+from deepinfer_kernels.platform import Backend, select_backend
 
 
 def prepare_verification_metadata_ref(
@@ -35,6 +37,45 @@ def prepare_verification_metadata_ref(
     return row_to_req, local_step, is_verify
 
 
+def prepare_verification_metadata_kernel():
+    """TileLang: one thread per request fills its ``seqlens_q[i]`` rows."""
+    import tilelang.language as T
+
+    req_cnt = T.dynamic("req_cnt")
+    total_q = T.dynamic("total_q")
+
+    @T.prim_func
+    def kernel(
+        ftp: T.Tensor((req_cnt,), "int32"),
+        seqlens_q: T.Tensor((req_cnt,), "int32"),
+        row_to_req: T.Tensor((total_q,), "int32"),
+        local_step: T.Tensor((total_q,), "int32"),
+        is_verify: T.Tensor((total_q,), "bool"),
+    ):
+        with T.Kernel(T.ceildiv(req_cnt, THREADS), threads=THREADS) as bx:
+            i = bx * THREADS + T.get_thread_binding()
+            if i < req_cnt:
+                first = ftp[i]
+                s = seqlens_q[i]
+                for k in T.serial(s):
+                    row_to_req[first + k] = i
+                    local_step[first + k] = k
+                    is_verify[first + k] = k < s - 1
+
+    return kernel
+
+
+def prepare_verification_metadata_tilelang(
+    ftp: torch.Tensor, seqlens_q: torch.Tensor, total_q: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dev = ftp.device
+    row_to_req = torch.empty(total_q, dtype=torch.int32, device=dev)
+    local_step = torch.empty(total_q, dtype=torch.int32, device=dev)
+    is_verify = torch.empty(total_q, dtype=torch.bool, device=dev)
+    compiled(prepare_verification_metadata_kernel)(ftp, seqlens_q, row_to_req, local_step, is_verify)
+    return row_to_req, local_step, is_verify
+
+
 def check_layout_args(op: str, ftp: torch.Tensor, seqlens_q: torch.Tensor, total_q: int) -> None:
     check_tensor(op, "ftp", ftp, [None], "[req_cnt]", [torch.int32])
     check_tensor(op, "seqlens_q", seqlens_q, [ftp.shape[0]], "[req_cnt]", [torch.int32], ftp.device)
@@ -49,5 +90,7 @@ def prepare_verification_metadata(
     """Returns ``row_to_req [total_q] int32``, ``local_step [total_q] int32``, ``is_verify [total_q] bool``."""
     op = "prepare_verification_metadata"
     check_layout_args(op, ftp, seqlens_q, total_q)
-    select_backend(op, ftp.device, has_kernel=False)
+    backend = select_backend(op, ftp.device, has_kernel=True)
+    if backend is Backend.TILELANG and ftp.numel() > 0:  # an empty grid is not a valid launch
+        return prepare_verification_metadata_tilelang(ftp.contiguous(), seqlens_q.contiguous(), int(total_q))
     return prepare_verification_metadata_ref(ftp, seqlens_q, int(total_q))

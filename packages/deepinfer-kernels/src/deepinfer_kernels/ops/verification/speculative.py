@@ -21,9 +21,12 @@ Main token at the request's final row ``f`` (``sample_main_token_ref``)::
 
 With ``x ~ q`` drawn independently of the ACCEPT/RESIDUAL uniforms (the draft head uses the
 DRAFT stream), every emitted token at position ``n`` is distributed exactly as ``p`` given the
-prefix (Leviathan et al. 2023, Chen et al. 2023). That needs the decision *whether* position ``n``
-is verified to be independent of the draft at ``n``; fixed-length verification guarantees it,
-confidence-scheduled lengths (whose confidences see earlier drafts) only approximately.
+prefix (Leviathan et al. 2023, Chen et al. 2023). That also needs the decision *whether*
+position ``n`` is verified to be independent of the draft at ``n`` given the prefix. Fixed lengths
+satisfy it; so does ``compute_seqlens_q_by_confidence_rates`` as long as the confidence of draft
+``j`` depends only on drafts before ``j`` (DSpark's Markov input is draft ``j - 1``), because its
+tie rule selects draft ``j`` from gains ranked at or above it. tests/test_verification_varlen_exactness.py
+checks both that and the bias when a confidence sees its own draft.
 """
 
 from __future__ import annotations
