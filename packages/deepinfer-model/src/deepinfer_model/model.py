@@ -130,11 +130,12 @@ class V41ForCausalLM(nn.Module):
         write_main_keys(self, meta, out, cache)
 
     @torch.no_grad()
-    def dspark_draft(self, meta: DraftMetadata, cache: PagedKVCache,
-                     uniforms: torch.Tensor | None = None) -> DraftOutput:
-        """`nextn` draft tokens per request (greedy, or inverse-CDF with uniforms [req, nextn])."""
+    def dspark_draft(self, meta: DraftMetadata, cache: PagedKVCache, uniforms: torch.Tensor | None = None,
+                     greedy: torch.Tensor | None = None) -> DraftOutput:
+        """`nextn` draft tokens per request: greedy, or inverse-CDF with uniforms [req, nextn]
+        except for the rows `greedy` [req] marks."""
         from deepinfer_model.engine.dspark import draft_forward
-        return draft_forward(self, meta, cache, uniforms)
+        return draft_forward(self, meta, cache, uniforms, greedy)
 
     def reference_forward(self, token_ids: torch.Tensor, mode: str = "exact", prompt_len: int | None = None,
                           kv_quant: bool = False, return_dspark_features: bool = False):

@@ -37,7 +37,8 @@ def merge_attention(o1, lse1, o2, lse2) -> torch.Tensor:
     return (o1.float() * w1.unsqueeze(-1) + o2.float() * w2.unsqueeze(-1)) / (w1 + w2).unsqueeze(-1)
 
 
-def draft_forward(model, meta: DraftMetadata, cache, uniforms: torch.Tensor | None) -> DraftOutput:
+def draft_forward(model, meta: DraftMetadata, cache, uniforms: torch.Tensor | None,
+                  greedy: torch.Tensor | None = None) -> DraftOutput:
     cfg, ds = model.config, model.model.dspark
     if ds is None:
         raise ValueError("dspark_draft: the model has no DSpark block (nextn = 0)")
@@ -66,4 +67,4 @@ def draft_forward(model, meta: DraftMetadata, cache, uniforms: torch.Tensor | No
         o = merge_attention(o1, lse1, o2.reshape(n_req * n, attn.num_heads, -1), lse2.reshape(n_req * n, -1))
         h = h + attn.output(o.to(h.dtype))
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-    return ds.heads(h.reshape(n_req, n, -1), model.lm_head.weight, meta.main_token_ids, uniforms)
+    return ds.heads(h.reshape(n_req, n, -1), model.lm_head.weight, meta.main_token_ids, uniforms, greedy)

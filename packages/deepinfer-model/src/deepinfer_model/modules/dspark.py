@@ -68,9 +68,10 @@ class DSparkDraft(nn.Module):
         return embed(toks)
 
     def heads(self, h: torch.Tensor, lm_head_weight: torch.Tensor, main_tokens: torch.Tensor,
-              uniforms: torch.Tensor | None = None) -> DraftOutput:
+              uniforms: torch.Tensor | None = None, greedy: torch.Tensor | None = None) -> DraftOutput:
         """h [R, nextn, H] (DFlash output, before the final norm), main_tokens [R],
-        uniforms [R, nextn] in [0, 1) or None (greedy) -> DraftOutput."""
+        uniforms [R, nextn] in [0, 1) or None (all greedy), greedy [R] bool: rows that take the
+        argmax even when uniforms are given -> DraftOutput."""
         hn = self.norm(h)
         base = F.linear(hn, lm_head_weight).float()                                # [R, n, V]
         prev = main_tokens.long()
@@ -84,12 +85,12 @@ class DSparkDraft(nn.Module):
                 logits = base[:, j]
                 cat = hn[:, j].float()
             probs = torch.softmax(logits, dim=-1)
-            if uniforms is None:
-                tok = logits.argmax(-1)
-            else:
+            tok = logits.argmax(-1)
+            if uniforms is not None:
                 cdf = probs.cumsum(-1)
                 target = (uniforms[:, j].float() * cdf[:, -1]).unsqueeze(1)
-                tok = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp(max=probs.shape[1] - 1)
+                sampled = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp(max=probs.shape[1] - 1)
+                tok = sampled if greedy is None else torch.where(greedy, tok, sampled)
             c = torch.sigmoid(F.linear(cat, self.confidence_head.weight.float()).squeeze(-1) / self.temperature)
             tokens.append(tok)
             logits_all.append(logits)
