@@ -1,5 +1,4 @@
 import pytest
-
 from deepinfer_model.config import ConfigError, V41Config
 from deepinfer_model.presets import PRESETS, flash, get_preset, tiny
 from deepinfer_model.topology import LayerKind
