@@ -48,10 +48,10 @@ class V41ForCausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        # token id -> compressed (Engram) id; identity until a tokenizer provides the classes.
-        self.register_buffer("engram_vocab_map", torch.arange(cfg.vocab_size, dtype=torch.int32), persistent=False)
         self.to(device=device, dtype=dtype or default_dtype(device))
-        self.engram_vocab_map = self.engram_vocab_map.to(torch.int32)
+        # token id -> compressed (Engram) id; identity until a tokenizer provides the classes.
+        self.register_buffer("engram_vocab_map", torch.arange(cfg.vocab_size, dtype=torch.int32, device=device),
+                             persistent=False)
 
     @property
     def device(self) -> torch.device:
