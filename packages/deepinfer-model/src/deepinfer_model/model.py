@@ -137,11 +137,12 @@ class V41ForCausalLM(nn.Module):
         return draft_forward(self, meta, cache, uniforms)
 
     def reference_forward(self, token_ids: torch.Tensor, mode: str = "exact", prompt_len: int | None = None,
-                          kv_quant: bool = False, return_dspark_features: bool = False):
-        """Dense, unpaged oracle for one sequence (see reference.py)."""
+                          kv_quant: bool = False, return_dspark_features: bool = False,
+                          enable_grad: bool = False):
+        """Dense, unpaged oracle for one sequence (see reference.py) -> ReferenceOutput."""
         from deepinfer_model.reference import reference_forward
         return reference_forward(self, token_ids, mode=mode, prompt_len=prompt_len, kv_quant=kv_quant,
-                                 return_dspark_features=return_dspark_features)
+                                 return_dspark_features=return_dspark_features, enable_grad=enable_grad)
 
     def reference_draft(self, token_ids: torch.Tensor, main_token: int, prompt_len: int | None = None,
                         kv_quant: bool = False, uniforms: torch.Tensor | None = None) -> DraftOutput:
