@@ -1,6 +1,5 @@
 import pytest
 import torch
-
 from deepinfer_kernels.ops.kv_fp4 import (
     E2M1_VALUES,
     dequantize_index_k_fp4,

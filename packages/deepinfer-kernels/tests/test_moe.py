@@ -1,6 +1,5 @@
 import torch
 import torch.nn.functional as F
-
 from deepinfer_kernels.ops.moe import grouped_expert_gemm, moe_route, permute_by_expert, routed_experts
 
 

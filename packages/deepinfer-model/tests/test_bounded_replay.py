@@ -8,13 +8,9 @@
   runner writes main keys) change.
 """
 
-import sys
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-from helpers import Driver, Seq, tiny_model  # noqa: E402
+from deepinfer_model.testing import Driver, Seq, tiny_model
 
 # Random weights give the worst case (nothing was trained to tolerate truncation); the bound
 # guards against the replay silently leaking into the encoder side or growing with the length.
@@ -44,7 +40,7 @@ def test_divergence_from_exact_is_reported_and_bounded():
         kl = (torch.log_softmax(e, -1).exp() * (torch.log_softmax(e, -1) - torch.log_softmax(b, -1))).sum(-1)
         agree = (b.argmax(-1) == e.argmax(-1)).float().mean().item()
         rows.append((prompt_len, (b - e).abs().max().item(), kl.mean().item(), agree))
-    print("\nbounded replay vs exact (random tiny weights, W = %d):" % w)
+    print(f"\nbounded replay vs exact (random tiny weights, W = {w}):")
     print("  prompt  max|dlogit|  mean KL   top-1 agree")
     for p, d, kl, a in rows:
         print(f"  {p:6d}  {d:10.4f}  {kl:8.5f}  {a:8.2%}")

@@ -37,3 +37,12 @@ def test_bytes_per_block_matches_allocation():
     model = V41ForCausalLM(tiny())
     cache = model.allocate_kv_cache(num_blocks=3, block_size=8)
     assert model.kv_cache_bytes_per_block(8) * 3 == cache.nbytes()
+
+
+def test_analytic_count_equals_module_for_large_presets_on_meta():
+    import torch
+
+    for cfg in (mini(), flash_slice()):
+        with torch.device("meta"):
+            model = V41ForCausalLM(cfg, device="meta")
+        assert param_counts(cfg).total == sum(p.numel() for p in model.parameters())

@@ -1,5 +1,4 @@
 import pytest
-
 from deepinfer_model.config import ConfigError, V41Config
 from deepinfer_model.presets import PRESETS, flash, get_preset, tiny
 from deepinfer_model.topology import LayerKind
@@ -63,7 +62,7 @@ def test_tiny_derived_quantities():
     mods = topo.attention_modules
     assert len(mods) == 7 + 1 + cfg.nextn and mods[7] is None
     assert all(m.kind is LayerKind.DFLASH for m in mods[8:])
-    assert cfg.engram_max_ngram_size - 1 == 2  # Engram tables per layer
+    assert topo.engram_tables == ((1, 2), (1, 3), (5, 2), (5, 3))   # (layer, n) per n-gram table
 
 
 def test_flash_structure():

@@ -2,17 +2,12 @@
 global (compressed) KV that the full stack yields."""
 
 import copy
-import sys
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-from helpers import Driver, Seq, tiny_model  # noqa: E402
-
 from deepinfer_kernels.ops.kv_fp4 import dequantize_index_k_fp4
 from deepinfer_kernels.ops.kv_fp8 import dequantize_kv_fp8
 from deepinfer_model.reference import encoder_side
+from deepinfer_model.testing import Driver, Seq, tiny_model
 
 
 def test_dense_encoder_prefill_equals_full_stack_and_ignores_decoder_layers():

@@ -83,7 +83,7 @@ class ForwardMetadata:
         seqlens = [len(r) for r in rows_token_ids]
         ftp = [sum(seqlens[:i]) for i in range(n)]
         positions, slots = [], []
-        for toks, nc, table in zip(rows_token_ids, num_computed, block_tables):
+        for toks, nc, table in zip(rows_token_ids, num_computed, block_tables, strict=False):
             for k in range(len(toks)):
                 p = nc + k
                 positions.append(p)
@@ -106,7 +106,7 @@ class ForwardMetadata:
         return cls(
             input_ids=i64([t for r in rows_token_ids for t in r]), positions=i64(positions),
             seqlens_q=i32(seqlens), first_token_pos=i32(ftp),
-            context_lens=i32([nc + s for nc, s in zip(num_computed, seqlens)]),
+            context_lens=i32([nc + s for nc, s in zip(num_computed, seqlens, strict=False)]),
             block_tables=i32(tables).reshape(n, width), slot_mapping=i64(slots), block_size=block_size,
             is_prefill=is_prefill, is_last_chunk=torch.tensor(last, dtype=torch.bool, device=device),
             logit_rows=i64(lrows), return_dspark_features=return_dspark_features)

@@ -48,10 +48,10 @@ class V41ForCausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        # token id -> compressed (Engram) id; identity until a tokenizer provides the classes.
-        self.register_buffer("engram_vocab_map", torch.arange(cfg.vocab_size, dtype=torch.int32), persistent=False)
         self.to(device=device, dtype=dtype or default_dtype(device))
-        self.engram_vocab_map = self.engram_vocab_map.to(torch.int32)
+        # token id -> compressed (Engram) id; identity until a tokenizer provides the classes.
+        self.register_buffer("engram_vocab_map", torch.arange(cfg.vocab_size, dtype=torch.int32, device=device),
+                             persistent=False)
 
     @property
     def device(self) -> torch.device:
@@ -138,11 +138,12 @@ class V41ForCausalLM(nn.Module):
         return draft_forward(self, meta, cache, uniforms, greedy)
 
     def reference_forward(self, token_ids: torch.Tensor, mode: str = "exact", prompt_len: int | None = None,
-                          kv_quant: bool = False, return_dspark_features: bool = False):
-        """Dense, unpaged oracle for one sequence (see reference.py)."""
+                          kv_quant: bool = False, return_dspark_features: bool = False,
+                          enable_grad: bool = False):
+        """Dense, unpaged oracle for one sequence (see reference.py) -> ReferenceOutput."""
         from deepinfer_model.reference import reference_forward
         return reference_forward(self, token_ids, mode=mode, prompt_len=prompt_len, kv_quant=kv_quant,
-                                 return_dspark_features=return_dspark_features)
+                                 return_dspark_features=return_dspark_features, enable_grad=enable_grad)
 
     def reference_draft(self, token_ids: torch.Tensor, main_token: int, prompt_len: int | None = None,
                         kv_quant: bool = False, uniforms: torch.Tensor | None = None) -> DraftOutput:

@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-
 from deepinfer_kernels.ops.indexer import candidate_block_max_ref, select_topk_blocks_ref
 from deepinfer_kernels.ops.kv_fp4 import dequantize_index_k_fp4_ref, quantize_index_k_fp4_ref
 from deepinfer_kernels.ops.kv_fp8 import dequantize_kv_fp8_ref, quantize_kv_fp8_ref
+
 from deepinfer_model.metadata import DraftOutput
 from deepinfer_model.modules.engram import dense_windows
 
@@ -99,7 +99,6 @@ def layer_forward(model, l, x, pos, lo, windows, entries, kv_quant):
     return x + layer.mlp.forward_reference(layer.post_attention_layernorm(x))
 
 
-@torch.no_grad()
 def encoder_side(model, tokens: torch.Tensor, kv_quant: bool = False):
     """YOCO prefill, densely: encoder layers over every position, then the consumer-side
     compressors over the shared hidden. -> (x after the last encoder layer [T, H], Engram
@@ -123,9 +122,16 @@ def encoder_side(model, tokens: torch.Tensor, kv_quant: bool = False):
     return x, windows, entries, residuals
 
 
-@torch.no_grad()
 def reference_forward(model, token_ids: torch.Tensor, mode: str = "exact", prompt_len: int | None = None,
-                      kv_quant: bool = False, return_dspark_features: bool = False) -> ReferenceOutput:
+                      kv_quant: bool = False, return_dspark_features: bool = False,
+                      enable_grad: bool = False) -> ReferenceOutput:
+    """Dense forward of one sequence. `enable_grad=True` keeps autograd on (training; use
+    `kv_quant=False` there: the storage round trips are not differentiable)."""
+    with torch.set_grad_enabled(enable_grad):
+        return _reference_forward(model, token_ids, mode, prompt_len, kv_quant, return_dspark_features)
+
+
+def _reference_forward(model, token_ids, mode, prompt_len, kv_quant, return_dspark_features) -> ReferenceOutput:
     cfg, topo = model.config, model.config.topology
     tokens = torch.as_tensor(token_ids, device=model.device).long().reshape(-1)
     t = tokens.shape[0]

@@ -50,6 +50,7 @@ class Topology:
     layer_map: tuple[int, ...]
     compressed_sources: tuple[int, ...]  # compressed layers with layer_map[l] == l, ascending
     attention_modules: tuple[AttentionSpec | None, ...]
+    engram_tables: tuple[tuple[int, int], ...]   # (layer, n) for every Engram n-gram table, n = 2..N
 
     @classmethod
     def build(cls, c) -> Topology:
@@ -65,7 +66,8 @@ class Topology:
         ]
         specs.append(None)  # lm-head placeholder
         specs += [AttentionSpec(LayerKind.DFLASH, 0, n + 1 + k) for k in range(c.nextn)]
-        return cls(n, ratios, n_prefill, lmap, sources, tuple(specs))
+        tables = tuple((l, k) for l in sorted(c.engram_layer_ids) for k in range(2, c.engram_max_ngram_size + 1))
+        return cls(n, ratios, n_prefill, lmap, sources, tuple(specs), tables)
 
     # ---- YOCO
     @property

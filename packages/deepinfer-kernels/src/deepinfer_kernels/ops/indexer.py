@@ -15,7 +15,13 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_kernels.ops._checks import FLOAT_DTYPES, INDEX_DTYPES, check_dim, check_same_device, check_tensor
+from deepinfer_kernels.ops._checks import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_dim,
+    check_same_device,
+    check_tensor,
+)
 from deepinfer_kernels.ops.kv_fp4 import dequantize_index_k_fp4_ref, fp4_record_bytes
 from deepinfer_kernels.platform import select_backend
 

@@ -14,7 +14,13 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_kernels.ops._checks import FLOAT_DTYPES, INDEX_DTYPES, check_dim, check_same_device, check_tensor
+from deepinfer_kernels.ops._checks import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_dim,
+    check_same_device,
+    check_tensor,
+)
 from deepinfer_kernels.ops.kv_fp8 import GROUP, UE8M0_BIAS, ue8m0_exponent
 from deepinfer_kernels.platform import select_backend
 

@@ -15,7 +15,13 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_kernels.ops._checks import FLOAT_DTYPES, INDEX_DTYPES, check_dim, check_same_device, check_tensor
+from deepinfer_kernels.ops._checks import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_dim,
+    check_same_device,
+    check_tensor,
+)
 from deepinfer_kernels.platform import select_backend
 
 GROUP = 32            # values per ue8m0 scale

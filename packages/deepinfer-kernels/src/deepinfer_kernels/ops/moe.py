@@ -21,7 +21,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from deepinfer_kernels.ops._checks import FLOAT_DTYPES, INDEX_DTYPES, check_dim, check_same_device, check_tensor
+from deepinfer_kernels.ops._checks import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_dim,
+    check_same_device,
+    check_tensor,
+)
 from deepinfer_kernels.platform import select_backend
 
 

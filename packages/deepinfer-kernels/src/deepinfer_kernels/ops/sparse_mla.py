@@ -16,7 +16,13 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_kernels.ops._checks import FLOAT_DTYPES, INDEX_DTYPES, check_dim, check_same_device, check_tensor
+from deepinfer_kernels.ops._checks import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_dim,
+    check_same_device,
+    check_tensor,
+)
 from deepinfer_kernels.ops.kv_fp8 import dequantize_kv_fp8_ref, fp8_record_bytes
 from deepinfer_kernels.platform import select_backend
 

@@ -18,10 +18,10 @@ Replay writes only the consumer layers' window planes: nothing prefix-cache visi
 from __future__ import annotations
 
 import torch
-
 from deepinfer_kernels.ops.indexer import candidate_block_max, indexer_scores, select_topk_blocks
 from deepinfer_kernels.ops.kv_fp8 import store_kv_fp8
 from deepinfer_kernels.ops.sparse_mla import sparse_mla_attention
+
 from deepinfer_model.engine.compressed import update_compressed_source
 from deepinfer_model.engine.indexing import (
     entry_positions,
@@ -122,7 +122,6 @@ def engine_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
     req = meta.row_to_req
     positions, slots = meta.positions.long(), meta.slot_mapping.long()
     # 1. Engram ids first.
-    windows = None
     if cfg.engram_layer_ids:
         cids = meta.engram_ids if meta.engram_ids is not None else model.engram_vocab_map[meta.input_ids.long()]
         keep = slots >= 0

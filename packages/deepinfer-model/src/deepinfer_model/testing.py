@@ -1,4 +1,5 @@
-"""Test helpers: a tiny model, and a minimal paged-cache driver standing in for the scheduler."""
+"""Test and benchmark support: a random `tiny` model and a minimal paged-cache driver that stands in
+for the scheduler (block allocation, ForwardMetadata for prefill chunks and decode steps)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ class Driver:
 
     def prefill(self, seqs: list[Seq], chunk_lens: list[int], features=False):
         rows, last = [], []
-        for s, n in zip(seqs, chunk_lens):
+        for s, n in zip(seqs, chunk_lens, strict=False):
             self.ensure(s, s.num_computed + n)
             rows.append(s.tokens[s.num_computed: s.num_computed + n])
             last.append(s.num_computed + n == s.prompt_len)
@@ -50,14 +51,14 @@ class Driver:
                                      self.block_size, True, last, "last", features)
         meta.validate()
         out = self.model.forward(meta, self.cache)
-        for s, n in zip(seqs, chunk_lens):
+        for s, n in zip(seqs, chunk_lens, strict=False):
             s.num_computed += n
         return meta, out
 
     def decode(self, seqs: list[Seq], drafts: list[list[int]], features=False):
         """One decode step: rows = last committed token + drafts; returns logits of every row."""
         rows = []
-        for s, d in zip(seqs, drafts):
+        for s, d in zip(seqs, drafts, strict=False):
             rows.append([s.tokens[-1]] + d)
             self.ensure(s, len(s.tokens) + len(d))
         meta = ForwardMetadata.build(rows, [len(s.tokens) - 1 for s in seqs], [s.blocks for s in seqs],

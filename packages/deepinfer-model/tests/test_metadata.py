@@ -1,0 +1,39 @@
+
+import pytest
+import torch
+from deepinfer_model.metadata import ForwardMetadata, MetadataError
+from deepinfer_model.testing import Driver, Seq, tiny_model
+
+
+def _meta():
+    return ForwardMetadata.build([[5, 6, 7], [8]], [0, 4], [[0], [1]], 8, is_prefill=True,
+                                 is_last_chunk=[True, True])
+
+
+def test_build_is_consistent():
+    m = _meta()
+    m.validate()
+    assert m.first_token_pos.tolist() == [0, 3] and m.positions.tolist() == [0, 1, 2, 4]
+    assert m.slot_mapping.tolist() == [0, 1, 2, 12] and m.logit_rows.tolist() == [2, 3]
+    assert m.row_to_req.tolist() == [0, 0, 0, 1]
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("first_token_pos", torch.tensor([0, 2], dtype=torch.int32), "first_token_pos"),
+    ("positions", torch.tensor([0, 1, 3, 4]), "positions"),
+    ("logit_rows", torch.tensor([4]), "logit_rows"),
+])
+def test_validate_names_the_field(field, value, match):
+    m = _meta()
+    setattr(m, field, value)
+    with pytest.raises(MetadataError, match=match):
+        m.validate()
+
+
+def test_last_chunk_must_hold_the_replay_segment():
+    model = tiny_model()
+    drv = Driver(model, num_blocks=8, block_size=8)
+    seq = Seq(list(range(4, 44)), prompt_len=40)
+    drv.prefill([seq], [30])
+    with pytest.raises(MetadataError, match="last prefill chunk must hold"):
+        drv.prefill([seq], [10])        # 10 < min(W=16, 40)
