@@ -18,6 +18,9 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None = None  # CPU budget for the KV pool (None = 1 GiB or what fits)
     gpu_memory_utilization: float = 0.90   # fraction of GPU memory for weights + activations + KV
     enable_prefix_caching: bool = True
+    num_speculative_tokens: int | None = None  # DSpark drafts per step; None = DEEPINFER_USE_NEXTN_DECODE
+                                           #   (default 5), clipped to the model's nextn; 0 = off
+    enable_mtp_varlen: bool | None = None  # confidence-scheduled draft lengths; None = DEEPINFER_ENABLE_MTP_VARLEN
     seed: int = 0                          # engine seed: draws per-request seeds when none is given
     random_init_seed: int = 0              # weights seed when no checkpoint exists (tiny preset)
 
@@ -30,5 +33,7 @@ class EngineConfig:
             raise ValueError(f"max_model_len: must be positive, got {self.max_model_len}")
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ValueError(f"num_kv_blocks: must be positive, got {self.num_kv_blocks}")
+        if self.num_speculative_tokens is not None and self.num_speculative_tokens < 0:
+            raise ValueError(f"num_speculative_tokens: must be >= 0, got {self.num_speculative_tokens}")
         if not (0.0 < self.gpu_memory_utilization <= 1.0):
             raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")

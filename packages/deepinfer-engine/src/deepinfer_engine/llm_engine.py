@@ -13,6 +13,7 @@ nothing already accepted is affected.
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 import torch
@@ -28,7 +29,9 @@ from deepinfer_engine.outputs import GenerationOutput
 from deepinfer_engine.request_state import RequestState
 from deepinfer_engine.sampler import SamplingBatch
 from deepinfer_engine.sampling_params import UINT64_MAX, SamplingParams
+from deepinfer_engine.speculation import acceptance_by_position
 from deepinfer_engine.stats import EngineStats
+from deepinfer_engine.verify_budget import VerifyBudgetPolicy
 
 logger = logging.getLogger("deepinfer")
 
@@ -60,13 +63,17 @@ class LLMEngine:
         if config.max_num_batched_tokens < min_final_chunk:
             raise ValueError(f"max_num_batched_tokens: must be >= {min_final_chunk} (the model's decoder "
                              f"bounded-replay length), got {config.max_num_batched_tokens}")
+        requested = self.envs.use_nextn_decode if config.num_speculative_tokens is None else config.num_speculative_tokens
+        self.nextn = min(requested, mcfg.nextn)  # a model without a draft head cannot speculate
+        varlen = self.envs.enable_mtp_varlen if config.enable_mtp_varlen is None else config.enable_mtp_varlen
+        self.budget = VerifyBudgetPolicy(self.nextn, varlen)
         blocks = num_kv_blocks(self.model, config, self.max_model_len)
         self.scheduler = Scheduler(SchedulerConfig(
             block_size=config.block_size, num_blocks=blocks, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len,
-            nextn=0, min_final_chunk_tokens=min_final_chunk,
+            nextn=self.nextn, min_final_chunk_tokens=min_final_chunk,
             enable_prefix_caching=config.enable_prefix_caching, eos_token_ids=loaded.eos_token_ids))
-        self.runner = ModelRunner(self.model, blocks, config.block_size)
+        self.runner = ModelRunner(self.model, blocks, config.block_size, config.max_num_seqs, self.nextn)
         self.pool = RequestOutputPool()
         self._requests: dict[int, RequestState] = {}
         self._next_request_id = 0
@@ -143,14 +150,21 @@ class LLMEngine:
         out = self.scheduler.schedule()
         self._record(out)
         if out.step_kind == StepKind.IDLE:
-            res = StepResult(np.zeros(out.req_cnt, np.int32), np.zeros(out.req_cnt, np.float32), None, None,
-                             [None] * out.req_cnt)
+            res = StepResult.empty(out.req_cnt)
         else:
+            start = time.perf_counter()
             res = self.runner.execute(out, self._sampling_batch(out.request_ids))
+            if out.step_kind == StepKind.DECODE:
+                self.budget.step_time.add(out.total_q, (time.perf_counter() - start) * 1e3)
+                self._record_speculation(out, res)
         pushed = self.scheduler.process_outputs(out, res.token_ids, res.verified_token_ids, None,
                                                 out.first_token_pos)
         handles = self.scheduler.build_request_outputs(out, pushed, self.pool, res.token_logprobs,
                                                        res.verified_logprobs, out.first_token_pos)
+        if res.confidence is not None:  # how many drafts each request verifies next
+            live = pushed > 0
+            if live.any():
+                self.scheduler.set_num_drafts(out.request_ids[live], self.budget.plan(res.confidence[live]))
         if self._handles_to_release is not None:  # the previous step's outputs: consumed by now
             self.pool.release(self._handles_to_release)
         self._handles_to_release = handles
@@ -165,6 +179,19 @@ class LLMEngine:
         elif out.step_kind == StepKind.DECODE:
             self.stats.num_decode_steps += 1
 
+    def _record_speculation(self, out, res: StepResult) -> None:
+        if res.num_accepted is None or self.nextn == 0:
+            return
+        drafts = out.seqlens_q - 1
+        verified, accepted = acceptance_by_position(res.num_accepted, drafts, self.nextn)
+        st = self.stats
+        if not st.verified_per_position:
+            st.verified_per_position, st.accepted_per_position = [0] * self.nextn, [0] * self.nextn
+        st.verified_per_position = [a + int(b) for a, b in zip(st.verified_per_position, verified)]
+        st.accepted_per_position = [a + int(b) for a, b in zip(st.accepted_per_position, accepted)]
+        st.num_draft_tokens += int(drafts.sum())
+        st.num_decode_request_steps += out.req_cnt
+
     def _consume(self, request_ids: np.ndarray, res: StepResult, cols: dict[str, np.ndarray]) -> list[GenerationOutput]:
         index_of = {int(r): i for i, r in enumerate(request_ids)}
         emitted: dict[int, int] = {}
@@ -178,6 +205,11 @@ class LLMEngine:
                 emitted[rid] = k + 1
                 top_rows = res.top_logprobs[index_of[rid]] if rid in index_of else None
                 self.stats.num_generated_tokens += 1
+                draft_tok = int(cols["draft_tok"][j])
+                if draft_tok > 0:  # step statistics ride on the request's last output of a decode step
+                    state.output.num_draft_tokens += draft_tok - 1
+                    state.output.num_accepted_tokens += int(cols["accept_tok"][j]) - 1
+                    self.stats.num_accepted_tokens += int(cols["accept_tok"][j]) - 1
                 state.append(int(cols["token_id"][j]), float(cols["token_logprob"][j]),
                              top_rows[k] if top_rows and k < len(top_rows) else None)
             if bool(cols["finished"][j]):

@@ -1,7 +1,11 @@
-"""ModelRunner: SchedulerOutput -> ForwardMetadata -> model forward -> sampler -> SampleResult.
+"""ModelRunner: SchedulerOutput -> ForwardMetadata -> model forward -> sampler (-> draft head).
 
-Owns the paged KV cache. The scheduler speaks numpy; the model speaks torch tensors on its
-device; this file is the only translation between the two.
+Owns the paged KV cache and, with speculation, the MTP info pool. The scheduler speaks numpy;
+the model speaks torch tensors on its device; this file is the only translation between them.
+
+Sampling is one code path: the logits rows of a step are packed by request (`ftp`, `seqlens`
+over the logits rows). Prefill samples one row per last-chunk request; decode verifies
+`1 + drafts` rows per request.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ import torch
 from deepinfer_model.metadata import ForwardMetadata
 from deepinfer_sched import SchedulerOutput, StepKind
 
-from deepinfer_engine.sampler import Sampler, SampleResult, SamplingBatch
+from deepinfer_engine.sampler import Sampler, SamplingBatch
+from deepinfer_engine.speculation import SpeculativeDecoder
 
 
 @dataclass
@@ -22,36 +27,40 @@ class StepResult:
 
     token_ids: np.ndarray          # [req_cnt] int32 main token (0 for prefill chunks that do not sample)
     token_logprobs: np.ndarray     # [req_cnt] float32
-    verified_token_ids: np.ndarray | None  # [total_q] int32, None when no request had drafts
+    verified_token_ids: np.ndarray | None  # [total_q] int32 VERIFIED_END-terminated, None without drafts
     verified_logprobs: np.ndarray | None   # [total_q] float32
     top_logprobs: list[list[dict[int, float]] | None]  # [req_cnt] per emitted token
+    num_accepted: np.ndarray | None = None  # [req_cnt] int32 accepted drafts (decode with drafts)
+    confidence: np.ndarray | None = None    # [req_cnt, nextn] float32 next step's draft confidences
+
+    @staticmethod
+    def empty(req_cnt: int) -> StepResult:
+        return StepResult(np.zeros(req_cnt, np.int32), np.zeros(req_cnt, np.float32), None, None, [None] * req_cnt)
 
 
 class ModelRunner:
-    def __init__(self, model, num_blocks: int, block_size: int):
+    def __init__(self, model, num_blocks: int, block_size: int, max_num_seqs: int, nextn: int = 0):
         self.model = model
         self.device = model.device
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.kv_cache = model.allocate_kv_cache(num_blocks, block_size, self.device)
         self.sampler = Sampler()
+        self.nextn = nextn
+        self.spec = SpeculativeDecoder(model, max_num_seqs, nextn) if nextn > 0 else None
 
     def _tensor(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         return torch.from_numpy(np.array(array, copy=True)).to(device=self.device, dtype=dtype)
 
     def build_metadata(self, out: SchedulerOutput) -> ForwardMetadata:
         is_prefill = out.step_kind == StepKind.PREFILL
-        input_ids = out.input_token_ids
-        if input_ids.size and int(input_ids.min()) < 0:
-            raise NotImplementedError("device-filled input rows (speculation / ZOS) need the DSpark runner")
         ftp, seqlens = out.first_token_pos, out.seqlens_q
         if is_prefill:
-            last = np.asarray(out.is_last_chunk, dtype=bool)
-            logit_rows = (ftp + seqlens - 1)[last]
+            logit_rows = (ftp + seqlens - 1)[np.asarray(out.is_last_chunk, dtype=bool)]
         else:
             logit_rows = np.arange(out.total_q)
         return ForwardMetadata(
-            input_ids=self._tensor(input_ids, torch.int64),
+            input_ids=self._tensor(out.input_token_ids, torch.int64),
             positions=self._tensor(out.positions, torch.int64),
             seqlens_q=self._tensor(seqlens, torch.int32),
             first_token_pos=self._tensor(ftp, torch.int32),
@@ -62,39 +71,67 @@ class ModelRunner:
             is_prefill=is_prefill,
             is_last_chunk=self._tensor(np.asarray(out.is_last_chunk, dtype=bool), torch.bool),
             logit_rows=self._tensor(logit_rows, torch.int64),
+            return_dspark_features=self.spec is not None,
         )
 
     @torch.no_grad()
     def execute(self, out: SchedulerOutput, batch: SamplingBatch) -> StepResult:
         meta = self.build_metadata(out)
+        is_prefill = out.step_kind == StepKind.PREFILL
+        read_rows = None
+        if self.spec is not None and not is_prefill:
+            read_rows = self.spec.draft_rows(meta, self._tensor(out.mtp_slots, torch.int32))
+            self.spec.fill_draft_inputs(meta, read_rows)
+        if bool((meta.input_ids < 0).any()):
+            raise RuntimeError("input rows without a token after draft filling (a ZOS step needs the ZOS runner)")
         fwd = self.model.forward(meta, self.kv_cache)
+        if self.spec is not None:
+            self.model.dspark_write_main_keys(meta, fwd, self.kv_cache)
+
         req_cnt = out.req_cnt
-        token_ids = np.zeros(req_cnt, dtype=np.int32)
-        token_logprobs = np.zeros(req_cnt, dtype=np.float32)
-        top: list[list[dict[int, float]] | None] = [None] * req_cnt
-        if out.step_kind == StepKind.PREFILL:
+        if is_prefill:  # one logits row per request whose prompt ends in this chunk
             sampled = np.flatnonzero(np.asarray(out.is_last_chunk, dtype=bool))
             if sampled.size == 0:
-                return StepResult(token_ids, token_logprobs, None, None, top)
-            n = sampled.size
+                return StepResult.empty(req_cnt)
             idx = torch.from_numpy(sampled).to(self.device)
-            sub = SamplingBatch(batch.temperature[idx], batch.top_k[idx], batch.top_p[idx], batch.seeds[idx],
-                                [batch.num_top_logprobs[i] for i in sampled])
-            ones = torch.ones(n, dtype=torch.int32, device=self.device)
-            res = self.sampler.sample(fwd.logits, sub, torch.arange(n, dtype=torch.int32, device=self.device),
-                                      ones, meta.positions[meta.logit_rows])
-            token_ids[sampled] = res.token_ids.numpy()
-            token_logprobs[sampled] = res.token_logprobs.numpy()
-            for j, i in enumerate(sampled):
-                top[i] = res.top_logprobs[j]
-            return StepResult(token_ids, token_logprobs, None, None, top)
-        res: SampleResult = self.sampler.sample(fwd.logits, batch, meta.first_token_pos, meta.seqlens_q,
-                                                meta.positions)
-        has_drafts = bool((out.seqlens_q > 1).any())
+            sub = batch.select(idx, sampled)
+            n = sampled.size
+            ftp = torch.arange(n, dtype=torch.int32, device=self.device)
+            seqlens = torch.ones(n, dtype=torch.int32, device=self.device)
+            positions = meta.positions[meta.logit_rows]
+            res = self.sampler.sample(fwd.logits, sub, ftp, seqlens, positions)
+        else:
+            sampled, idx, sub = np.arange(req_cnt), None, batch
+            ftp, seqlens, positions = meta.first_token_pos, meta.seqlens_q, meta.positions
+            drafts, q = (None, None)
+            if read_rows is not None:
+                drafts, q = self.spec.verify_inputs(read_rows, need_probs=not bool(batch.is_greedy.all()))
+            res = self.sampler.sample(fwd.logits, batch, ftp, seqlens, positions, drafts, q)
+
+        confidence = None
+        if self.spec is not None:  # propose the next step's drafts after each request's final row
+            final_row = ftp.long() + res.num_accepted.to(self.device).long()
+            tables = meta.block_tables if idx is None else meta.block_tables[idx]
+            slots = self._tensor(out.mtp_slots[sampled], torch.int32)
+            proposal = self.spec.propose(self.kv_cache, positions[final_row], res.token_ids.to(self.device),
+                                         tables, self.block_size, sub.seeds, sub.is_greedy, slots)
+            confidence = np.zeros((req_cnt, self.nextn), np.float32)
+            confidence[sampled] = proposal.confidence.cpu().numpy()
+
+        token_ids = np.zeros(req_cnt, np.int32)
+        token_logprobs = np.zeros(req_cnt, np.float32)
+        token_ids[sampled] = res.token_ids.numpy()
+        token_logprobs[sampled] = res.token_logprobs.numpy()
+        top: list[list[dict[int, float]] | None] = [None] * req_cnt
+        for j, i in enumerate(sampled):
+            top[i] = res.top_logprobs[j]
+        has_drafts = not is_prefill and bool((out.seqlens_q > 1).any())
         return StepResult(
-            token_ids=res.token_ids.numpy(),
-            token_logprobs=res.token_logprobs.numpy(),
+            token_ids=token_ids,
+            token_logprobs=token_logprobs,
             verified_token_ids=res.verified_token_ids.numpy() if has_drafts else None,
             verified_logprobs=res.verified_logprobs.numpy() if has_drafts else None,
-            top_logprobs=res.top_logprobs,
+            top_logprobs=top,
+            num_accepted=None if is_prefill else res.num_accepted.numpy(),
+            confidence=confidence,
         )

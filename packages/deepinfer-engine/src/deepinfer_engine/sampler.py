@@ -31,6 +31,11 @@ class SamplingBatch:
     def is_greedy(self) -> torch.Tensor:  # [req_cnt] bool
         return self.temperature == 0
 
+    def select(self, idx: torch.Tensor, host_idx) -> SamplingBatch:
+        """The sub-batch of requests `idx` (device tensor) / `host_idx` (the same, on the host)."""
+        return SamplingBatch(self.temperature[idx], self.top_k[idx], self.top_p[idx], self.seeds[idx],
+                             [self.num_top_logprobs[int(i)] for i in host_idx])
+
 
 @dataclass
 class SampleResult:

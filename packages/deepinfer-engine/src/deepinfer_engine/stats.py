@@ -15,6 +15,7 @@ class EngineStats:
     num_prefill_tokens: int = 0          # prompt rows computed (prefix-cache hits excluded)
     num_prefix_cached_tokens: int = 0    # prompt tokens served from the prefix cache
     num_generated_tokens: int = 0
+    num_decode_request_steps: int = 0    # (request, decode step) pairs
     num_draft_tokens: int = 0            # drafts verified
     num_accepted_tokens: int = 0         # drafts accepted
     accepted_per_position: list[int] = field(default_factory=list)  # [nextn] drafts accepted at depth j
@@ -26,9 +27,14 @@ class EngineStats:
 
     @property
     def mean_acceptance_length(self) -> float:
-        """Tokens emitted per request per decode step (1 + accepted drafts)."""
-        steps = self.num_generated_tokens - self.num_accepted_tokens
-        return self.num_generated_tokens / steps if steps else 0.0
+        """Tokens a request gains per decode step: 1 + accepted drafts (before stop truncation)."""
+        if not self.num_decode_request_steps:
+            return 0.0
+        return 1.0 + sum(self.accepted_per_position) / self.num_decode_request_steps
+
+    @property
+    def acceptance_rate_per_position(self) -> list[float]:
+        return [a / v if v else 0.0 for a, v in zip(self.accepted_per_position, self.verified_per_position)]
 
     def record_prefill(self, num_computed_before: np.ndarray, seqlens_q: np.ndarray, first_chunk: np.ndarray) -> None:
         self.num_prefill_steps += 1

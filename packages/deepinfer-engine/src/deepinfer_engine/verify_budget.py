@@ -1,0 +1,73 @@
+"""How many drafts each request verifies in its next decode step (DSpark variable-length verification).
+
+Fixed mode: every request verifies `nextn` drafts. Variable-length mode (DEEPINFER_ENABLE_MTP_VARLEN):
+the CPU fixes only the step's total row budget B and `compute_seqlens_q_by_confidence_rates`
+spends it where the draft head's confidences say drafts survive. B maximises expected tokens per
+unit of step time under a linear step-time model fitted online from measured decode steps:
+
+    tokens(B) = n + sum of the (B - n) largest gains g[i, j] = c[i, 0] * ... * c[i, j]
+    time(B)   = base_ms + slope_ms * B
+    B*        = argmax_B tokens(B) / time(B),  B in [n, n * (nextn + 1)]
+
+With no measurements yet (or a flat slope) B* is the full budget, i.e. fixed-length behaviour.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import torch
+from deepinfer_kernels.ops.verification import compute_seqlens_q_by_confidence_rates
+
+
+class StepTimeModel:
+    """Least-squares line through the last `window` (rows, ms) decode-step measurements."""
+
+    def __init__(self, window: int = 64, min_samples: int = 8):
+        self.samples: deque[tuple[int, float]] = deque(maxlen=window)
+        self.min_samples = min_samples
+
+    def add(self, rows: int, ms: float) -> None:
+        self.samples.append((rows, ms))
+
+    def fit(self) -> tuple[float, float] | None:
+        """(base_ms, slope_ms per row), or None until there are enough distinct row counts."""
+        if len(self.samples) < self.min_samples:
+            return None
+        x = np.array([s[0] for s in self.samples], dtype=np.float64)
+        y = np.array([s[1] for s in self.samples], dtype=np.float64)
+        if np.ptp(x) == 0:
+            return None
+        slope, base = np.polyfit(x, y, 1)
+        return max(float(base), 1e-6), max(float(slope), 0.0)
+
+
+def best_budget(gains: np.ndarray, base_ms: float, slope_ms: float) -> int:
+    """gains [n, nextn] (cumulative products) -> the row budget B* of the module docstring."""
+    n = gains.shape[0]
+    sorted_gains = np.sort(gains.reshape(-1))[::-1]
+    extra = np.arange(sorted_gains.size + 1)
+    tokens = n + np.concatenate([[0.0], np.cumsum(sorted_gains)])
+    rate = tokens / (base_ms + slope_ms * (n + extra))
+    return n + int(np.argmax(rate))  # argmax takes the smallest budget among equal rates
+
+
+class VerifyBudgetPolicy:
+    def __init__(self, nextn: int, varlen: bool):
+        self.nextn = nextn
+        self.varlen = varlen
+        self.step_time = StepTimeModel()
+
+    def plan(self, confidence: np.ndarray) -> np.ndarray:
+        """confidence [n, nextn] of the requests' pending drafts -> drafts to verify [n] int32."""
+        n = confidence.shape[0]
+        if not self.varlen or n == 0:
+            return np.full(n, self.nextn, np.int32)
+        conf = np.nan_to_num(confidence.astype(np.float32), nan=0.0).clip(0.0, 1.0)
+        fit = self.step_time.fit()
+        budget = n * (self.nextn + 1) if fit is None else best_budget(np.cumprod(conf, axis=1), *fit)
+        seqlens = torch.zeros(n, dtype=torch.int32)
+        compute_seqlens_q_by_confidence_rates(budget, torch.arange(n, dtype=torch.int32),
+                                              torch.from_numpy(conf), seqlens)
+        return seqlens.numpy() - 1

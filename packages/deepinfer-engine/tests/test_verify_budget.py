@@ -1,0 +1,51 @@
+import itertools
+
+import numpy as np
+from deepinfer_engine.verify_budget import StepTimeModel, VerifyBudgetPolicy, best_budget
+
+
+def _brute_force_rate(gains: np.ndarray, base: float, slope: float) -> float:
+    """Best tokens/time over every per-request prefix allocation (small cases)."""
+    n, k = gains.shape
+    best = 0.0
+    for lens in itertools.product(range(k + 1), repeat=n):
+        tokens = n + sum(gains[i, :l].sum() for i, l in enumerate(lens))
+        best = max(best, tokens / (base + slope * (n + sum(lens))))
+    return best
+
+
+def test_budget_is_full_when_rows_are_free_and_minimal_when_drafts_are_hopeless():
+    gains = np.cumprod(np.full((4, 5), 0.5), axis=1)
+    assert best_budget(gains, base_ms=10.0, slope_ms=0.0) == 4 * 6
+    assert best_budget(np.zeros((4, 5)), base_ms=10.0, slope_ms=1.0) == 4
+
+
+def test_budget_rate_matches_brute_force():
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        gains = np.cumprod(rng.uniform(0, 1, size=(3, 3)), axis=1)
+        base, slope = rng.uniform(1, 10), rng.uniform(0, 3)
+        b = best_budget(gains, base, slope)
+        n = gains.shape[0]
+        top = np.sort(gains.reshape(-1))[::-1][: b - n].sum()
+        assert np.isclose((n + top) / (base + slope * b), _brute_force_rate(gains, base, slope))
+
+
+def test_plan_fixed_and_varlen():
+    conf = np.array([[0.9, 0.9, 0.9], [0.1, 0.1, 0.1], [0.5, 0.5, 0.5]], np.float32)
+    assert VerifyBudgetPolicy(3, varlen=False).plan(conf).tolist() == [3, 3, 3]
+    policy = VerifyBudgetPolicy(3, varlen=True)
+    assert policy.plan(conf).tolist() == [3, 3, 3]  # no timing yet: full budget
+    for rows in range(3, 13):  # rows cost as much as the fixed part: short budgets pay
+        policy.step_time.add(rows, 1.0 * rows + 3.0)
+    drafts = policy.plan(conf)
+    assert drafts.sum() < 9 and drafts[0] >= drafts[2] >= drafts[1] and all(0 <= d <= 3 for d in drafts)
+
+
+def test_step_time_model_fit():
+    m = StepTimeModel(min_samples=3)
+    assert m.fit() is None
+    for rows in (8, 16, 24, 32):
+        m.add(rows, 2.0 + 0.5 * rows)
+    base, slope = m.fit()
+    assert np.isclose(base, 2.0) and np.isclose(slope, 0.5)
