@@ -17,9 +17,11 @@ def reference_greedy(model, prompt: list[int], num_tokens: int) -> list[int]:
     return tokens[len(prompt):]
 
 
+@pytest.mark.parametrize("nextn", [0, 5])
 @pytest.mark.parametrize("prompt_len", [5, 37, 70])
-def test_engine_greedy_matches_reference(prompt_len):
-    llm = LLM(device="cpu", block_size=16, max_num_batched_tokens=32, max_model_len=256)
+def test_engine_greedy_matches_reference(prompt_len, nextn):
+    llm = LLM(device="cpu", block_size=16, max_num_batched_tokens=32, max_model_len=256,
+              num_speculative_tokens=nextn)
     prompt = [(17 * i + 5) % 8000 + 7 for i in range(prompt_len)]
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     out = llm.generate(prompt_token_ids=[prompt], sampling_params=params, use_tqdm=False)[0]

@@ -161,6 +161,7 @@ def engine_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
         raise MetadataError("logit_rows: a row outside the replay segment of a last chunk has no logits")
     logits = model.lm_head(model.model.norm(x[lrows])).float()
     out = ForwardOutput(logits=logits, full_rows=full_rows)
-    if targets:
-        out.dspark_features = model.model.dspark.features([feats[l] for l in model.model.dspark.target_layer_ids])
+    if targets:  # no full row (a prefill step of non-last chunks only): no features either
+        hs = [feats.get(l, x[:0]) for l in model.model.dspark.target_layer_ids]
+        out.dspark_features = model.model.dspark.features(hs)
     return out
