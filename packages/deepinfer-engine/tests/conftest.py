@@ -18,7 +18,9 @@ from deepinfer_kernels.ops.verification import store_mtp_info
 def tiny_llm() -> LLM:
     """The default (tiny) model on the CPU with small blocks and a small prefill budget, so that
     paging, chunked prefill and continuous batching are all exercised by short prompts."""
-    return LLM(device="cpu", block_size=16, max_num_batched_tokens=64, max_num_seqs=16, max_model_len=512)
+    # Fixed draft lengths: with variable-length verification, seeded sampling depends on timing.
+    return LLM(device="cpu", block_size=16, max_num_batched_tokens=64, max_num_seqs=16, max_model_len=512,
+               enable_mtp_varlen=False)
 
 
 

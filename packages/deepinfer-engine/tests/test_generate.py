@@ -99,13 +99,13 @@ def test_generate_batch_with_one_bad_request(tiny_llm):
 def test_prompt_longer_than_max_model_len_never_reaches_model(tiny_llm, monkeypatch):
     engine = tiny_llm.engine
     seen: list[int] = []
-    original = engine.runner.execute
+    original = engine.runner.launch
 
-    def spy(out, batch):
+    def spy(out, batch, prev=None):
         seen.extend(int(r) for r in out.request_ids)
-        return original(out, batch)
+        return original(out, batch, prev)
 
-    monkeypatch.setattr(engine.runner, "execute", spy)
+    monkeypatch.setattr(engine.runner, "launch", spy)
     long_prompt = [7] * (engine.max_model_len + 1)
     outs = tiny_llm.generate(prompt_token_ids=[long_prompt, [3, 4, 5]], sampling_params=GREEDY, use_tqdm=False)
     assert outs[0].finish_reason == "prompt_length_exceeded" and outs[0].token_ids == []

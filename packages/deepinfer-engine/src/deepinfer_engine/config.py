@@ -21,6 +21,7 @@ class EngineConfig:
     num_speculative_tokens: int | None = None  # DSpark drafts per step; None = DEEPINFER_USE_NEXTN_DECODE
                                            #   (default 5), clipped to the model's nextn; 0 = off
     enable_mtp_varlen: bool | None = None  # confidence-scheduled draft lengths; None = DEEPINFER_ENABLE_MTP_VARLEN
+    zero_overhead_scheduling: bool | None = None  # CPU one step ahead of the device; None = env (default on)
     seed: int = 0                          # engine seed: draws per-request seeds when none is given
     random_init_seed: int = 0              # weights seed when no checkpoint exists (tiny preset)
 

@@ -13,7 +13,6 @@ nothing already accepted is affected.
 from __future__ import annotations
 
 import logging
-import time
 
 import numpy as np
 import torch
@@ -80,6 +79,9 @@ class LLMEngine:
         self._seed_rng = np.random.default_rng(config.seed)
         self._handles_to_release: np.ndarray | None = None
         self._prefill_started: set[int] = set()
+        self.zos = self.envs.zero_overhead_scheduling if config.zero_overhead_scheduling is None \
+            else config.zero_overhead_scheduling
+        self._inflight: tuple | None = None  # (SchedulerOutput, InFlightStep | None) launched, not collected
         self.stats = EngineStats()
         logger.info("engine: model %s on %s, %d KV blocks of %d tokens, max_model_len %d", self.model_source,
                     self.device, blocks, config.block_size, self.max_model_len)
@@ -131,7 +133,7 @@ class LLMEngine:
         return self.scheduler.abort_request(request_id)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._inflight is not None
 
     # ------------------------------------------------------------------ the loop
     def _sampling_batch(self, request_ids: np.ndarray) -> SamplingBatch:
@@ -146,17 +148,41 @@ class LLMEngine:
         )
 
     def step(self) -> list[GenerationOutput]:
-        """Run one step; returns the requests that finished in it."""
+        """Run one step; returns the requests that finished in it.
+
+        Without ZOS: schedule(N) -> launch(N) -> collect(N) -> ledger(N).
+        With ZOS: schedule(N+1) -> launch(N+1) (inputs fixed up on the device from N) ->
+        collect(N) -> ledger(N): the host work of N overlaps the device work of N+1, outputs
+        arrive one step late, and the last in-flight step is flushed when nothing is left.
+        """
+        if not self.zos:
+            out = self._schedule()
+            res = StepResult.empty(out.req_cnt) if out.step_kind == StepKind.IDLE else self.runner.execute(
+                out, self._sampling_batch(out.request_ids))
+            return self._finish_step(out, res)
+        launched = None
+        if self.scheduler.has_unfinished():
+            out = self._schedule()
+            prev_state = None if self._inflight is None or self._inflight[1] is None else self._inflight[1].state
+            handle = None if out.step_kind == StepKind.IDLE else self.runner.launch(
+                out, self._sampling_batch(out.request_ids), prev_state)
+            launched = (out, handle)
+        prev, self._inflight = self._inflight, launched
+        if prev is None:
+            return []
+        out, handle = prev
+        return self._finish_step(out, StepResult.empty(out.req_cnt) if handle is None else self.runner.collect(handle))
+
+    def _schedule(self):
         out = self.scheduler.schedule()
         self._record(out)
-        if out.step_kind == StepKind.IDLE:
-            res = StepResult.empty(out.req_cnt)
-        else:
-            start = time.perf_counter()
-            res = self.runner.execute(out, self._sampling_batch(out.request_ids))
-            if out.step_kind == StepKind.DECODE:
-                self.budget.step_time.add(out.total_q, (time.perf_counter() - start) * 1e3)
-                self._record_speculation(out, res)
+        return out
+
+    def _finish_step(self, out, res: StepResult) -> list[GenerationOutput]:
+        """The ledger half of a step: commit samples, build outputs, plan the next drafts."""
+        if out.step_kind == StepKind.DECODE:
+            self.budget.step_time.add(out.total_q, res.device_ms)
+            self._record_speculation(out, res)
         pushed = self.scheduler.process_outputs(out, res.token_ids, res.verified_token_ids, None,
                                                 out.first_token_pos)
         handles = self.scheduler.build_request_outputs(out, pushed, self.pool, res.token_logprobs,

@@ -3,13 +3,15 @@
 Owns the paged KV cache and, with speculation, the MTP info pool. The scheduler speaks numpy;
 the model speaks torch tensors on its device; this file is the only translation between them.
 
-Sampling is one code path: the logits rows of a step are packed by request (`ftp`, `seqlens`
-over the logits rows). Prefill samples one row per last-chunk request; decode verifies
-`1 + drafts` rows per request.
+A step is `launch` (enqueue everything on the device, start the copies of its results to the
+host) then `collect` (wait for those copies). Without zero-overhead scheduling the engine
+collects right away; with ZOS it launches step N+1 before collecting step N, and step N+1's
+inputs are fixed up on the device from step N's results (see `apply_zos_fixup`).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +19,7 @@ import torch
 from deepinfer_model.metadata import ForwardMetadata
 from deepinfer_sched import SchedulerOutput, StepKind
 
-from deepinfer_engine.sampler import Sampler, SamplingBatch
+from deepinfer_engine.sampler import Sampler, SamplingBatch, top_logprobs_per_request
 from deepinfer_engine.speculation import SpeculativeDecoder
 
 
@@ -30,12 +32,32 @@ class StepResult:
     verified_token_ids: np.ndarray | None  # [total_q] int32 VERIFIED_END-terminated, None without drafts
     verified_logprobs: np.ndarray | None   # [total_q] float32
     top_logprobs: list[list[dict[int, float]] | None]  # [req_cnt] per emitted token
-    num_accepted: np.ndarray | None = None  # [req_cnt] int32 accepted drafts (decode with drafts)
+    num_accepted: np.ndarray | None = None  # [req_cnt] int32 accepted drafts (decode steps)
     confidence: np.ndarray | None = None    # [req_cnt, nextn] float32 next step's draft confidences
+    device_ms: float = 0.0                  # time of the step's device work
 
     @staticmethod
     def empty(req_cnt: int) -> StepResult:
         return StepResult(np.zeros(req_cnt, np.int32), np.zeros(req_cnt, np.float32), None, None, [None] * req_cnt)
+
+
+@dataclass
+class DeviceStepState:
+    """What step N leaves on the device for step N+1's inputs (per request of step N)."""
+
+    token_ids: torch.Tensor      # [req_cnt_N] int64 main token sampled (0 where none was)
+    rejected_rows: torch.Tensor  # [req_cnt_N] int64 rows the ledger will not keep (rejected drafts)
+
+
+@dataclass
+class InFlightStep:
+    out: SchedulerOutput
+    host: dict[str, torch.Tensor]   # host copies of the results (filled asynchronously on CUDA)
+    done: torch.cuda.Event | None   # recorded after the copies; None on the CPU
+    started: torch.cuda.Event | None
+    cpu_ms: float
+    top_counts: list[int]
+    state: DeviceStepState
 
 
 class ModelRunner:
@@ -50,7 +72,7 @@ class ModelRunner:
         self.spec = SpeculativeDecoder(model, max_num_seqs, nextn) if nextn > 0 else None
 
     def _tensor(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-        return torch.from_numpy(np.array(array, copy=True)).to(device=self.device, dtype=dtype)
+        return torch.from_numpy(np.array(array, copy=True)).to(device=self.device, dtype=dtype, non_blocking=True)
 
     def build_metadata(self, out: SchedulerOutput) -> ForwardMetadata:
         is_prefill = out.step_kind == StepKind.PREFILL
@@ -74,64 +96,140 @@ class ModelRunner:
             return_dspark_features=self.spec is not None,
         )
 
+    def apply_zos_fixup(self, meta: ForwardMetadata, out: SchedulerOutput, prev: DeviceStepState | None) -> None:
+        """Scatter step N's results into step N+1's rows (ZOS), entirely on the device.
+
+        For request i of this step with remap[i] = r (its index in step N):
+          golden token (row 0, -1 from the scheduler)  <- main token sampled for r in step N
+          positions / context / slots                  -= rows step N rejected for r
+        The scheduler planned this step assuming step N kept all its rows (an upper bound with
+        blocks allocated for it); the rejected-draft delta brings the rows to their true places.
+        """
+        golden_unknown = out.input_token_ids[out.first_token_pos] < 0 if out.req_cnt else np.zeros(0, bool)
+        if golden_unknown.any() and (prev is None or (out.remap[golden_unknown] < 0).any()):
+            raise RuntimeError("a step needs last step's sampled token but no previous step maps to it (remap)")
+        if prev is None or not (out.remap >= 0).any():
+            return
+        remap = self._tensor(out.remap, torch.int64)
+        has_prev = remap >= 0
+        r = remap.clamp(min=0)
+        delta = torch.where(has_prev, prev.rejected_rows[r], 0)                       # [req_cnt]
+        ftp = meta.first_token_pos.long()
+        golden = meta.input_ids[ftp]
+        meta.input_ids[ftp] = torch.where((golden < 0) & has_prev, prev.token_ids[r], golden)
+        row_req = torch.repeat_interleave(torch.arange(out.req_cnt, device=self.device), meta.seqlens_q.long(),
+                                          output_size=out.total_q)
+        meta.positions = meta.positions - delta[row_req]
+        meta.context_lens = (meta.context_lens.long() - delta).to(torch.int32)
+        bs = self.block_size
+        blocks = meta.block_tables.long()[row_req, meta.positions // bs]
+        meta.slot_mapping = blocks * bs + meta.positions % bs
+
+    # ------------------------------------------------------------------ launch / collect
     @torch.no_grad()
-    def execute(self, out: SchedulerOutput, batch: SamplingBatch) -> StepResult:
+    def launch(self, out: SchedulerOutput, batch: SamplingBatch, prev: DeviceStepState | None = None) -> InFlightStep:
+        cpu_start = time.perf_counter()
+        started = torch.cuda.Event(enable_timing=True) if self.device.type == "cuda" else None
+        if started is not None:
+            started.record()
         meta = self.build_metadata(out)
+        self.apply_zos_fixup(meta, out, prev)
         is_prefill = out.step_kind == StepKind.PREFILL
         read_rows = None
         if self.spec is not None and not is_prefill:
             read_rows = self.spec.draft_rows(meta, self._tensor(out.mtp_slots, torch.int32))
             self.spec.fill_draft_inputs(meta, read_rows)
-        if bool((meta.input_ids < 0).any()):
-            raise RuntimeError("input rows without a token after draft filling (a ZOS step needs the ZOS runner)")
         fwd = self.model.forward(meta, self.kv_cache)
         if self.spec is not None:
             self.model.dspark_write_main_keys(meta, fwd, self.kv_cache)
 
-        req_cnt = out.req_cnt
+        req_cnt, dev = out.req_cnt, self.device
+        if is_prefill and not np.asarray(out.is_last_chunk, dtype=bool).any():  # nothing samples
+            zeros = torch.zeros(req_cnt, dtype=torch.int64, device=dev)
+            host = {"token_ids": zeros, "token_logprobs": torch.zeros(req_cnt, dtype=torch.float32, device=dev)}
+            return self._finish_launch(out, host, started, cpu_start, [0] * req_cnt, DeviceStepState(zeros, zeros))
         if is_prefill:  # one logits row per request whose prompt ends in this chunk
             sampled = np.flatnonzero(np.asarray(out.is_last_chunk, dtype=bool))
-            if sampled.size == 0:
-                return StepResult.empty(req_cnt)
-            idx = torch.from_numpy(sampled).to(self.device)
+            idx = torch.from_numpy(sampled).to(dev)
             sub = batch.select(idx, sampled)
             n = sampled.size
-            ftp = torch.arange(n, dtype=torch.int32, device=self.device)
-            seqlens = torch.ones(n, dtype=torch.int32, device=self.device)
+            ftp = torch.arange(n, dtype=torch.int32, device=dev)
+            seqlens = torch.ones(n, dtype=torch.int32, device=dev)
             positions = meta.positions[meta.logit_rows]
             res = self.sampler.sample(fwd.logits, sub, ftp, seqlens, positions)
         else:
             sampled, idx, sub = np.arange(req_cnt), None, batch
             ftp, seqlens, positions = meta.first_token_pos, meta.seqlens_q, meta.positions
-            drafts, q = (None, None)
+            drafts = q = None
             if read_rows is not None:
                 drafts, q = self.spec.verify_inputs(read_rows, need_probs=not bool(batch.is_greedy.all()))
             res = self.sampler.sample(fwd.logits, batch, ftp, seqlens, positions, drafts, q)
 
-        confidence = None
+        host: dict[str, torch.Tensor] = {}
+        token_ids = torch.zeros(req_cnt, dtype=torch.int64, device=dev)
+        token_logprobs = torch.zeros(req_cnt, dtype=torch.float32, device=dev)
+        if is_prefill:
+            token_ids[idx] = res.token_ids.long()
+            token_logprobs[idx] = res.token_logprobs
+            rejected = torch.zeros(req_cnt, dtype=torch.int64, device=dev)
+        else:
+            token_ids, token_logprobs = res.token_ids.long(), res.token_logprobs
+            rejected = seqlens.long() - 1 - res.num_accepted.long()
+            host["verified_token_ids"], host["verified_logprobs"] = res.verified_token_ids, res.verified_logprobs
+            host["num_accepted"] = res.num_accepted
+        host["token_ids"], host["token_logprobs"] = token_ids, token_logprobs
+        if res.top_values is not None:
+            host["top_values"], host["top_ids"] = res.top_values, res.top_ids
+            host["top_ftp"], host["top_accepted"] = ftp, res.num_accepted
+
         if self.spec is not None:  # propose the next step's drafts after each request's final row
-            final_row = ftp.long() + res.num_accepted.to(self.device).long()
+            final_row = ftp.long() + res.num_accepted.long()
             tables = meta.block_tables if idx is None else meta.block_tables[idx]
             slots = self._tensor(out.mtp_slots[sampled], torch.int32)
-            proposal = self.spec.propose(self.kv_cache, positions[final_row], res.token_ids.to(self.device),
-                                         tables, self.block_size, sub.seeds, sub.is_greedy, slots)
-            confidence = np.zeros((req_cnt, self.nextn), np.float32)
-            confidence[sampled] = proposal.confidence.cpu().numpy()
+            proposal = self.spec.propose(self.kv_cache, positions[final_row], res.token_ids, tables,
+                                         self.block_size, sub.seeds, sub.is_greedy, slots)
+            confidence = torch.zeros(req_cnt, self.nextn, dtype=torch.float32, device=dev)
+            confidence[torch.from_numpy(sampled).to(dev)] = proposal.confidence
+            host["confidence"] = confidence
 
-        token_ids = np.zeros(req_cnt, np.int32)
-        token_logprobs = np.zeros(req_cnt, np.float32)
-        token_ids[sampled] = res.token_ids.numpy()
-        token_logprobs[sampled] = res.token_logprobs.numpy()
+        return self._finish_launch(out, host, started, cpu_start, list(sub.num_top_logprobs),
+                                   DeviceStepState(token_ids, rejected))
+
+    def _finish_launch(self, out, host, started, cpu_start, top_counts, state) -> InFlightStep:
+        done = None
+        if self.device.type == "cuda":  # start the copies now; collect() waits for them
+            host = {k: v.to("cpu", non_blocking=True) for k, v in host.items()}
+            done = torch.cuda.Event(enable_timing=True)
+            done.record()
+        return InFlightStep(out, host, done, started, (time.perf_counter() - cpu_start) * 1e3, top_counts, state)
+
+    def collect(self, step: InFlightStep) -> StepResult:
+        device_ms = step.cpu_ms
+        if step.done is not None:
+            step.done.synchronize()
+            device_ms = step.started.elapsed_time(step.done)
+        h = {k: v.numpy() for k, v in step.host.items()}
+        out, req_cnt = step.out, step.out.req_cnt
         top: list[list[dict[int, float]] | None] = [None] * req_cnt
-        for j, i in enumerate(sampled):
-            top[i] = res.top_logprobs[j]
-        has_drafts = not is_prefill and bool((out.seqlens_q > 1).any())
+        if "top_values" in h:
+            per = top_logprobs_per_request(h["top_values"], h["top_ids"], step.top_counts, h["top_ftp"],
+                                           h["top_accepted"])
+            sampled = (np.flatnonzero(np.asarray(out.is_last_chunk, dtype=bool))
+                       if out.step_kind == StepKind.PREFILL else np.arange(req_cnt))
+            for j, i in enumerate(sampled):
+                top[i] = per[j]
+        has_drafts = "verified_token_ids" in h and bool((out.seqlens_q > 1).any())
         return StepResult(
-            token_ids=token_ids,
-            token_logprobs=token_logprobs,
-            verified_token_ids=res.verified_token_ids.numpy() if has_drafts else None,
-            verified_logprobs=res.verified_logprobs.numpy() if has_drafts else None,
+            token_ids=h["token_ids"].astype(np.int32),
+            token_logprobs=h["token_logprobs"],
+            verified_token_ids=h["verified_token_ids"] if has_drafts else None,
+            verified_logprobs=h["verified_logprobs"] if has_drafts else None,
             top_logprobs=top,
-            num_accepted=None if is_prefill else res.num_accepted.numpy(),
-            confidence=confidence,
+            num_accepted=h.get("num_accepted"),
+            confidence=h.get("confidence"),
+            device_ms=device_ms,
         )
+
+    def execute(self, out: SchedulerOutput, batch: SamplingBatch) -> StepResult:
+        """One step, synchronously (no ZOS)."""
+        return self.collect(self.launch(out, batch))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from deepinfer_kernels.ops.sampling.logprobs import compute_logprobs
 from deepinfer_kernels.ops.sampling.sampling_params import probs_from_logits
@@ -39,14 +40,17 @@ class SamplingBatch:
 
 @dataclass
 class SampleResult:
-    """Host copies of one step's sampling decisions (SampledInfo of docs/design.md)."""
+    """One step's sampling decisions, on the device (SampledInfo of docs/design.md). The runner
+    copies them to the host asynchronously, so nothing here forces a device sync."""
 
     token_ids: torch.Tensor           # [req_cnt] int32 main token per request
     token_logprobs: torch.Tensor      # [req_cnt] float32 raw-model logprob of the main token
     verified_token_ids: torch.Tensor  # [num_rows] int32 accepted drafts, VERIFIED_END terminated
     verified_logprobs: torch.Tensor   # [num_rows] float32 raw-model logprob of each accepted draft
     num_accepted: torch.Tensor        # [req_cnt] int32
-    top_logprobs: list[list[dict[int, float]] | None]  # per request: per emitted row, {token: logprob}
+    final_row: torch.Tensor           # [req_cnt] int32 logits row the main token was drawn at
+    top_values: torch.Tensor | None   # [num_rows, n_max] float32 top-n raw logprobs (None: nobody asked)
+    top_ids: torch.Tensor | None      # [num_rows, n_max] int64
 
 
 class Sampler:
@@ -62,7 +66,8 @@ class Sampler:
     ) -> SampleResult:
         req_cnt = ftp.shape[0]
         rows = logits.shape[0]
-        row_req = torch.repeat_interleave(torch.arange(req_cnt, device=logits.device), seqlens_q.long())
+        row_req = torch.repeat_interleave(torch.arange(req_cnt, device=logits.device), seqlens_q.long(),
+                                          output_size=rows)
         probs = probs_from_logits(logits, batch.temperature[row_req], batch.top_k[row_req], batch.top_p[row_req])
         if draft_token_ids is None:
             draft_token_ids = torch.zeros(rows, dtype=torch.int64, device=logits.device)
@@ -75,31 +80,23 @@ class Sampler:
         accepted = verified != VERIFIED_END
         verified_logprobs = torch.where(
             accepted, raw.gather(1, verified.clamp(min=0).long().unsqueeze(1)).squeeze(1), 0.0)
-        top = self._top_logprobs(raw, batch.num_top_logprobs, ftp, result.num_accepted)
-        return SampleResult(
-            token_ids=result.token_ids.cpu(),
-            token_logprobs=token_logprobs.cpu(),
-            verified_token_ids=verified.cpu(),
-            verified_logprobs=verified_logprobs.cpu(),
-            num_accepted=result.num_accepted.cpu(),
-            top_logprobs=top,
-        )
+        top_values = top_ids = None
+        if any(batch.num_top_logprobs):
+            top_values, top_ids = torch.topk(raw, k=min(max(batch.num_top_logprobs), raw.shape[1]), dim=1)
+        return SampleResult(result.token_ids, token_logprobs, verified, verified_logprobs, result.num_accepted,
+                            result.final_row, top_values, top_ids)
 
-    @staticmethod
-    def _top_logprobs(raw: torch.Tensor, counts: list[int], ftp: torch.Tensor,
-                      num_accepted: torch.Tensor) -> list[list[dict[int, float]] | None]:
-        """Top-n alternatives for each emitted row (accepted drafts, then the final row)."""
-        if not any(counts):
-            return [None] * len(counts)
-        n_max = max(counts)
-        values, ids = torch.topk(raw, k=min(n_max, raw.shape[1]), dim=1)
-        values, ids = values.cpu().tolist(), ids.cpu().tolist()
-        out: list[list[dict[int, float]] | None] = []
-        for i, n in enumerate(counts):
-            if n == 0:
-                out.append(None)
-                continue
-            first = int(ftp[i])
-            emitted_rows = range(first, first + int(num_accepted[i]) + 1)
-            out.append([{ids[r][k]: max(values[r][k], -9999.0) for k in range(n)} for r in emitted_rows])
-        return out
+
+def top_logprobs_per_request(values: np.ndarray | None, ids: np.ndarray | None, counts: list[int],
+                             ftp: np.ndarray, num_accepted: np.ndarray) -> list[list[dict[int, float]] | None]:
+    """Host side: per request, {token: logprob} of the top-n alternatives at each emitted row
+    (accepted drafts, then the final row), clamped to -9999."""
+    out: list[list[dict[int, float]] | None] = []
+    for i, n in enumerate(counts):
+        if n == 0 or values is None:
+            out.append(None)
+            continue
+        first = int(ftp[i])
+        rows = range(first, first + int(num_accepted[i]) + 1)
+        out.append([{int(ids[r, k]): max(float(values[r, k]), -9999.0) for k in range(n)} for r in rows])
+    return out
