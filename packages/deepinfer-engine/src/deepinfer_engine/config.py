@@ -10,6 +10,7 @@ from pathlib import Path
 class EngineConfig:
     model: str | Path | None = None        # HF-layout checkpoint dir; None = the embedded default model
     device: str | None = None              # "cpu", "cuda", "cuda:1"; None = CUDA if present else CPU
+    dtype: str | None = None               # "bfloat16" | "float32"; None = bf16 on CUDA, fp32 on the CPU
     max_num_seqs: int = 64                 # concurrent sequences per step
     max_model_len: int | None = None       # prompt + output limit; None = the model's max_position_embeddings
     max_num_batched_tokens: int = 2048     # prefill token budget per step (chunked prefill)
@@ -22,6 +23,7 @@ class EngineConfig:
                                            #   (default 5), clipped to the model's nextn; 0 = off
     enable_mtp_varlen: bool | None = None  # confidence-scheduled draft lengths; None = DEEPINFER_ENABLE_MTP_VARLEN
     zero_overhead_scheduling: bool | None = None  # CPU one step ahead of the device; None = env (default on)
+    cuda_graphs: bool = True               # replay decode steps as CUDA graphs (CUDA only)
     seed: int = 0                          # engine seed: draws per-request seeds when none is given
     random_init_seed: int = 0              # weights seed when no checkpoint exists (tiny preset)
 

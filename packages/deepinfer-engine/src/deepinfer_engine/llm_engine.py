@@ -52,7 +52,7 @@ class LLMEngine:
         self.config = config
         self.envs = Envs.from_environ()
         self.device = resolve_device(config.device)
-        loaded = load_model(config.model, self.device, config.random_init_seed)
+        loaded = load_model(config.model, self.device, config.random_init_seed, config.dtype)
         self.model, self.tokenizer, self.model_source = loaded.model, loaded.tokenizer, loaded.source
         mcfg = self.model.config
         self.vocab_size = mcfg.vocab_size
@@ -73,6 +73,9 @@ class LLMEngine:
             nextn=self.nextn, min_final_chunk_tokens=min_final_chunk,
             enable_prefix_caching=config.enable_prefix_caching, eos_token_ids=loaded.eos_token_ids))
         self.runner = ModelRunner(self.model, blocks, config.block_size, config.max_num_seqs, self.nextn)
+        if config.cuda_graphs and self.device.type == "cuda":
+            max_rows = min(config.max_num_batched_tokens, config.max_num_seqs * (self.nextn + 1))
+            self.runner.enable_cuda_graphs(max_rows, self.max_model_len, self.envs.cudagraph_batch_size_interval)
         self.pool = RequestOutputPool()
         self._requests: dict[int, RequestState] = {}
         self._next_request_id = 0
@@ -145,6 +148,7 @@ class LLMEngine:
             top_p=torch.tensor([s.params.top_p for s in states], dtype=torch.float32, device=dev),
             seeds=torch.tensor([_as_int64_bits(s.seed) for s in states], dtype=torch.int64, device=dev),
             num_top_logprobs=[s.num_top_logprobs for s in states],
+            all_greedy=all(s.params.is_greedy for s in states),
         )
 
     def step(self) -> list[GenerationOutput]:

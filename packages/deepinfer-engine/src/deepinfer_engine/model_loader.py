@@ -42,15 +42,33 @@ def _tokenizer(model_dir: Path, eos_ids: list[int], bos_id: int | None) -> TextT
     return TextTokenizer.from_file(path, eos_ids, bos_id) if path.exists() else None
 
 
-def load_model(model: str | Path | None, device: torch.device, random_init_seed: int = 0) -> LoadedModel:
+PRESET_PREFIX = "preset:"  # model="preset:mini" = that architecture preset with random weights (benchmarks)
+
+
+def _dtype(name: str | None) -> torch.dtype | None:
+    if name is None:
+        return None
+    table = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
+    if name not in table:
+        raise ValueError(f"dtype: expected one of {sorted(table)}, got {name!r}")
+    return table[name]
+
+
+def load_model(model: str | Path | None, device: torch.device, random_init_seed: int = 0,
+               dtype: str | None = None) -> LoadedModel:
+    if isinstance(model, str) and model.startswith(PRESET_PREFIX):
+        cfg = presets.get_preset(model[len(PRESET_PREFIX):])
+        net = V41ForCausalLM(cfg, device=device, dtype=_dtype(dtype)).init_random_weights(
+            random_init_seed, on_device=device.type == "cuda")
+        return LoadedModel(net, None, list(cfg.eos_token_ids), f"{model} (random weights, seed {random_init_seed})")
     model_dir = Path(model) if model is not None else DEFAULT_MODEL_DIR
     if model is not None and not model_dir.is_dir():
         raise FileNotFoundError(f"model: {model_dir} is not a directory holding an HF-layout checkpoint")
     if (model_dir / "config.json").exists():
-        net = load_checkpoint(model_dir, device=device)
+        net = load_checkpoint(model_dir, device=device, dtype=_dtype(dtype))
         source = str(model_dir)
     else:  # no trained default shipped yet: random tiny weights + the shipped tokenizer
-        net = V41ForCausalLM(presets.tiny(), device=device).init_random_weights(random_init_seed)
+        net = V41ForCausalLM(presets.tiny(), device=device, dtype=_dtype(dtype)).init_random_weights(random_init_seed)
         source = f"random tiny (seed {random_init_seed})"
     cfg = net.config
     eos_ids = list(cfg.eos_token_ids)

@@ -19,6 +19,7 @@ import torch
 from deepinfer_model.metadata import ForwardMetadata
 from deepinfer_sched import SchedulerOutput, StepKind
 
+from deepinfer_engine.cuda_graphs import DecodeGraphRunner
 from deepinfer_engine.sampler import Sampler, SamplingBatch, top_logprobs_per_request
 from deepinfer_engine.speculation import SpeculativeDecoder
 
@@ -70,6 +71,16 @@ class ModelRunner:
         self.sampler = Sampler()
         self.nextn = nextn
         self.spec = SpeculativeDecoder(model, max_num_seqs, nextn) if nextn > 0 else None
+        self.graphs: DecodeGraphRunner | None = None
+        self.timeline: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None  # set to a list to record
+
+    def enable_cuda_graphs(self, max_rows: int, max_model_len: int, interval: int) -> None:
+        """Capture the decode forward for every graph-size bucket up to `max_rows` rows."""
+        headroom = 2 * (self.nextn + 1)  # ZOS upper-bound rows beyond max_model_len (scheduler)
+        max_blocks = -(-(max_model_len + headroom) // self.block_size)
+        self.graphs = DecodeGraphRunner(self.model, self.kv_cache, max_rows, max_blocks, self.block_size, interval,
+                                        write_main_keys=self.spec is not None)
+        self.graphs.capture()
 
     def _tensor(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         return torch.from_numpy(np.array(array, copy=True)).to(device=self.device, dtype=dtype, non_blocking=True)
@@ -139,9 +150,11 @@ class ModelRunner:
         if self.spec is not None and not is_prefill:
             read_rows = self.spec.draft_rows(meta, self._tensor(out.mtp_slots, torch.int32))
             self.spec.fill_draft_inputs(meta, read_rows)
-        fwd = self.model.forward(meta, self.kv_cache)
-        if self.spec is not None:
-            self.model.dspark_write_main_keys(meta, fwd, self.kv_cache)
+        fwd = self.graphs.run(meta) if self.graphs is not None and not is_prefill else None
+        if fwd is None:  # prefill, no graphs, or a step larger than every bucket: eager
+            fwd = self.model.forward(meta, self.kv_cache)
+            if self.spec is not None:
+                self.model.dspark_write_main_keys(meta, fwd, self.kv_cache)
 
         req_cnt, dev = out.req_cnt, self.device
         if is_prefill and not np.asarray(out.is_last_chunk, dtype=bool).any():  # nothing samples
@@ -162,7 +175,7 @@ class ModelRunner:
             ftp, seqlens, positions = meta.first_token_pos, meta.seqlens_q, meta.positions
             drafts = q = None
             if read_rows is not None:
-                drafts, q = self.spec.verify_inputs(read_rows, need_probs=not bool(batch.is_greedy.all()))
+                drafts, q = self.spec.verify_inputs(read_rows, need_probs=not batch.all_greedy)
             res = self.sampler.sample(fwd.logits, batch, ftp, seqlens, positions, drafts, q)
 
         host: dict[str, torch.Tensor] = {}
@@ -187,7 +200,7 @@ class ModelRunner:
             tables = meta.block_tables if idx is None else meta.block_tables[idx]
             slots = self._tensor(out.mtp_slots[sampled], torch.int32)
             proposal = self.spec.propose(self.kv_cache, positions[final_row], res.token_ids, tables,
-                                         self.block_size, sub.seeds, sub.is_greedy, slots)
+                                         self.block_size, sub.seeds, sub.is_greedy, sub.all_greedy, slots)
             confidence = torch.zeros(req_cnt, self.nextn, dtype=torch.float32, device=dev)
             confidence[torch.from_numpy(sampled).to(dev)] = proposal.confidence
             host["confidence"] = confidence
@@ -201,6 +214,8 @@ class ModelRunner:
             host = {k: v.to("cpu", non_blocking=True) for k, v in host.items()}
             done = torch.cuda.Event(enable_timing=True)
             done.record()
+            if self.timeline is not None:  # device start/end of every step (benchmarks: idle gaps)
+                self.timeline.append((started, done))
         return InFlightStep(out, host, done, started, (time.perf_counter() - cpu_start) * 1e3, top_counts, state)
 
     def collect(self, step: InFlightStep) -> StepResult:

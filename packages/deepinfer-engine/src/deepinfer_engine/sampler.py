@@ -27,6 +27,7 @@ class SamplingBatch:
     top_p: torch.Tensor        # [req_cnt] float32, 1.0 = off
     seeds: torch.Tensor        # [req_cnt] int64 (uint64 bits)
     num_top_logprobs: list[int]  # per request: 0 = none
+    all_greedy: bool = False   # every request greedy (known on the host: no device sync to ask)
 
     @property
     def is_greedy(self) -> torch.Tensor:  # [req_cnt] bool
@@ -35,7 +36,7 @@ class SamplingBatch:
     def select(self, idx: torch.Tensor, host_idx) -> SamplingBatch:
         """The sub-batch of requests `idx` (device tensor) / `host_idx` (the same, on the host)."""
         return SamplingBatch(self.temperature[idx], self.top_k[idx], self.top_p[idx], self.seeds[idx],
-                             [self.num_top_logprobs[int(i)] for i in host_idx])
+                             [self.num_top_logprobs[int(i)] for i in host_idx], self.all_greedy)
 
 
 @dataclass

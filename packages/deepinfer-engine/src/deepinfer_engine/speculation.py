@@ -58,7 +58,8 @@ class SpeculativeDecoder:
 
     # ------------------------------------------------------------------ after sampling
     def propose(self, cache, final_positions: torch.Tensor, main_tokens: torch.Tensor, block_tables: torch.Tensor,
-                block_size: int, seeds: torch.Tensor, is_greedy: torch.Tensor, write_slots: torch.Tensor) -> DraftProposal:
+                block_size: int, seeds: torch.Tensor, is_greedy: torch.Tensor, all_greedy: bool,
+                write_slots: torch.Tensor) -> DraftProposal:
         """Run the draft head after the final rows and store its nextn drafts at each request's slot.
 
         final_positions [n] position p of each final row; main_tokens [n] token at p + 1; seeds [n]
@@ -70,7 +71,7 @@ class SpeculativeDecoder:
         meta = DraftMetadata(positions=final_positions.long(), main_token_ids=main_tokens.long(),
                              block_tables=block_tables, block_size=block_size)
         uniforms = None
-        if n and not bool(is_greedy.all()):
+        if n and not all_greedy:
             j = torch.arange(self.model.config.nextn, device=final_positions.device)
             pos = (final_positions.long().unsqueeze(1) + 2 + j).reshape(-1)
             uniforms = counter_uniform(seeds.repeat_interleave(j.numel()), pos, int(RngStream.DRAFT)).reshape(n, -1)

@@ -63,25 +63,31 @@ class V41ForCausalLM(nn.Module):
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
-    def init_random_weights(self, seed: int = 0, std: float = 0.02) -> V41ForCausalLM:
-        """Deterministic random weights (generated on the CPU, rounded to bf16): norms ~1,
-        linear weights N(0, 1/fan_in), embeddings and Engram tables N(0, 1), small biases."""
-        g = torch.Generator().manual_seed(seed)
+    def init_random_weights(self, seed: int = 0, std: float = 0.02, on_device: bool = False) -> V41ForCausalLM:
+        """Deterministic random weights (rounded to bf16): norms ~1, linear weights N(0, 1/fan_in),
+        embeddings and Engram tables N(0, 1), small biases. Generated on the CPU (the same values on
+        every machine) unless `on_device` (fast for large presets; values depend on the device)."""
+        gen_device = self.device if on_device else torch.device("cpu")
+        g = torch.Generator(device=gen_device).manual_seed(seed)
+
+        def randn(shape: torch.Size) -> torch.Tensor:
+            return torch.randn(shape, generator=g, device=gen_device)
+
         for name, p in self.named_parameters():
             if name.endswith("norm.weight") or "layernorm" in name:
-                v = 1.0 + 0.1 * torch.randn(p.shape, generator=g)
+                v = 1.0 + 0.1 * randn(p.shape)
             elif name.endswith("pos_bias"):
-                v = 0.5 * torch.randn(p.shape, generator=g)
+                v = 0.5 * randn(p.shape)
             elif name.endswith("e_score_correction_bias"):
-                v = 0.01 * torch.randn(p.shape, generator=g)
+                v = 0.01 * randn(p.shape)
             elif name.endswith("engram.gate.weight") or name.endswith("compressor.gate.weight"):
-                v = 0.2 * torch.randn(p.shape, generator=g)
+                v = 0.2 * randn(p.shape)
             elif p.dim() == 1:
-                v = std * torch.randn(p.shape, generator=g)
+                v = std * randn(p.shape)
             elif "embed" in name or ".tables." in name:
-                v = torch.randn(p.shape, generator=g)
+                v = randn(p.shape)
             else:  # linear / stacked expert weights [..., out, in]: unit-variance outputs
-                v = torch.randn(p.shape, generator=g) * p.shape[-1] ** -0.5
+                v = randn(p.shape) * p.shape[-1] ** -0.5
             p.copy_(v.to(torch.bfloat16).to(p.dtype))
         return self
 

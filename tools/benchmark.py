@@ -1,0 +1,153 @@
+"""End-to-end throughput benchmark of the engine (SPEC §7 methodology), optionally beside the HF peer.
+
+    python tools/benchmark.py --model preset:mini --device cuda --result-jsonl out.jsonl \
+        --decode-batch-sizes 1,64 --prompt-len 512 --prefill-batch 64 --peer
+
+Decode: prompts of --prompt-len random tokens, greedy, EOS ignored; after the prefill, skip
+--warmup-steps decode steps and time --steps steps. avg_SPS = steps / s. Tokens/s are given two
+ways: full-acceptance accounting `avg_SPS * batch * (1 + nextn)` (the reference's headline
+formula) and real: tokens actually emitted / s.
+Prefill: rounds of --prefill-batch fresh prompts (prefix cache off, max_tokens 1); skip 5 warm-up
+prefill steps, time 10 steps; tokens/s = prompt tokens computed / s.
+ZOS idle: with CUDA events at each step's device start and end, the idle gap between consecutive
+decode steps as a fraction of the step time.
+Every row of --result-jsonl is one measurement with its configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from roofline import measure_ceilings  # noqa: E402
+
+
+def _engine(args, **overrides):
+    from deepinfer_engine import LLM
+
+    kw = dict(device=args.device, block_size=args.block_size, max_num_seqs=max(args.max_num_seqs, 1),
+              max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+              num_speculative_tokens=args.nextn, enable_mtp_varlen=args.varlen, enable_prefix_caching=False)
+    kw.update(overrides)
+    return LLM(args.model, **kw).engine
+
+
+def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return rng.integers(10, vocab, size=(n, length)).tolist()
+
+
+def bench_decode(args, batch: int, zos: bool) -> dict:
+    from deepinfer_engine import SamplingParams
+
+    engine = _engine(args, zero_overhead_scheduling=zos, max_num_seqs=max(batch, 1))
+    params = SamplingParams(temperature=0, max_tokens=args.warmup_steps + args.steps + 16, ignore_eos=True)
+    for p in _prompts(batch, args.prompt_len, engine.vocab_size, seed=batch):
+        engine.add_request(prompt_token_ids=p, params=params)
+    while engine.stats.num_decode_steps < 1:  # prefill everything
+        engine.step()
+    for _ in range(args.warmup_steps):
+        engine.step()
+    engine.runner.timeline = [] if engine.device.type == "cuda" else None
+    tok0, steps0 = engine.stats.num_generated_tokens, engine.stats.num_decode_steps
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        engine.step()
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    steps = engine.stats.num_decode_steps - steps0
+    sps = steps / elapsed
+    row = dict(kind="decode", engine="deepinfer", model=args.model, batch=batch, prompt_len=args.prompt_len,
+               nextn=engine.nextn, zos=zos, cuda_graphs=engine.runner.graphs is not None, avg_sps=sps,
+               tokens_per_s_full_acceptance=sps * batch * (1 + engine.nextn),
+               tokens_per_s_real=(engine.stats.num_generated_tokens - tok0) / elapsed,
+               mean_acceptance_length=engine.stats.mean_acceptance_length, step_ms=1e3 / sps)
+    if engine.runner.timeline:
+        spans = [(s.elapsed_time(d)) for s, d in engine.runner.timeline]
+        gaps = [engine.runner.timeline[i][1].elapsed_time(engine.runner.timeline[i + 1][0])
+                for i in range(len(engine.runner.timeline) - 1)]
+        row.update(device_step_ms=float(np.median(spans)), idle_gap_ms=float(np.median(gaps)),
+                   idle_fraction=float(np.median(gaps) / np.median(spans)))
+    while engine.has_unfinished():
+        for rid in list(engine._requests):
+            engine.abort_request(rid)
+        engine.step()
+    return row
+
+
+def bench_prefill(args) -> dict:
+    from deepinfer_engine import SamplingParams
+
+    engine = _engine(args, max_num_seqs=args.prefill_batch, zero_overhead_scheduling=False)
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    times, tokens, round_id = [], [], 0
+    while len(times) < 15:
+        if not engine.has_unfinished():
+            for p in _prompts(args.prefill_batch, args.prompt_len, engine.vocab_size, seed=1000 + round_id):
+                engine.add_request(prompt_token_ids=p, params=params)
+            round_id += 1
+        before = engine.stats.num_prefill_tokens
+        start = time.perf_counter()
+        engine.step()
+        if engine.device.type == "cuda":
+            torch.cuda.synchronize()
+        computed = engine.stats.num_prefill_tokens - before
+        if computed:
+            times.append(time.perf_counter() - start)
+            tokens.append(computed)
+    t, n = sum(times[5:]), sum(tokens[5:])
+    return dict(kind="prefill", engine="deepinfer", model=args.model, batch=args.prefill_batch,
+                prompt_len=args.prompt_len, chunk_tokens=args.max_num_batched_tokens, tokens_per_s=n / t)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="preset:mini")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--decode-batch-sizes", default="1,64")
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--prefill-batch", type=int, default=64)
+    ap.add_argument("--warmup-steps", type=int, default=50)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--nextn", type=int, default=0)
+    ap.add_argument("--varlen", action="store_true")
+    ap.add_argument("--block-size", type=int, default=128)
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--max-model-len", type=int, default=1024)
+    ap.add_argument("--zos-compare", action="store_true", help="also run decode with ZOS off")
+    ap.add_argument("--no-prefill", action="store_true")
+    ap.add_argument("--peer", action="store_true", help="run the HF transformers peer in the same process")
+    ap.add_argument("--result-jsonl", type=Path, default=None)
+    args = ap.parse_args()
+
+    rows = []
+    if args.device == "cuda":
+        rows.append(dict(kind="ceilings", **measure_ceilings()))
+    for b in (int(x) for x in args.decode_batch_sizes.split(",")):
+        rows.append(bench_decode(args, b, zos=True))
+        if args.zos_compare:
+            rows.append(bench_decode(args, b, zos=False))
+    if not args.no_prefill:
+        rows.append(bench_prefill(args))
+    if args.peer:
+        from peer_hf import bench_peer
+        rows.extend(bench_peer(args))
+    for row in rows:
+        print(json.dumps(row))
+    if args.result_jsonl:
+        with args.result_jsonl.open("a") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
