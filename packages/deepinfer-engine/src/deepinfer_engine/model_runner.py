@@ -48,6 +48,9 @@ class ModelRunner:
         self.sampler = Sampler()
         self.nextn = nextn
         self.spec = SpeculativeDecoder(model, max_num_seqs, nextn) if nextn > 0 else None
+        # Issue 9 hook: (SchedulerOutput, input_ids after draft filling) -> (vocab_mask, row_mask_ids) | None,
+        # the structured-output masks of this step's logits rows (set by the engine on the first grammar).
+        self.mask_provider = None
 
     def _tensor(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         return torch.from_numpy(np.array(array, copy=True)).to(device=self.device, dtype=dtype)
@@ -87,6 +90,8 @@ class ModelRunner:
         fwd = self.model.forward(meta, self.kv_cache)
         if self.spec is not None:
             self.model.dspark_write_main_keys(meta, fwd, self.kv_cache)
+        # --- issue 9 hook: structured-output masks of the logits rows, applied by the sampler ---
+        masks = self.mask_provider(out, meta.input_ids) if self.mask_provider is not None else None
 
         req_cnt = out.req_cnt
         if is_prefill:  # one logits row per request whose prompt ends in this chunk
@@ -99,14 +104,14 @@ class ModelRunner:
             ftp = torch.arange(n, dtype=torch.int32, device=self.device)
             seqlens = torch.ones(n, dtype=torch.int32, device=self.device)
             positions = meta.positions[meta.logit_rows]
-            res = self.sampler.sample(fwd.logits, sub, ftp, seqlens, positions)
+            res = self.sampler.sample(fwd.logits, sub, ftp, seqlens, positions, masks=masks)
         else:
             sampled, idx, sub = np.arange(req_cnt), None, batch
             ftp, seqlens, positions = meta.first_token_pos, meta.seqlens_q, meta.positions
             drafts, q = (None, None)
             if read_rows is not None:
                 drafts, q = self.spec.verify_inputs(read_rows, need_probs=not bool(batch.is_greedy.all()))
-            res = self.sampler.sample(fwd.logits, batch, ftp, seqlens, positions, drafts, q)
+            res = self.sampler.sample(fwd.logits, batch, ftp, seqlens, positions, drafts, q, masks=masks)
 
         confidence = None
         if self.spec is not None:  # propose the next step's drafts after each request's final row
