@@ -32,6 +32,17 @@ DEFAULT_TIMEOUT_S = 30.0
 _LOG_PREFIX = re.compile(r"^\[[0-9:]+\]\s+\S+:\d+:\s*")
 
 
+# xgrammar (0.2.8/0.2.9) spells the characters of a length-bounded JSON string (minLength/maxLength)
+# as [^"\\\r\n], which admits raw control characters (\t, \x1c ...) that JSON forbids unescaped; its
+# unbounded strings use [^\0-\x1f"\\\r\n]. We convert the schema to EBNF and tighten the bounded form.
+_LOOSE_STRING_CHARS = r'[^\"\\\r\n]'
+_STRICT_STRING_CHARS = r'[^\0-\x1f\"\\\r\n]'
+
+
+def strict_json_strings(ebnf: str) -> str:
+    return ebnf.replace(_LOOSE_STRING_CHARS, _STRICT_STRING_CHARS)
+
+
 class GrammarCompileError(Exception):
     """A grammar that cannot be compiled (invalid) or took too long (timeout)."""
 
@@ -91,6 +102,15 @@ class CompileTicket:
         now = time.monotonic() if now is None else now
         return self._future.done() or now - self.submitted > self.timeout_s
 
+    def wait(self):
+        """Block until compiled or timed out, then result() (tools and tests; the engine polls)."""
+        remaining = self.timeout_s - (time.monotonic() - self.submitted)
+        try:
+            self._future.result(timeout=max(0.0, remaining))
+        except Exception:  # noqa: BLE001 - timeouts and compile errors are reported by result()
+            pass
+        return self.result()
+
     def result(self, now: float | None = None):
         """The compiled grammar; raises GrammarCompileError (invalid / timed out). Call when done()."""
         now = time.monotonic() if now is None else now
@@ -118,6 +138,7 @@ class GrammarCompilerService:
         xgr = import_xgrammar()
         # Our cache replaces xgrammar's (bounded by bytes, shared in-flight futures); one thread per
         # compilation inside xgrammar keeps the pool's bound meaningful.
+        self._xgr = xgr
         self._compiler = xgr.GrammarCompiler(tokenizer_info, max_threads=1, cache_enabled=False)
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="deepinfer-grammar")
         self._lock = threading.Lock()
@@ -157,10 +178,10 @@ class GrammarCompilerService:
         ws = {"any_whitespace": spec.any_whitespace}
         if spec.any_whitespace and spec.max_whitespace_cnt is not None:
             ws["max_whitespace_cnt"] = spec.max_whitespace_cnt
-        if spec.kind == "json_schema":
-            return c.compile_json_schema(spec.value, strict_mode=True, **ws)
-        if spec.kind == "json_object":
-            return c.compile_json_schema('{"type": "object"}', strict_mode=False, **ws)
+        if spec.kind in ("json_schema", "json_object"):
+            schema = spec.value if spec.kind == "json_schema" else '{"type": "object"}'
+            grammar = self._xgr.Grammar.from_json_schema(schema, strict_mode=spec.kind == "json_schema", **ws)
+            return c.compile_grammar(strict_json_strings(str(grammar)))
         if spec.kind == "regex":
             return c.compile_regex(spec.value)
         if spec.kind == "grammar":
