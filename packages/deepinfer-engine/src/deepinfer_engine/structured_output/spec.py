@@ -78,7 +78,8 @@ class StructuredOutput:
 
 
 def _schema_text(schema: Any) -> str:
-    """A JSON schema as canonical text (sorted keys): dicts and strings with equal content share a key."""
+    """A JSON schema as compact text. Key order is kept (xgrammar emits properties in schema order),
+    so a dict and its json.dumps share one cache key."""
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -89,7 +90,7 @@ def _schema_text(schema: Any) -> str:
     if not isinstance(schema, dict):
         raise InvalidRequestError(FIELD, f"json_schema must be a dict or a JSON object string, got {type(schema).__name__}")
     try:
-        return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+        return json.dumps(schema, separators=(",", ":"))
     except (TypeError, ValueError) as err:
         raise InvalidRequestError(FIELD, f"json_schema is not JSON-serialisable: {err}") from None
 
