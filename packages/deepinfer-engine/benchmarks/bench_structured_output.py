@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 import torch
+
 from deepinfer_engine import LLM, SamplingParams
 from deepinfer_engine.sampler import Sampler, SamplingBatch
 from deepinfer_engine.structured_output import StructuredOutput as SO

@@ -9,6 +9,7 @@ different computation from a cold prefill, not a batch effect."""
 
 import numpy as np
 import pytest
+
 from deepinfer_engine import LLM, SamplingParams
 
 N_PROMPTS = 200

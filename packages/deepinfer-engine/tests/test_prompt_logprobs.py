@@ -1,6 +1,7 @@
 """Issue 9: prompt logprobs = the exact dense forward's log-softmax at every prompt position."""
 
 import torch
+
 from deepinfer_engine import LLM, SamplingParams
 
 

@@ -3,6 +3,7 @@ draft blocks; the incremental detokenizer; streaming deltas hold back undecided 
 
 import numpy as np
 import pytest
+
 from deepinfer_engine import LLM, SamplingParams
 from deepinfer_engine.detokenizer import IncrementalDetokenizer, TokenTable
 from deepinfer_engine.errors import InvalidRequestError

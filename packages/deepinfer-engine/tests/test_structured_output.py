@@ -14,10 +14,10 @@ import jsonschema
 import numpy as np
 import pytest
 import torch
+
 from deepinfer_engine import LLM, SamplingParams
 from deepinfer_engine.structured_output import StructuredOutput as SO
 from deepinfer_engine.structured_output.compiler import ByteLRU, GrammarCompilerService, _Compiled
-from deepinfer_engine.structured_output.manager import StructuredOutputManager
 from deepinfer_engine.structured_output.matcher import RequestGrammar
 
 sys.path.insert(0, str(Path(__file__).parent))  # --import-mode=importlib: make the sibling data module importable

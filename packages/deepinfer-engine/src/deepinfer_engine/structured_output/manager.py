@@ -17,8 +17,6 @@ import time
 
 import numpy as np
 import torch
-from deepinfer_kernels.ops.sampling import NO_VOCAB_MASK
-from deepinfer_sched import StepKind
 
 from deepinfer_engine.structured_output.compiler import (
     DEFAULT_CACHE_BYTES,
@@ -30,6 +28,8 @@ from deepinfer_engine.structured_output.compiler import (
 from deepinfer_engine.structured_output.matcher import RequestGrammar
 from deepinfer_engine.structured_output.spec import StructuredOutput
 from deepinfer_engine.structured_output.xgrammar_compat import import_xgrammar
+from deepinfer_kernels.ops.sampling import NO_VOCAB_MASK
+from deepinfer_sched import StepKind
 
 
 def mask_width(vocab_size: int) -> int:
