@@ -6,7 +6,9 @@
 #     packages are installed into it editable, without build isolation or dependency resolution
 #     (that machine has no package index).
 #   - Otherwise a virtual environment .venv is made, torch==2.13.0 (the CPU wheel) installed into
-#     it, then the four packages editable with their test extras.
+#     it, then the four packages editable with their test extras, then xgrammar (structured output)
+#     with --no-deps plus apache-tvm-ffi: its declared deps pull transformers and triton, which the
+#     engine never imports (pydantic, numpy, torch come with the test extras).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -34,5 +36,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ] || ! "$py" -c "import deepinfe
   for p in "${packages[@]}"; do args+=(-e "$p$extras"); done
   "$py" -m pip install -q "${pip_flags[@]}" "${args[@]}"
   echo "$digest" > "$stamp"
+fi
+# Structured output: xgrammar without its declared dependencies (see the engine's pyproject.toml).
+# The GPU machine's interpreter gets xgrammar and pydantic from its prepared bundle.
+xgr_check="from deepinfer_engine.structured_output.xgrammar_compat import import_xgrammar; import_xgrammar()"
+if [ -n "$extras" ] && ! "$py" -c "$xgr_check" 2>/dev/null; then
+  "$py" -m pip install -q --no-deps "xgrammar>=0.2.8,<0.3" "apache-tvm-ffi>=0.1.11"
 fi
 echo "$py" > .deepinfer-python

@@ -26,6 +26,10 @@ class EngineConfig:
     cuda_graphs: bool = True               # replay decode steps as CUDA graphs (CUDA only)
     seed: int = 0                          # engine seed: draws per-request seeds when none is given
     random_init_seed: int = 0              # weights seed when no checkpoint exists (tiny preset)
+    # Structured output (issue 9): grammar compilation off the engine loop.
+    structured_output_compile_timeout_s: float = 30.0   # a grammar compiling longer fails its request
+    structured_output_cache_bytes: int = 256 << 20      # compiled-grammar LRU cache bound (bytes)
+    structured_output_compile_threads: int = 2          # compile worker threads
 
     def validate(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -38,5 +42,10 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks: must be positive, got {self.num_kv_blocks}")
         if self.num_speculative_tokens is not None and self.num_speculative_tokens < 0:
             raise ValueError(f"num_speculative_tokens: must be >= 0, got {self.num_speculative_tokens}")
+        if not self.structured_output_compile_timeout_s > 0:
+            raise ValueError("structured_output_compile_timeout_s: must be > 0, got "
+                             f"{self.structured_output_compile_timeout_s}")
+        if self.structured_output_cache_bytes < 0 or self.structured_output_compile_threads < 1:
+            raise ValueError("structured_output_cache_bytes must be >= 0 and structured_output_compile_threads >= 1")
         if not (0.0 < self.gpu_memory_utilization <= 1.0):
             raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -10,7 +10,7 @@ from tqdm.auto import tqdm
 from deepinfer_engine.config import EngineConfig
 from deepinfer_engine.errors import InvalidRequestError
 from deepinfer_engine.llm_engine import LLMEngine
-from deepinfer_engine.outputs import GenerationOutput
+from deepinfer_engine.outputs import GenerationOutput, StreamDelta
 from deepinfer_engine.request_state import FINISH_REASON_ERROR
 from deepinfer_engine.sampling_params import SamplingParams
 
@@ -71,3 +71,51 @@ class LLM:
                 bar.update(1)
         bar.close()
         return results  # type: ignore[return-value]
+
+    def generate_stream(
+        self,
+        prompts: str | Sequence[str] | None = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        prompt_token_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
+    ) -> Iterator[StreamDelta]:
+        """Like `generate`, but yields each request's progress step by step as StreamDelta
+        (`index` = position in the input). Per request, the text deltas concatenate to the final
+        text exactly: bytes of an unfinished UTF-8 character and text that could still become a
+        stop string are held back until decided. Every request ends with one `finished` delta
+        (a rejected request: at once, with `output.error` set)."""
+        if (prompts is None) == (prompt_token_ids is None):
+            raise ValueError("generate_stream: pass exactly one of prompts or prompt_token_ids")
+        if prompts is not None:
+            items: list[tuple[str | None, list[int] | None]] = [
+                (p, None) for p in ([prompts] if isinstance(prompts, str) else list(prompts))]
+        else:
+            ids = list(prompt_token_ids)
+            single = len(ids) > 0 and not isinstance(ids[0], (list, tuple))
+            items = [(None, list(x)) for x in ([ids] if single else ids)]
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params or SamplingParams()] * len(items)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(items):
+                raise ValueError(f"sampling_params: {len(params)} given for {len(items)} prompts")
+        engine = self.engine
+        index_of: dict[int, int] = {}
+        rejected: list[StreamDelta] = []
+        engine.start_streaming()
+        try:
+            for i, ((text, ids), p) in enumerate(zip(items, params)):
+                try:
+                    index_of[engine.add_request(text, ids, p)] = i
+                except InvalidRequestError as err:
+                    out = GenerationOutput(request_id=-1, prompt=text, prompt_token_ids=ids or [],
+                                           finish_reason=FINISH_REASON_ERROR, error=str(err))
+                    rejected.append(StreamDelta(i, -1, "", [], True, out))
+            engine._stream_index = index_of
+            yield from rejected
+            yield from engine.pop_stream_deltas()
+            while engine.has_unfinished():
+                engine.step()
+                yield from engine.pop_stream_deltas()
+        finally:
+            engine.stop_streaming()

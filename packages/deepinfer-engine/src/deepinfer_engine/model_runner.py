@@ -81,6 +81,9 @@ class ModelRunner:
         self.graphs = DecodeGraphRunner(self.model, self.kv_cache, max_rows, max_blocks, self.block_size, interval,
                                         write_main_keys=self.spec is not None)
         self.graphs.capture()
+        # Structured output: (SchedulerOutput, input_ids after draft filling) -> (vocab_mask, row_mask_ids)
+        # | None, the masks of this step's logits rows (set by the engine on the first grammar).
+        self.mask_provider = None
 
     def _tensor(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         return torch.from_numpy(np.array(array, copy=True)).to(device=self.device, dtype=dtype, non_blocking=True)
@@ -155,6 +158,7 @@ class ModelRunner:
             fwd = self.model.forward(meta, self.kv_cache)
             if self.spec is not None:
                 self.model.dspark_write_main_keys(meta, fwd, self.kv_cache)
+        masks = self.mask_provider(out, meta.input_ids) if self.mask_provider is not None else None
 
         req_cnt, dev = out.req_cnt, self.device
         if is_prefill and not np.asarray(out.is_last_chunk, dtype=bool).any():  # nothing samples
@@ -169,14 +173,14 @@ class ModelRunner:
             ftp = torch.arange(n, dtype=torch.int32, device=dev)
             seqlens = torch.ones(n, dtype=torch.int32, device=dev)
             positions = meta.positions[meta.logit_rows]
-            res = self.sampler.sample(fwd.logits, sub, ftp, seqlens, positions)
+            res = self.sampler.sample(fwd.logits, sub, ftp, seqlens, positions, masks=masks)
         else:
             sampled, idx, sub = np.arange(req_cnt), None, batch
             ftp, seqlens, positions = meta.first_token_pos, meta.seqlens_q, meta.positions
             drafts = q = None
             if read_rows is not None:
                 drafts, q = self.spec.verify_inputs(read_rows, need_probs=not batch.all_greedy)
-            res = self.sampler.sample(fwd.logits, batch, ftp, seqlens, positions, drafts, q)
+            res = self.sampler.sample(fwd.logits, batch, ftp, seqlens, positions, drafts, q, masks=masks)
 
         host: dict[str, torch.Tensor] = {}
         token_ids = torch.zeros(req_cnt, dtype=torch.int64, device=dev)

@@ -5,6 +5,12 @@ Sampling distributions come from `probs_from_logits` (temperature / top-k / top-
 one-hot) and every random decision is keyed by (request seed, token position), so a seeded
 request samples the same tokens whatever the batch. Reported logprobs are the model's raw
 distribution (`log_softmax` of the unprocessed logits), never the truncated sampling one.
+
+Structured output: `masks = (vocab_mask, row_mask_ids)` (packed int32 bitmask, one mask per
+constrained row, `NO_VOCAB_MASK` elsewhere) sets forbidden tokens to -inf on the logits *after*
+the raw logprobs are taken and *before* the sampling distributions: a forbidden token has
+probability 0, so it is never sampled and a draft it forbids is always rejected (greedy: not the
+argmax; sampled: U * q(x) < 0 never holds). Reported logprobs stay the model's own.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import numpy as np
 import torch
 from deepinfer_kernels.ops.sampling.logprobs import compute_logprobs
 from deepinfer_kernels.ops.sampling.sampling_params import probs_from_logits
+from deepinfer_kernels.ops.sampling.vocab_mask import apply_vocab_mask_inplace
 from deepinfer_kernels.ops.verification import VERIFIED_END, verify_and_sample
 
 
@@ -64,9 +71,13 @@ class Sampler:
         positions: torch.Tensor,        # [num_rows] int64 position of each row's input token
         draft_token_ids: torch.Tensor | None = None,  # [num_rows] draft checked at each row
         draft_probs: torch.Tensor | None = None,      # [num_rows, vocab] q of each draft
+        masks: tuple[torch.Tensor, torch.Tensor] | None = None,  # (vocab_mask, row_mask_ids): structured output
     ) -> SampleResult:
         req_cnt = ftp.shape[0]
         rows = logits.shape[0]
+        raw = compute_logprobs(logits)  # [num_rows, vocab] float32, before any mask
+        if masks is not None:
+            apply_vocab_mask_inplace(logits, masks[0], masks[1])
         row_req = torch.repeat_interleave(torch.arange(req_cnt, device=logits.device), seqlens_q.long(),
                                           output_size=rows)
         probs = probs_from_logits(logits, batch.temperature[row_req], batch.top_k[row_req], batch.top_p[row_req])
@@ -74,7 +85,6 @@ class Sampler:
             draft_token_ids = torch.zeros(rows, dtype=torch.int64, device=logits.device)
         result = verify_and_sample(probs, draft_token_ids, draft_probs, batch.seeds, positions, ftp, seqlens_q,
                                    batch.is_greedy)
-        raw = compute_logprobs(logits)  # [num_rows, vocab] float32
         final_row = result.final_row.long()
         token_logprobs = raw[final_row, result.token_ids.long()]
         verified = result.verified_token_ids

@@ -6,9 +6,12 @@ import math
 from dataclasses import dataclass, field
 
 from deepinfer_engine.errors import InvalidRequestError
+from deepinfer_engine.structured_output.spec import StructuredOutput, coerce
 
 UINT64_MAX = 2**64 - 1
 MAX_TOP_LOGPROBS = 20
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
 
 
 @dataclass
@@ -25,6 +28,13 @@ class SamplingParams:
     stop_token_ids: extra token ids that finish the request (the stop token is emitted).
     ignore_eos: keep generating past EOS (until max_tokens or a stop id).
     logprobs: None = no logprobs; k >= 0 = the sampled token's logprob plus the top-k alternatives.
+    prompt_logprobs: None = none; k >= 0 = the logprob of every prompt token (from the second on)
+        under the full model plus the top-k alternatives (one extra dense forward of the prompt).
+    stop: strings that finish the request when they appear in the output text (across token
+        boundaries, inside accepted draft blocks too); finish_reason "stop", `stop_str` records it.
+    include_stop_str_in_output: keep the matched stop string at the end of the text.
+    structured_output: a StructuredOutput (json_schema | regex | grammar | json_object) that every
+        output must match; the request finishes ("stop") when the grammar completes.
     """
 
     temperature: float = 1.0
@@ -36,9 +46,17 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    stop: list[str] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    structured_output: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.structured_output = coerce(self.structured_output)
         self.validate()
 
     @property
@@ -69,3 +87,22 @@ class SamplingParams:
             if not isinstance(token_id, int) or token_id < 0 or (vocab_size is not None and token_id >= vocab_size):
                 limit = f"[0, {vocab_size})" if vocab_size is not None else ">= 0"
                 raise InvalidRequestError("stop_token_ids", f"token id {token_id!r} is outside the vocabulary {limit}")
+        if self.prompt_logprobs is not None and (
+                not isinstance(self.prompt_logprobs, int) or isinstance(self.prompt_logprobs, bool)
+                or not (0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS)):
+            raise InvalidRequestError(
+                "prompt_logprobs", f"must be None or in [0, {MAX_TOP_LOGPROBS}], got {self.prompt_logprobs!r}")
+        if not isinstance(self.stop, (list, tuple)) or len(self.stop) > MAX_STOP_STRINGS:
+            raise InvalidRequestError("stop", f"must be a list of at most {MAX_STOP_STRINGS} strings, got {self.stop!r}")
+        for s in self.stop:
+            if not isinstance(s, str) or not (1 <= len(s) <= MAX_STOP_STRING_CHARS):
+                raise InvalidRequestError(
+                    "stop", f"each stop string must be a str of 1..{MAX_STOP_STRING_CHARS} characters, got {s!r}")
+        if not isinstance(self.include_stop_str_in_output, bool):
+            raise InvalidRequestError("include_stop_str_in_output",
+                                      f"must be a bool, got {self.include_stop_str_in_output!r}")
+        if self.structured_output is not None:
+            if not isinstance(self.structured_output, StructuredOutput):
+                raise InvalidRequestError("structured_output", "expected a StructuredOutput, got "
+                                          f"{type(self.structured_output).__name__}")
+            self.structured_output.validate()

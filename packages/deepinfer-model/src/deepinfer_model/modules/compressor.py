@@ -55,5 +55,6 @@ class Compressor(nn.Module):
     def entries(self, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Dense: v [T, H] for positions 0..T-1 -> complete entries (latent [T//r, D], index_k [T//r, Di])."""
         n = v.shape[0] // self.ratio
-        terms = self.token_terms(v[: n * self.ratio]).reshape(n, self.ratio, -1)
+        width = self.wkv.out_features + self.wk.out_features + 1
+        terms = self.token_terms(v[: n * self.ratio]).reshape(n, self.ratio, width)  # n may be 0 (short prefix)
         return self.combine(terms, torch.arange(n, device=v.device))

@@ -1,0 +1,135 @@
+"""Incremental detokenization: token ids -> text, one token at a time, exact at every cut.
+
+`TokenTable` maps every token id to its raw bytes (ByteLevel BPE: the GPT-2 byte alphabet
+inverted; special tokens and ids past the tokenizer's vocabulary -> b"", as `decode(...,
+skip_special_tokens=True)` drops them). The same table feeds xgrammar's `TokenizerInfo`
+(structured output) so the grammar and the text agree byte for byte.
+
+`IncrementalDetokenizer` concatenates the bytes through an incremental UTF-8 decoder: a token that
+ends inside a multi-byte character contributes nothing until the character completes (held back),
+invalid bytes become U+FFFD as in the tokenizer's own lossy decode. After each token `offsets[k]`
+is the length of the stable text covering tokens 0..k, which is what stop strings cut against.
+For tokenizers whose decoder is not ByteLevel, `GenericDetokenizer` re-decodes the whole output
+(slower, same interface) and holds back a trailing U+FFFD (an incomplete character).
+"""
+
+from __future__ import annotations
+
+import codecs
+import functools
+
+
+@functools.lru_cache(maxsize=1)
+def _unicode_to_byte() -> dict[str, int]:
+    """Inverse of GPT-2's bytes_to_unicode (the ByteLevel pre-tokenizer's alphabet)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+class TokenTable:
+    """Raw bytes of every token id of a `TextTokenizer` (vocab_size = the model's logits width)."""
+
+    def __init__(self, token_bytes: list[bytes], special_ids: set[int], byte_level: bool):
+        self.token_bytes = token_bytes
+        self.special_ids = special_ids
+        self.byte_level = byte_level
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer, vocab_size: int) -> TokenTable:
+        backend = tokenizer.backend
+        decoder = backend.decoder
+        byte_level = decoder is not None and type(decoder).__name__ == "ByteLevel"
+        special = {i for i, t in backend.get_added_tokens_decoder().items() if t.special}
+        u2b = _unicode_to_byte()
+        table: list[bytes] = []
+        for i in range(vocab_size):
+            piece = backend.id_to_token(i) if i < backend.get_vocab_size() else None
+            if piece is None or i in special:
+                table.append(b"")
+            elif byte_level:
+                try:
+                    table.append(bytes(u2b[c] for c in piece))
+                except KeyError:  # an added (non-special) token spelled in plain text
+                    table.append(piece.encode("utf-8"))
+            else:
+                table.append(backend.decode([i], skip_special_tokens=True).encode("utf-8"))
+        return cls(table, special, byte_level)
+
+    def __len__(self) -> int:
+        return len(self.token_bytes)
+
+
+class IncrementalDetokenizer:
+    def __init__(self, table: TokenTable):
+        self._table = table.token_bytes
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self.text = ""                  # stable text (complete characters only)
+        self.offsets: list[int] = []    # len(text) after each token
+        self.finished = False
+
+    def push(self, token_id: int) -> str:
+        """Append one token; returns the newly stable text (may be "" while a character is open)."""
+        b = self._table[token_id] if 0 <= token_id < len(self._table) else b""
+        new = self._decoder.decode(b) if b else ""
+        self.text += new
+        self.offsets.append(len(self.text))
+        return new
+
+    def finish(self) -> str:
+        """End of output: bytes of an unfinished character become U+FFFD (the tokenizer's lossy decode)."""
+        if self.finished:
+            return ""
+        self.finished = True
+        tail = self._decoder.decode(b"", final=True)
+        self.text += tail
+        if self.offsets:
+            self.offsets[-1] = len(self.text)
+        return tail
+
+
+class GenericDetokenizer:
+    """Fallback for non-ByteLevel tokenizers: re-decodes the whole output per token (O(n^2), exact)."""
+
+    def __init__(self, tokenizer):
+        self._tok = tokenizer
+        self._ids: list[int] = []
+        self.text = ""
+        self.offsets: list[int] = []
+        self.finished = False
+
+    def push(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        full = self._tok.decode(self._ids)
+        stable = full.rstrip("\ufffd")
+        # keep the stable text a prefix-monotone string (a tokenizer may rewrite its tail)
+        if stable.startswith(self.text):
+            new = stable[len(self.text):]
+            self.text = stable
+        else:
+            new = ""
+        self.offsets.append(len(self.text))
+        return new
+
+    def finish(self) -> str:
+        if self.finished:
+            return ""
+        self.finished = True
+        full = self._tok.decode(self._ids)
+        tail = full[len(self.text):] if full.startswith(self.text) else ""
+        self.text += tail
+        if self.offsets:
+            self.offsets[-1] = len(self.text)
+        return tail
+
+
+def make_detokenizer(tokenizer, table: TokenTable | None):
+    if table is not None and table.byte_level:
+        return IncrementalDetokenizer(table)
+    return GenericDetokenizer(tokenizer)

@@ -1,0 +1,85 @@
+"""One request's grammar state: an xgrammar matcher that walks drafts tentatively and rolls back.
+
+Per decode step with drafts d0..d(k-1) (rows 0..k of the request)::
+
+    row 0 mask  = state S            (after every committed token)
+    row j mask  = S + d0 .. d(j-1)   (drafts accepted by the grammar, tentatively)
+    commit(emitted) : roll back the drafts that were not emitted, accept the rest of `emitted`
+
+A draft the grammar rejects stops the walk: its row's mask forbids it, so verification rejects it
+(p = 0) and the rows after it are never used (they repeat the last mask). Rollback never exceeds
+`max_rollback` (nextn + 2, SPEC §4): xgrammar >= 0.2 keeps unlimited history, the bound is ours.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer_engine.structured_output.xgrammar_compat import import_xgrammar
+
+
+def set_bit(bitmask: torch.Tensor, row: int, token: int) -> None:
+    """Allow `token` in packed int32 row `row` (bit token % 32 of word token // 32)."""
+    w, b = divmod(token, 32)
+    val = (int(bitmask[row, w]) & 0xFFFFFFFF) | (1 << b)
+    bitmask[row, w] = val - (1 << 32) if val >= (1 << 31) else val
+
+
+class GrammarStateError(RuntimeError):
+    """An emitted token the grammar does not accept (a mask/ledger disagreement), or a rollback past the bound."""
+
+
+class RequestGrammar:
+    def __init__(self, compiled_grammar, max_rollback: int, eos_token_ids: list[int]):
+        xgr = import_xgrammar()
+        self.matcher = xgr.GrammarMatcher(compiled_grammar)
+        self.max_rollback = max_rollback
+        self.eos_token_ids = list(eos_token_ids)
+        self.pending: list[int] = []  # drafts walked by the last fill_rows, not yet committed
+        self.num_committed = 0
+
+    @property
+    def is_terminated(self) -> bool:
+        """The grammar is complete and its stop token (EOS) was accepted."""
+        return self.matcher.is_terminated()
+
+    def fill_rows(self, bitmask: torch.Tensor, first_row: int, drafts: list[int]) -> None:
+        """Masks of rows first_row .. first_row + len(drafts): row j = state after drafts[:j]."""
+        if self.pending:  # the last step emitted nothing for this request (pushed 0): none was emitted
+            self.commit([])
+        m = self.matcher
+        self._fill(bitmask, first_row)
+        last = first_row
+        for j, d in enumerate(drafts):
+            if m.is_terminated() or not m.accept_token(int(d)):
+                break
+            self.pending.append(int(d))
+            last = first_row + j + 1
+            self._fill(bitmask, last)
+        for r in range(last + 1, first_row + len(drafts) + 1):  # after a grammar-rejected draft: unused rows
+            bitmask[r] = bitmask[last]
+
+    def _fill(self, bitmask: torch.Tensor, row: int) -> None:
+        if self.matcher.is_terminated():  # only a stop token can follow (its row is never sampled anyway)
+            bitmask[row] = 0
+            for t in self.eos_token_ids:
+                set_bit(bitmask, row, t)
+            return
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+
+    def commit(self, emitted: list[int]) -> None:
+        """The tokens the ledger emitted this step (accepted drafts, then the main token)."""
+        common = 0
+        while common < min(len(self.pending), len(emitted)) and self.pending[common] == emitted[common]:
+            common += 1
+        back = len(self.pending) - common
+        if back > self.max_rollback:
+            raise GrammarStateError(f"rollback of {back} tokens exceeds the bound {self.max_rollback}")
+        if back:
+            self.matcher.rollback(back)
+        self.pending = []
+        for t in emitted[common:]:
+            if self.matcher.is_terminated() or not self.matcher.accept_token(int(t)):
+                raise GrammarStateError(f"token {t} is not accepted by the grammar after {self.num_committed + common} tokens")
+            common += 1
+        self.num_committed += len(emitted)
