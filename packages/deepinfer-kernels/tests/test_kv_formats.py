@@ -2,6 +2,7 @@ import pytest
 import torch
 from deepinfer_kernels.ops.kv_fp4 import (
     E2M1_VALUES,
+    _e2m1_values,
     dequantize_index_k_fp4,
     fp4_record_bytes,
     quantize_index_k_fp4,
@@ -75,3 +76,14 @@ def test_fp4_roundtrip_error_and_store():
     store_index_k_fp4(k, pool, torch.tensor([0, -1, 3, -1, 5]))
     assert torch.equal(pool[[0, 3, 5]], rec[[0, 2, 4]])
     assert int(pool[[1, 2, 4, 6, 7]].sum()) == 0
+
+
+def test_fp4_value_table_is_computed_exactly():
+    # the dequantiser computes the e2m1 grid (no constant tensor: capturable on CUDA)
+    assert _e2m1_values(torch.arange(8)).tolist() == list(E2M1_VALUES)
+    packed = torch.arange(256, dtype=torch.uint8).reshape(16, 16)       # every byte value once
+    rec = torch.cat([packed, torch.full((16, 1), 127, dtype=torch.uint8)], dim=1)
+    vals = dequantize_index_k_fp4(rec, 32)
+    codes = torch.stack([packed & 0xF, packed >> 4], -1).reshape(16, 32).long()
+    table = torch.tensor(E2M1_VALUES)
+    assert torch.equal(vals, table[codes & 7] * torch.where(codes >= 8, -1.0, 1.0))

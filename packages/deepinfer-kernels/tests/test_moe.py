@@ -1,6 +1,16 @@
+import pytest
 import torch
 import torch.nn.functional as F
-from deepinfer_kernels.ops.moe import grouped_expert_gemm, moe_route, permute_by_expert, routed_experts
+from deepinfer_kernels.ops.capture import force_capturable
+from deepinfer_kernels.ops.moe import (
+    grouped_expert_gemm,
+    grouped_mm_usable,
+    moe_route,
+    permute_by_expert,
+    routed_experts,
+    routed_experts_grouped,
+    routed_experts_ref,
+)
 
 
 def test_route_bias_selects_but_does_not_weigh():
@@ -47,3 +57,78 @@ def test_routed_experts_matches_dense_loop():
     order, offsets = permute_by_expert(ids, e)
     assert offsets[-1] == t * k
     assert bool((ids.reshape(-1)[order].diff() >= 0).all())
+
+
+def _moe_inputs(t, h, inter, e, k, dtype=torch.float32, device="cpu", seed=2):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, h, generator=g)
+    w13 = torch.randn(e, 2 * inter, h, generator=g) * h ** -0.5
+    w2 = torch.randn(e, h, inter, generator=g) * inter ** -0.5
+    weights, ids = moe_route(torch.randn(t, e, generator=g), torch.zeros(e), k, routed_scaling_factor=1.5)
+    return [a.to(device) for a in (x.to(dtype), weights, ids, w13.to(dtype), w2.to(dtype))]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("t", [1, 5, 37])
+def test_grouped_path_equals_reference_on_cpu(dtype, t):
+    """The CUDA path (sort + searchsorted ends + torch._grouped_mm + index_copy_ unpermute) run
+    through torch's CPU _grouped_mm: same permutation, same sum order, so bit-identical here;
+    experts without tokens (empty groups) included."""
+    args = _moe_inputs(t, 16, 8, 6, 2, dtype)
+    want = routed_experts_ref(*args)
+    assert torch.equal(routed_experts_grouped(*args), want)
+    with force_capturable():
+        assert grouped_mm_usable(args[0], args[3], args[4])
+        assert torch.equal(routed_experts(*args), want)
+    assert not grouped_mm_usable(args[0], args[3], args[4])        # CPU default: the reference
+    x, weights, ids, w13, w2 = _moe_inputs(1, 16, 8, 6, 2, dtype)
+    assert routed_experts_grouped(x[:0], weights[:0], ids[:0], w13, w2).shape == (0, 16)
+
+
+def test_grouped_path_needs_aligned_widths(monkeypatch):
+    x, _, _, w13, w2 = _moe_inputs(3, 12, 8, 4, 2)                  # hidden 12: rows not 16-byte aligned
+    with force_capturable():
+        assert not grouped_mm_usable(x, w13, w2)
+        monkeypatch.setenv("DEEPINFER_KERNEL_BACKEND", "torch")
+        x, _, _, w13, w2 = _moe_inputs(3, 16, 8, 4, 2)
+        assert not grouped_mm_usable(x, w13, w2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 7, 64, 300])
+def test_grouped_path_on_cuda_matches_reference(t):
+    """bf16 on SM90: torch._grouped_mm vs the per-expert reference (same bf16 rounding points;
+    GEMM accumulation order may differ)."""
+    from deepinfer_kernels.platform import current_platform
+    if not current_platform().is_sm90:
+        pytest.skip("the grouped-GEMM path runs on SM90")
+    args = _moe_inputs(t, 256, 128, 16, 4, torch.bfloat16, "cuda")
+    assert grouped_mm_usable(args[0], args[3], args[4])
+    got = routed_experts(*args)
+    want = routed_experts_ref(*args)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_grouped_path_captures_in_a_cuda_graph():
+    from deepinfer_kernels.platform import current_platform
+    if not current_platform().is_sm90:
+        pytest.skip("the grouped-GEMM path runs on SM90")
+    x, weights, ids, w13, w2 = _moe_inputs(48, 256, 128, 16, 4, torch.bfloat16, "cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            routed_experts(x, weights, ids, w13, w2)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = routed_experts(x, weights, ids, w13, w2)
+    for seed in (3, 4):                                              # other routing, same buffers
+        nx, nw, nids, _, _ = _moe_inputs(48, 256, 128, 16, 4, torch.bfloat16, "cuda", seed=seed)
+        x.copy_(nx)
+        weights.copy_(nw)
+        ids.copy_(nids)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, routed_experts(x, weights, ids, w13, w2))

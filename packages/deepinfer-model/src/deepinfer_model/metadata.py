@@ -3,6 +3,11 @@
 Flat rows (`total_q`) hold every token position processed this step; rows of one request are
 contiguous; `first_token_pos` (ftp, exclusive prefix sum of `seqlens_q`) is the only bridge
 to the request index (`req_cnt`). Slots are `block_id * block_size + offset`.
+
+Decode steps are CUDA-graph capturable: for fixed tensor sizes (total_q, req_cnt, block_tables
+width) and a fixed `max_context_len`, every shape of the decode forward is static and nothing
+reads tensor values on the host. Graph buckets pad a step with `pad_decode` (the padding
+contract; see its docstring and docs/model.md, "Decode: static shapes and graph buckets").
 """
 
 from __future__ import annotations
@@ -32,6 +37,15 @@ class ForwardMetadata:
     logit_rows: torch.Tensor         # [num_logit_rows] int64 flat rows whose logits are returned
     return_dspark_features: bool = False  # return target features of the rows that ran the full stack
     engram_ids: torch.Tensor | None = None  # [total_q] int32 compressed ids; None = model's vocab map
+    max_context_len: int | None = None  # static bound on context_lens (decode: sizes the far-entry
+                                        #   candidates); None = block_tables width * block_size
+
+    @property
+    def context_bound(self) -> int:
+        """Static upper bound on every context length (positions < bound): no tensor is read."""
+        if self.max_context_len is not None:
+            return int(self.max_context_len)
+        return int(self.block_tables.shape[1]) * self.block_size
 
     @property
     def total_q(self) -> int:
@@ -44,10 +58,12 @@ class ForwardMetadata:
     @property
     def row_to_req(self) -> torch.Tensor:  # [total_q] int64
         return torch.repeat_interleave(torch.arange(self.num_reqs, device=self.seqlens_q.device),
-                                       self.seqlens_q.long())
+                                       self.seqlens_q.long(), output_size=self.total_q)  # no sync
 
     def validate(self) -> None:
-        """Check the ftp bridge and per-row consistency (host sync: call off the hot path)."""
+        """Check the ftp bridge and per-row consistency (host sync: call off the hot path).
+
+        Decode steps may hold requests without rows (`seqlens_q == 0`: graph-bucket padding)."""
         n, t = self.num_reqs, self.total_q
         for name in ("first_token_pos", "context_lens", "is_last_chunk"):
             if getattr(self, name).shape != (n,):
@@ -60,8 +76,8 @@ class ForwardMetadata:
         sl, ftp = self.seqlens_q.long(), self.first_token_pos.long()
         if n and (int(ftp[0]) != 0 or bool((ftp[1:] != ftp[:-1] + sl[:-1]).any()) or int(ftp[-1] + sl[-1]) != t):
             raise MetadataError("first_token_pos: must be the exclusive prefix sum of seqlens_q ending at total_q")
-        if bool((sl <= 0).any()):
-            raise MetadataError("seqlens_q: every request needs >= 1 row")
+        if bool((sl < 0).any()) or (self.is_prefill and bool((sl == 0).any())):
+            raise MetadataError("seqlens_q: every request needs >= 1 row (decode padding requests: >= 0)")
         start = (self.context_lens.long() - sl)[self.row_to_req]
         local = torch.arange(t, device=self.positions.device) - ftp[self.row_to_req]
         if bool((self.positions.long() != start + local).any()):
@@ -70,6 +86,59 @@ class ForwardMetadata:
             raise MetadataError("is_last_chunk: must be all true in a decode step")
         if self.logit_rows.numel() and (int(self.logit_rows.min()) < 0 or int(self.logit_rows.max()) >= t):
             raise MetadataError("logit_rows: out of range")
+        bound = self.context_bound
+        if n and int(self.context_lens.max()) > bound:
+            raise MetadataError(f"context_lens: max {int(self.context_lens.max())} exceeds the static bound "
+                                f"{bound} (max_context_len / block_tables width * block_size)")
+        if self.slot_mapping.numel() and int(self.slot_mapping.min()) < -1:
+            raise MetadataError("slot_mapping: slots are >= 0, or -1 (do not write)")
+
+    def to(self, device: torch.device | str) -> ForwardMetadata:
+        """A copy with every tensor on `device`."""
+        kw = {f: (v.to(device) if isinstance(v, torch.Tensor) else v) for f, v in self.__dict__.items()}
+        return ForwardMetadata(**kw)
+
+    def pad_decode(self, num_rows: int, num_reqs: int | None = None) -> ForwardMetadata:
+        """Pad a decode step to a graph bucket of `num_rows` rows and `num_reqs` (default
+        `num_rows + 1`) requests, on the device, without a sync. The padding contract:
+
+        - requests `req_cnt .. num_reqs - 2`: no rows (`seqlens_q = 0`, `context_lens = 0`,
+          `first_token_pos = total_q`), block table all -1;
+        - request `num_reqs - 1` (the padding request) holds rows `total_q .. num_rows - 1`:
+          `seqlens_q = context_lens = num_rows - total_q`, `first_token_pos = total_q`,
+          positions `0 .. num_rows - total_q - 1`, `input_ids = 0`, `slot_mapping = -1`,
+          `engram_ids = -1`, block table all -1, `is_last_chunk = True`;
+        - `logit_rows` gets the padding rows appended; `max_context_len` is kept (the bound must
+          not change between the batches of one captured graph).
+        Padding rows produce finite garbage and never write any cache (slot -1 everywhere);
+        real rows produce exactly what the unpadded step produces.
+        """
+        if self.is_prefill:
+            raise MetadataError("pad_decode: only decode steps are padded")
+        t, r = self.total_q, self.num_reqs
+        nr = num_rows + 1 if num_reqs is None else num_reqs
+        if num_rows < t or nr < r + 1:
+            raise MetadataError(f"pad_decode: bucket ({num_rows} rows, {nr} requests) cannot hold "
+                                f"{t} rows and {r} requests plus the padding request")
+        dev, pad_rows, extra = self.input_ids.device, num_rows - t, nr - r
+
+        def cat(a: torch.Tensor, fill, n: int) -> torch.Tensor:
+            return torch.cat([a, torch.full((n,) + tuple(a.shape[1:]), fill, dtype=a.dtype, device=dev)])
+
+        seqlens, ctx = cat(self.seqlens_q, 0, extra), cat(self.context_lens, 0, extra)
+        seqlens[-1] = pad_rows
+        ctx[-1] = pad_rows
+        ar = torch.arange(pad_rows, device=dev)
+        return ForwardMetadata(
+            input_ids=cat(self.input_ids, 0, pad_rows),
+            positions=torch.cat([self.positions, ar.to(self.positions.dtype)]),
+            seqlens_q=seqlens, first_token_pos=cat(self.first_token_pos, t, extra), context_lens=ctx,
+            block_tables=cat(self.block_tables, -1, extra), slot_mapping=cat(self.slot_mapping, -1, pad_rows),
+            block_size=self.block_size, is_prefill=False, is_last_chunk=cat(self.is_last_chunk, True, extra),
+            logit_rows=torch.cat([self.logit_rows, (ar + t).to(self.logit_rows.dtype)]),
+            return_dspark_features=self.return_dspark_features,
+            engram_ids=None if self.engram_ids is None else cat(self.engram_ids, -1, pad_rows),
+            max_context_len=self.context_bound)
 
     @classmethod
     def build(cls, rows_token_ids: list[list[int]], num_computed: list[int], block_tables: list[list[int]],
@@ -125,6 +194,24 @@ class DraftMetadata:
     main_token_ids: torch.Tensor   # [req_cnt] int64 token sampled from the final row (at p + 1)
     block_tables: torch.Tensor     # [req_cnt, max_blocks] int32 (DFlash main keys live in these slots)
     block_size: int
+    valid: torch.Tensor | None = None  # [req_cnt] bool; False = padding request (reads nothing,
+                                       #   finite garbage out); None = all valid
+
+    def pad(self, num_reqs: int) -> DraftMetadata:
+        """Pad to `num_reqs` requests (graph bucket): padding requests get position 0, main
+        token 0, block table all -1 and `valid = False`."""
+        r = self.positions.shape[0]
+        if num_reqs < r:
+            raise MetadataError(f"DraftMetadata.pad: {num_reqs} requests cannot hold {r}")
+        dev, extra = self.positions.device, num_reqs - r
+
+        def cat(a: torch.Tensor, fill) -> torch.Tensor:
+            return torch.cat([a, torch.full((extra,) + tuple(a.shape[1:]), fill, dtype=a.dtype, device=dev)])
+
+        valid = torch.ones(r, dtype=torch.bool, device=dev) if self.valid is None else self.valid
+        return DraftMetadata(positions=cat(self.positions, 0), main_token_ids=cat(self.main_token_ids, 0),
+                             block_tables=cat(self.block_tables, -1), block_size=self.block_size,
+                             valid=cat(valid, False))
 
 
 @dataclass

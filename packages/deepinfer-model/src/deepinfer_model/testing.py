@@ -4,12 +4,13 @@ for the scheduler (block allocation, ForwardMetadata for prefill chunks and deco
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from deepinfer_model.metadata import DraftMetadata, ForwardMetadata
 from deepinfer_model.model import V41ForCausalLM
+from deepinfer_model.paged_cache import PagedKVCache
 from deepinfer_model.presets import tiny
 
 
@@ -17,6 +18,16 @@ from deepinfer_model.presets import tiny
 def tiny_model(seed: int = 0) -> V41ForCausalLM:
     torch.manual_seed(seed)
     return V41ForCausalLM(tiny()).init_random_weights(seed).eval()
+
+
+def clone_cache(cache: PagedKVCache) -> PagedKVCache:
+    """An independent copy of every paged cache tensor."""
+    return replace(cache, kv=cache.kv.clone(), index_k=cache.index_k.clone(), comp_stage=cache.comp_stage.clone(),
+                   engram_ids=cache.engram_ids.clone())
+
+
+def caches_equal(a: PagedKVCache, b: PagedKVCache) -> bool:
+    return all(torch.equal(getattr(a, f), getattr(b, f)) for f in ("kv", "index_k", "comp_stage", "engram_ids"))
 
 
 @dataclass
@@ -32,6 +43,7 @@ class Driver:
 
     def __init__(self, model, num_blocks=64, block_size=8, shuffle_seed=0):
         self.model = model
+        self.device = model.device
         self.block_size = block_size
         self.cache = model.allocate_kv_cache(num_blocks, block_size)
         g = torch.Generator().manual_seed(shuffle_seed)
@@ -48,27 +60,37 @@ class Driver:
             rows.append(s.tokens[s.num_computed: s.num_computed + n])
             last.append(s.num_computed + n == s.prompt_len)
         meta = ForwardMetadata.build(rows, [s.num_computed for s in seqs], [s.blocks for s in seqs],
-                                     self.block_size, True, last, "last", features)
+                                     self.block_size, True, last, "last", features, device=self.device)
         meta.validate()
         out = self.model.forward(meta, self.cache)
         for s, n in zip(seqs, chunk_lens, strict=False):
             s.num_computed += n
         return meta, out
 
-    def decode(self, seqs: list[Seq], drafts: list[list[int]], features=False):
-        """One decode step: rows = last committed token + drafts; returns logits of every row."""
+    def decode_meta(self, seqs: list[Seq], drafts: list[list[int]], features=False,
+                    max_blocks: int | None = None) -> ForwardMetadata:
+        """Metadata of one decode step (rows = last committed token + drafts; logits of every row),
+        block tables padded to `max_blocks` columns (default: the longest table)."""
         rows = []
         for s, d in zip(seqs, drafts, strict=False):
             rows.append([s.tokens[-1]] + d)
             self.ensure(s, len(s.tokens) + len(d))
-        meta = ForwardMetadata.build(rows, [len(s.tokens) - 1 for s in seqs], [s.blocks for s in seqs],
-                                     self.block_size, False, None, "all", features)
+        tables = [s.blocks for s in seqs]
+        if max_blocks is not None:
+            tables = [list(t) + [-1] * (max_blocks - len(t)) for t in tables]
+        meta = ForwardMetadata.build(rows, [len(s.tokens) - 1 for s in seqs], tables,
+                                     self.block_size, False, None, "all", features, device=self.device)
         meta.validate()
+        return meta
+
+    def decode(self, seqs: list[Seq], drafts: list[list[int]], features=False):
+        """One decode step: rows = last committed token + drafts; returns logits of every row."""
+        meta = self.decode_meta(seqs, drafts, features)
         return meta, self.model.forward(meta, self.cache)
 
-    def draft_meta(self, seqs: list[Seq], main_tokens: list[int]) -> DraftMetadata:
-        width = max(len(s.blocks) for s in seqs)
+    def draft_meta(self, seqs: list[Seq], main_tokens: list[int], max_blocks: int | None = None) -> DraftMetadata:
+        width = max(len(s.blocks) for s in seqs) if max_blocks is None else max_blocks
         tables = torch.tensor([s.blocks + [-1] * (width - len(s.blocks)) for s in seqs], dtype=torch.int32)
-        return DraftMetadata(positions=torch.tensor([len(s.tokens) - 1 for s in seqs]),
-                             main_token_ids=torch.tensor(main_tokens), block_tables=tables,
-                             block_size=self.block_size)
+        return DraftMetadata(positions=torch.tensor([len(s.tokens) - 1 for s in seqs], device=self.device),
+                             main_token_ids=torch.tensor(main_tokens, device=self.device),
+                             block_tables=tables.to(self.device), block_size=self.block_size)

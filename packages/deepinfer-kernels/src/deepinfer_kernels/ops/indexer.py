@@ -22,6 +22,7 @@ from deepinfer_kernels.ops._checks import (
     check_same_device,
     check_tensor,
 )
+from deepinfer_kernels.ops.capture import host_checks
 from deepinfer_kernels.ops.kv_fp4 import dequantize_index_k_fp4_ref, fp4_record_bytes
 from deepinfer_kernels.platform import select_backend
 
@@ -103,7 +104,8 @@ def candidate_block_max(logits: torch.Tensor, valid_lens: torch.Tensor,
     check_dim("valid_lens", valid_lens, 0, logits.shape[0])
     if block_size <= 0:
         raise ValueError(f"block_size={block_size}: must be > 0")
-    if valid_lens.numel() and (int(valid_lens.max()) > logits.shape[1] or int(valid_lens.min()) < 0):
+    if host_checks(valid_lens) and valid_lens.numel() and (int(valid_lens.max()) > logits.shape[1]
+                                                           or int(valid_lens.min()) < 0):
         raise ValueError(f"valid_lens: must lie in [0, {logits.shape[1]}]")
     device = check_same_device(logits=logits, valid_lens=valid_lens)
     select_backend("candidate_block_max", device, has_kernel=False)

@@ -21,6 +21,7 @@ from deepinfer_kernels.ops._checks import (
     check_same_device,
     check_tensor,
 )
+from deepinfer_kernels.ops.capture import use_capturable, write_rows_capturable
 from deepinfer_kernels.ops.kv_fp8 import GROUP, UE8M0_BIAS, ue8m0_exponent
 from deepinfer_kernels.platform import select_backend
 
@@ -38,16 +39,26 @@ def fp4_record_bytes(dim: int) -> int:
 
 
 def _e2m1_codes(x: torch.Tensor) -> torch.Tensor:
-    """float (already scaled into [-6, 6]) -> uint8 nibble codes."""
+    """float (already scaled into [-6, 6]) -> uint8 nibble codes.
+
+    code = number of midpoints below the magnitude; a magnitude equal to midpoint i (between codes
+    i and i+1) counts it only when i + 1 is the even code. Comparisons with Python scalars only:
+    no constant tensor is copied to the device (a host->device copy cannot be captured).
+    """
     mag = x.abs()
-    mids = torch.tensor(_MIDPOINTS, dtype=torch.float32, device=x.device)
-    # code = number of midpoints strictly below mag, +1 where mag equals a midpoint and the
-    # upper neighbour is the even code.
-    code = torch.searchsorted(mids, mag.contiguous(), right=False)      # mids < mag  -> count
-    at_mid = (code < len(_MIDPOINTS)) & (mids[code.clamp(max=len(_MIDPOINTS) - 1)] == mag)
-    code = torch.where(at_mid & ((code + 1) % 2 == 0), code + 1, code)
+    code = torch.zeros_like(mag, dtype=torch.int32)
+    for i, mid in enumerate(_MIDPOINTS):
+        code += (mag >= mid if (i + 1) % 2 == 0 else mag > mid).to(torch.int32)
     sign = (x < 0) & (code > 0)
     return (code + sign.to(code.dtype) * 8).to(torch.uint8)
+
+
+def _e2m1_values(codes: torch.Tensor) -> torch.Tensor:
+    """magnitude codes 0..7 -> E2M1_VALUES[code] as float32, computed (exp = code >> 1, mantissa =
+    code & 1: subnormal 0.5 * m for exp 0, else (1 + m / 2) * 2^(exp - 1)); no constant table."""
+    e = (codes >> 1).float()
+    m = (codes & 1).float()
+    return torch.where(e == 0, 0.5 * m, (1.0 + 0.5 * m) * torch.exp2(e - 1.0))
 
 
 def quantize_index_k_fp4_ref(k: torch.Tensor) -> torch.Tensor:
@@ -66,8 +77,7 @@ def dequantize_index_k_fp4_ref(records: torch.Tensor, dim: int) -> torch.Tensor:
     n = records.shape[0]
     packed = records[:, : dim // 2]
     codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(n, dim).long()
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=records.device)
-    vals = table[codes & 7] * torch.where(codes >= 8, -1.0, 1.0)
+    vals = _e2m1_values(codes & 7) * torch.where(codes >= 8, -1.0, 1.0)
     e = records[:, dim // 2:].to(torch.int32) - UE8M0_BIAS
     return (vals.reshape(n, dim // GROUP, GROUP) * torch.exp2(e.float()).unsqueeze(-1)).reshape(n, dim)
 
@@ -77,6 +87,11 @@ def store_index_k_fp4_ref(k: torch.Tensor, pool: torch.Tensor, slot_mapping: tor
     if not bool(keep.any()):
         return
     pool[slot_mapping[keep].long()] = quantize_index_k_fp4_ref(k[keep])
+
+
+def store_index_k_fp4_capturable(k: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """`store_index_k_fp4_ref` without a host sync: quantize every row, masked row write."""
+    write_rows_capturable(pool, slot_mapping, quantize_index_k_fp4_ref(k))
 
 
 # ---------------------------------------------------------------- public wrappers
@@ -107,4 +122,7 @@ def store_index_k_fp4(k: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.T
     check_dim("slot_mapping", slot_mapping, 0, k.shape[0])
     device = check_same_device(k=k, pool=pool, slot_mapping=slot_mapping)
     select_backend("store_index_k_fp4", device, has_kernel=False)
-    store_index_k_fp4_ref(k, pool, slot_mapping)
+    if use_capturable(pool):
+        store_index_k_fp4_capturable(k, pool, slot_mapping)
+    else:
+        store_index_k_fp4_ref(k, pool, slot_mapping)

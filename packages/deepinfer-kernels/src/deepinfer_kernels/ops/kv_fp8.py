@@ -22,6 +22,7 @@ from deepinfer_kernels.ops._checks import (
     check_same_device,
     check_tensor,
 )
+from deepinfer_kernels.ops.capture import use_capturable, write_rows_capturable
 from deepinfer_kernels.platform import select_backend
 
 GROUP = 32            # values per ue8m0 scale
@@ -71,6 +72,11 @@ def store_kv_fp8_ref(kv: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.T
     pool[slot_mapping[keep].long()] = quantize_kv_fp8_ref(kv[keep])
 
 
+def store_kv_fp8_capturable(kv: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """`store_kv_fp8_ref` without a host sync: quantize every row (static shape), masked row write."""
+    write_rows_capturable(pool, slot_mapping, quantize_kv_fp8_ref(kv))
+
+
 # ---------------------------------------------------------------- public wrappers
 
 
@@ -99,4 +105,7 @@ def store_kv_fp8(kv: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tenso
     check_dim("slot_mapping", slot_mapping, 0, kv.shape[0])
     device = check_same_device(kv=kv, pool=pool, slot_mapping=slot_mapping)
     select_backend("store_kv_fp8", device, has_kernel=False)
-    store_kv_fp8_ref(kv, pool, slot_mapping)
+    if use_capturable(pool):
+        store_kv_fp8_capturable(kv, pool, slot_mapping)
+    else:
+        store_kv_fp8_ref(kv, pool, slot_mapping)

@@ -14,6 +14,15 @@ Grouped GEMM (`grouped_expert_gemm`): tokens are permuted so that those of exper
 Routed experts (`routed_experts`): SwiGLU experts with stacked weights `w13 [E, 2I, H]`
 (gate rows then up rows) and `w2 [E, H, I]`; `out[t] = sum_k w[t,k] * expert_{ids[t,k]}(x[t])`,
 accumulated over k in order 0..top_k-1 (the permutation is stable, so the sum order is fixed).
+
+Implementations of `routed_experts`:
+- `routed_experts_ref`: the per-expert loop (CPU path and oracle; reads the offsets on the host).
+- `routed_experts_grouped`: CUDA SM90, bf16. Same permutation (stable sort of the flat expert
+  ids), group ends by `searchsorted` (int32, no bincount: that one syncs on CUDA), both expert
+  GEMMs as one `torch._grouped_mm` each (fp32 accumulation, bf16 out, like the reference's
+  per-expert GEMM then cast), unpermute by `index_copy_`. Static shapes ([T*k] rows whatever the
+  routing), no host sync: capturable in a CUDA graph. On the CPU it runs only to check the CUDA
+  code path (`force_capturable()`, dynamo tracing), through torch's CPU `_grouped_mm`.
 """
 
 from __future__ import annotations
@@ -28,7 +37,8 @@ from deepinfer_kernels.ops._checks import (
     check_same_device,
     check_tensor,
 )
-from deepinfer_kernels.platform import select_backend
+from deepinfer_kernels.ops.capture import host_checks, use_capturable
+from deepinfer_kernels.platform import Backend, current_platform, forced_backend, select_backend
 
 
 def moe_route_ref(router_logits: torch.Tensor, bias: torch.Tensor, top_k: int, norm_topk_prob: bool,
@@ -83,6 +93,45 @@ def routed_experts_ref(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
     return unperm.reshape(t, k, -1).sum(1).to(x.dtype)
 
 
+def grouped_mm_usable(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> bool:
+    """Whether `routed_experts` takes the grouped-GEMM path for these operands.
+
+    CUDA: bf16 operands on SM90 (torch's grouped GEMM kernel; elsewhere torch falls back to a
+    per-group loop that reads the offsets on the host). Row strides must be 16-byte aligned
+    (hidden and expert widths multiples of 8). CPU: only to run the CUDA code path under
+    `force_capturable()` or dynamo tracing (tracing needs bf16: the meta kernel checks it).
+    `DEEPINFER_KERNEL_BACKEND=torch` forces the reference.
+    """
+    if not hasattr(torch, "_grouped_mm") or forced_backend() is Backend.TORCH:
+        return False
+    if not (x.dtype == w13.dtype == w2.dtype) or x.shape[1] % 8 or w2.shape[2] % 8:
+        return False
+    if x.device.type == "cuda":
+        return x.dtype == torch.bfloat16 and current_platform().is_sm90
+    if x.device.type != "cpu" or not use_capturable(x):
+        return False
+    return x.dtype == torch.bfloat16 or (x.dtype == torch.float32 and not torch.compiler.is_compiling())
+
+
+def routed_experts_grouped(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                           w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """`routed_experts_ref` through `torch._grouped_mm`: static shapes, no host sync."""
+    t, k = ids.shape
+    if t == 0:
+        return torch.zeros_like(x)
+    num_experts, inter = w13.shape[0], w13.shape[1] // 2
+    sorted_ids, order = torch.sort(ids.reshape(-1).long(), stable=True)         # [T*k]
+    ends = torch.searchsorted(sorted_ids, torch.arange(num_experts, device=x.device),
+                              right=True, out_int32=True)                     # [E] cumulative ends
+    xp = x[order // k]                                                         # [T*k, H]
+    gu = torch._grouped_mm(xp, w13.transpose(1, 2), offs=ends)                 # [T*k, 2I]
+    act = F.silu(gu[:, :inter].float()) * gu[:, inter:].float()
+    y = torch._grouped_mm(act.to(x.dtype), w2.transpose(1, 2), offs=ends).float()   # [T*k, H]
+    y = y * weights.reshape(-1)[order].float().unsqueeze(1)
+    unperm = torch.empty_like(y).index_copy_(0, order, y)
+    return unperm.reshape(t, k, -1).sum(1).to(x.dtype)
+
+
 # ---------------------------------------------------------------- public wrappers
 
 
@@ -106,7 +155,7 @@ def grouped_expert_gemm(x: torch.Tensor, w: torch.Tensor, expert_offsets: torch.
     check_tensor("expert_offsets", expert_offsets, 1, INDEX_DTYPES)
     check_dim("w", w, 2, x.shape[1])
     check_dim("expert_offsets", expert_offsets, 0, w.shape[0] + 1)
-    if int(expert_offsets[0]) != 0 or int(expert_offsets[-1]) != x.shape[0]:
+    if host_checks(expert_offsets) and (int(expert_offsets[0]) != 0 or int(expert_offsets[-1]) != x.shape[0]):
         raise ValueError(f"expert_offsets: must start at 0 and end at N={x.shape[0]}")
     device = check_same_device(x=x, w=w, expert_offsets=expert_offsets)
     select_backend("grouped_expert_gemm", device, has_kernel=False)
@@ -128,8 +177,10 @@ def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
     check_dim("w2", w2, 0, w13.shape[0])
     check_dim("w2", w2, 1, x.shape[1])
     check_dim("w2", w2, 2, w13.shape[1] // 2)
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= w13.shape[0]):
+    if host_checks(ids) and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= w13.shape[0]):
         raise ValueError(f"ids: expert ids must lie in [0, {w13.shape[0]})")
     device = check_same_device(x=x, weights=weights, ids=ids, w13=w13, w2=w2)
     select_backend("routed_experts", device, has_kernel=False)
+    if grouped_mm_usable(x, w13, w2):
+        return routed_experts_grouped(x, weights, ids, w13, w2)
     return routed_experts_ref(x, weights, ids, w13, w2)

@@ -23,6 +23,7 @@ from deepinfer_kernels.ops._checks import (
     check_same_device,
     check_tensor,
 )
+from deepinfer_kernels.ops.capture import host_checks
 from deepinfer_kernels.ops.kv_fp8 import dequantize_kv_fp8_ref, fp8_record_bytes
 from deepinfer_kernels.platform import select_backend
 
@@ -54,7 +55,7 @@ def sparse_mla_attention(q: torch.Tensor, kv_pool: torch.Tensor, indices: torch.
     check_dim("kv_pool", kv_pool, 1, fp8_record_bytes(q.shape[2]))
     check_dim("indices", indices, 0, q.shape[0])
     device = check_same_device(q=q, kv_pool=kv_pool, indices=indices)
-    if indices.numel() and int(indices.max()) >= kv_pool.shape[0]:
+    if host_checks(indices) and indices.numel() and int(indices.max()) >= kv_pool.shape[0]:
         raise ValueError(f"indices: max {int(indices.max())} out of range for {kv_pool.shape[0]} slots")
     select_backend("sparse_mla_attention", device, has_kernel=False)
     return sparse_mla_attention_ref(q, kv_pool, indices, sm_scale)

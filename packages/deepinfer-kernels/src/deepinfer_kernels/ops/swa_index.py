@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from deepinfer_kernels.ops._checks import check_dim, check_tensor
+from deepinfer_kernels.ops.capture import host_checks
 from deepinfer_kernels.platform import select_backend
 
 
@@ -36,7 +37,7 @@ def expand_swa_index(pivots: torch.Tensor, width: int) -> torch.Tensor:
     check_dim("pivots", pivots, 1, 4)
     if width < 0:
         raise ValueError(f"width={width}: must be >= 0")
-    if pivots.numel():
+    if host_checks(pivots) and pivots.numel():  # value checks: CPU only (no sync on CUDA)
         lens = pivots[:, 1].long() + pivots[:, 3].long()
         if bool((pivots[:, 1] < 0).any() or (pivots[:, 3] < 0).any()):
             raise ValueError("pivots: segment lengths must be >= 0")

@@ -7,11 +7,16 @@ Per processed row (position t, slot s):
    `t - r + 1 .. t` through the block table, `Compressor.combine` (the same function the
    reference uses), write the FP8 latent to the source's kv plane and the FP4 index key to its
    index plane at the slot of position t.
+
+`static=True` (decode, capturable): no boolean indexing and no host sync; every row gathers
+its would-be entry and runs `combine` (r stage gathers + one combine per row instead of per
+completed entry), and only rows that complete an entry store it (the others get slot -1).
 """
 
 from __future__ import annotations
 
 import torch
+from deepinfer_kernels.ops.capture import host_checks, write_rows
 from deepinfer_kernels.ops.kv_fp4 import store_index_k_fp4
 from deepinfer_kernels.ops.kv_fp8 import store_kv_fp8
 
@@ -19,31 +24,37 @@ from deepinfer_model.engine.indexing import slots_of, to_flat
 
 
 def update_compressed_source(model, src: int, v: torch.Tensor, positions: torch.Tensor, req: torch.Tensor,
-                             slots: torch.Tensor, block_tables: torch.Tensor, cache) -> None:
-    """v [N, H] compressor input of the rows, positions/req/slots [N]."""
+                             slots: torch.Tensor, block_tables: torch.Tensor, cache, static: bool = False) -> None:
+    """v [N, H] compressor input of the rows, positions/req/slots [N]; slot -1 rows write nothing."""
     comp = model.model.layers[src].self_attn.compressor
     layout, ns = cache.layout, cache.num_slots
     r = comp.ratio
     terms = comp.token_terms(v)                                                   # [N, S] float32
-    if r == 1:
+    if r == 1 and static:
+        latent, ik = comp.combine(terms.unsqueeze(1), positions)
+        dslots = slots                                                            # -1 rows: skipped
+    elif r == 1:
         done = slots >= 0
         latent, ik = comp.combine(terms[done].unsqueeze(1), positions[done])
         dslots = slots[done]
     else:
         plane = layout.stage_planes[src]
-        keep = slots >= 0
-        cache.comp_stage[plane, slots[keep]] = terms[keep].to(cache.comp_stage.dtype)
-        done = keep & (positions % r == r - 1)
-        if not bool(done.any()):
-            return
-        t = positions[done]
+        write_rows(cache.comp_stage[plane], slots, terms)
+        done = (slots >= 0) & (positions % r == r - 1)
+        if static:
+            t = positions
+        else:
+            if not bool(done.any()):
+                return
+            t = positions[done]
         vpos = t.unsqueeze(1) - (r - 1) + torch.arange(r, device=t.device).unsqueeze(0)      # [E, r]
-        tok_slots = slots_of(block_tables, req[done], vpos, cache.block_size)
-        if bool((tok_slots < 0).any()):
+        tok_slots = slots_of(block_tables, req if static else req[done], vpos, cache.block_size)
+        missing = (tok_slots < 0) & done.unsqueeze(1) if static else tok_slots < 0
+        if (not static or host_checks(tok_slots)) and bool(missing.any()):
             raise RuntimeError(f"layer {src}: a compressed entry's tokens have no slot in the block table")
-        gathered = cache.comp_stage[plane, tok_slots].float()                         # [E, r, S]
+        gathered = cache.comp_stage[plane, tok_slots.clamp(min=0)].float()            # [E, r, S]
         latent, ik = comp.combine(gathered, t // r)
-        dslots = slots[done]
+        dslots = torch.where(done, slots, torch.full_like(slots, -1)) if static else slots[done]
     if dslots.numel() == 0:
         return
     store_kv_fp8(latent, cache.kv_flat, to_flat(dslots, layout.comp_planes[src], ns))

@@ -7,6 +7,10 @@
   Attention of block row j = softmax over [main keys at positions max(0, q-W+1) .. p, read from
   the pool by `sparse_mla_attention`] + [block keys 0..j, in flight, never cached]; the two
   partial results are merged through their log-sum-exps. Then `DSparkDraft.heads`.
+
+Both are capturable (no host sync; shapes from the row / request counts only). Padding: rows with
+slot -1 write no main key; draft requests with `valid == False` (or an all -1 block table) read no
+main key and give finite garbage (position and main token are replaced by 0 for them).
 """
 
 from __future__ import annotations
@@ -43,15 +47,19 @@ def draft_forward(model, meta: DraftMetadata, cache, uniforms: torch.Tensor | No
     if ds is None:
         raise ValueError("dspark_draft: the model has no DSpark block (nextn = 0)")
     n_req, n, w = meta.positions.shape[0], ds.nextn, cfg.sliding_window
-    p = meta.positions.long()
+    p, mains, tables = meta.positions.long(), meta.main_token_ids.long(), meta.block_tables
+    if meta.valid is not None:  # padding requests: read nothing, stay finite
+        p = torch.where(meta.valid, p, torch.zeros_like(p))
+        mains = torch.where(meta.valid, mains, torch.zeros_like(mains))
+        tables = torch.where(meta.valid.unsqueeze(1), tables, torch.full_like(tables, -1))
     bpos = (p.unsqueeze(1) + 1 + torch.arange(n, device=p.device)).reshape(-1)     # [R*n]
     req = torch.arange(n_req, device=p.device).repeat_interleave(n)
     main_pos = window_positions(bpos, torch.zeros_like(bpos), w)                     # [R*n, W]
     main_pos = torch.where(main_pos <= p[req].unsqueeze(1), main_pos, torch.full_like(main_pos, -1))
-    main_slots = slots_of(meta.block_tables, req, main_pos, meta.block_size)
+    main_slots = slots_of(tables, req, main_pos, meta.block_size)
     j = torch.arange(n, device=p.device)
     bmask = (j.unsqueeze(0) <= j.unsqueeze(1)) & (j.unsqueeze(0) > j.unsqueeze(1) - w)   # [n(q), n(k)]
-    h = ds.block_inputs(meta.main_token_ids, model.model.embed_tokens).reshape(n_req * n, -1)
+    h = ds.block_inputs(mains, model.model.embed_tokens).reshape(n_req * n, -1)
     for k, layer in enumerate(ds.layers):
         attn = layer.self_attn
         u = layer.input_layernorm(h)
@@ -67,4 +75,4 @@ def draft_forward(model, meta: DraftMetadata, cache, uniforms: torch.Tensor | No
         o = merge_attention(o1, lse1, o2.reshape(n_req * n, attn.num_heads, -1), lse2.reshape(n_req * n, -1))
         h = h + attn.output(o.to(h.dtype))
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-    return ds.heads(h.reshape(n_req, n, -1), model.lm_head.weight, meta.main_token_ids, uniforms, greedy)
+    return ds.heads(h.reshape(n_req, n, -1), model.lm_head.weight, mains, uniforms, greedy)

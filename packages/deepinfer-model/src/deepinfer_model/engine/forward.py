@@ -13,11 +13,23 @@ Numbered steps of one call:
 5. Consumer layers over the full rows; logits of `meta.logit_rows` (must be full rows);
    DSpark target features of the full rows when asked.
 Replay writes only the consumer layers' window planes: nothing prefix-cache visible.
+
+Decode (`meta.is_prefill == False`) is CUDA-graph capturable: no host sync, and every shape
+depends only on (total_q, req_cnt, block_tables width, config, `meta.context_bound`):
+- every row is a full row (`full_rows = arange(total_q)`, no nonzero);
+- the far-entry candidates of compressed layers have the static width
+  `max_far = max(0, context_bound - W) // r` (prefill: the batch's max, read on the host);
+- cache writes skip slot -1 through sync-free masked writes; compressor entries are combined for
+  every row and stored only where a row completes one.
+Extra masked work of a decode step, per compressed layer and row: indexer scores over `max_far`
+candidates instead of the row's own `n_far` (`ni * Di` MACs each plus an FP4 key gather), and
+`r` stage gathers + one `combine` per row instead of per completed entry (ratio > 1 sources).
 """
 
 from __future__ import annotations
 
 import torch
+from deepinfer_kernels.ops.capture import write_rows
 from deepinfer_kernels.ops.indexer import candidate_block_max, indexer_scores, select_topk_blocks
 from deepinfer_kernels.ops.kv_fp8 import store_kv_fp8
 from deepinfer_kernels.ops.sparse_mla import sparse_mla_attention
@@ -54,12 +66,24 @@ def engram_windows(model, meta: ForwardMetadata, cache, rows: _Rows) -> torch.Te
     return torch.where(s >= 0, ids, torch.full_like(ids, PAD_ID))
 
 
-def far_indices(model, layer, q_lat, u, rows: _Rows, meta: ForwardMetadata, cache) -> torch.Tensor | None:
-    """Indexer-selected far compressed entries -> flat kv rows [N, topk * B] (or None)."""
+def static_max_far(meta: ForwardMetadata, width: int, ratio: int) -> int:
+    """Far entries a row can have when every position is < meta.context_bound (no tensor read)."""
+    return max(0, meta.context_bound - width) // ratio
+
+
+def far_indices(model, layer, q_lat, u, rows: _Rows, meta: ForwardMetadata, cache,
+                max_far: int | None = None) -> torch.Tensor | None:
+    """Indexer-selected far compressed entries -> flat kv rows [N, topk * B] (or None).
+
+    `max_far`: static candidate width (decode; rows' counts are clamped to it, which only matters
+    for padding rows); None = the batch's max, read on the host (prefill)."""
     cfg = model.config
     r, src, ns = layer.ratio, layer.source, cache.num_slots
     n_far = num_far_entries(rows.positions, cfg.sliding_window, r)
-    max_far = int(n_far.max()) if n_far.numel() else 0
+    if max_far is None:
+        max_far = int(n_far.max()) if n_far.numel() else 0
+    else:
+        n_far = n_far.clamp(max=max_far)
     if max_far == 0:
         return None
     ent_slots = slots_of(meta.block_tables, rows.req, entry_positions(n_far, max_far, r), meta.block_size)
@@ -87,11 +111,13 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
     plane = cache.layout.window_planes[l]
     store_kv_fp8(attn.latent(u, rows.positions), cache.kv_flat, to_flat(rows.slots, plane, ns))
     if attn.compressor is not None and not layer.is_consumer:
-        update_compressed_source(model, l, u, rows.positions, rows.req, rows.slots, meta.block_tables, cache)
+        update_compressed_source(model, l, u, rows.positions, rows.req, rows.slots, meta.block_tables, cache,
+                                 static=not meta.is_prefill)
     win = window_positions(rows.positions, rows.lo, cfg.sliding_window)
     idx = to_flat(slots_of(meta.block_tables, rows.req, win, meta.block_size), plane, ns)
     if layer.ratio > 0:
-        far = far_indices(model, layer, q_lat, u, rows, meta, cache)
+        max_far = None if meta.is_prefill else static_max_far(meta, cfg.sliding_window, layer.ratio)
+        far = far_indices(model, layer, q_lat, u, rows, meta, cache, max_far)
         if far is not None:
             idx = torch.cat([idx, far], dim=1)
     o, _ = sparse_mla_attention(q, cache.kv_flat, idx.to(torch.int32), attn.sm_scale)
@@ -119,19 +145,24 @@ def full_row_mask(model, meta: ForwardMetadata, req: torch.Tensor, positions: to
 
 def engine_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
     cfg, topo = model.config, model.config.topology
+    decode = not meta.is_prefill
     req = meta.row_to_req
     positions, slots = meta.positions.long(), meta.slot_mapping.long()
     # 1. Engram ids first.
     if cfg.engram_layer_ids:
         cids = meta.engram_ids if meta.engram_ids is not None else model.engram_vocab_map[meta.input_ids.long()]
-        keep = slots >= 0
-        cache.engram_ids[slots[keep]] = cids[keep].to(torch.int32)
+        write_rows(cache.engram_ids, slots, cids.to(torch.int32))
     rows = _Rows(positions, req, slots, torch.zeros_like(positions), None)
     if cfg.engram_layer_ids:
         rows.windows = engram_windows(model, meta, cache, rows)
-    # 2. Row sets.
-    full, lo = full_row_mask(model, meta, req, positions)
-    full_rows = full.nonzero().squeeze(1)
+    # 2. Row sets (decode: every row, static; prefill: nonzero of the replay mask).
+    if decode:
+        full_rows = torch.arange(meta.total_q, device=positions.device)
+        take = lambda t: t  # noqa: E731  (full_rows is every row)
+    else:
+        full, lo = full_row_mask(model, meta, req, positions)
+        full_rows = full.nonzero().squeeze(1)
+        take = lambda t: t[full_rows]  # noqa: E731
     targets = set(model.model.dspark.target_layer_ids) if (meta.return_dspark_features and
                                                            model.model.dspark is not None) else set()
     feats: dict[int, torch.Tensor] = {}
@@ -140,25 +171,28 @@ def engine_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
     for l in topo.encoder_layers:
         x = run_layer(model, l, x, rows, meta, cache)
         if l in targets:
-            feats[l] = x[full_rows]
+            feats[l] = take(x)
     # 4./5. YOCO shared hidden, consumer compressors, consumer layers over the full rows.
     if topo.yoco_enabled:
         s = model.model.layers[topo.first_consumer_layer].input_layernorm(x)
         for src in topo.consumer_sources:
-            update_compressed_source(model, src, s, positions, req, slots, meta.block_tables, cache)
-        x = x[full_rows]
-        frows = rows.subset(full_rows, lo[full_rows])
+            update_compressed_source(model, src, s, positions, req, slots, meta.block_tables, cache, static=decode)
+        x = take(x)
+        frows = rows if decode else rows.subset(full_rows, lo[full_rows])
         for l in (topo.consumer_layers if full_rows.numel() else ()):  # no last chunk: encoder side only
             x = run_layer(model, l, x, frows, meta, cache)
             if l in targets:
                 feats[l] = x
     else:
-        x = x[full_rows]
-    inv = torch.full((meta.total_q,), -1, dtype=torch.long, device=positions.device)
-    inv[full_rows] = torch.arange(full_rows.numel(), device=positions.device)
-    lrows = inv[meta.logit_rows.long()]
-    if bool((lrows < 0).any()):
-        raise MetadataError("logit_rows: a row outside the replay segment of a last chunk has no logits")
+        x = take(x)
+    if decode:  # every row is a full row: logit_rows index x directly
+        lrows = meta.logit_rows.long()
+    else:
+        inv = torch.full((meta.total_q,), -1, dtype=torch.long, device=positions.device)
+        inv[full_rows] = torch.arange(full_rows.numel(), device=positions.device)
+        lrows = inv[meta.logit_rows.long()]
+        if bool((lrows < 0).any()):
+            raise MetadataError("logit_rows: a row outside the replay segment of a last chunk has no logits")
     logits = model.lm_head(model.model.norm(x[lrows])).float()
     out = ForwardOutput(logits=logits, full_rows=full_rows)
     if targets:  # no full row (a prefill step of non-last chunks only): no features either
