@@ -10,12 +10,13 @@ import sys
 import time
 from pathlib import Path
 
-import jsonschema
 import numpy as np
 import pytest
 import torch
 
 from deepinfer_engine import LLM, SamplingParams
+
+jsonschema = pytest.importorskip("jsonschema")  # a test extra (installed by make test); absent on the GPU box
 from deepinfer_engine.structured_output import StructuredOutput as SO
 from deepinfer_engine.structured_output.compiler import ByteLRU, GrammarCompilerService, _Compiled
 from deepinfer_engine.structured_output.matcher import RequestGrammar
