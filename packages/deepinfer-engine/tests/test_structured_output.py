@@ -16,13 +16,14 @@ import torch
 
 from deepinfer_engine import LLM, SamplingParams
 
-jsonschema = pytest.importorskip("jsonschema")  # a test extra (installed by make test); absent on the GPU box
 from deepinfer_engine.structured_output import StructuredOutput as SO
 from deepinfer_engine.structured_output.compiler import ByteLRU, GrammarCompilerService, _Compiled
 from deepinfer_engine.structured_output.matcher import RequestGrammar
 
 sys.path.insert(0, str(Path(__file__).parent))  # --import-mode=importlib: make the sibling data module importable
 from structured_cases import EBNF_GRAMMARS, JSON_SCHEMAS, REGEXES, check_ebnf  # noqa: E402
+
+jsonschema = pytest.importorskip("jsonschema")  # a test extra (installed by make test); absent on the GPU box
 
 SPECS = [SO.json_schema(s) for s in JSON_SCHEMAS] + [SO.regex(r) for r in REGEXES] + [SO.grammar(g) for g in EBNF_GRAMMARS]
 MAX_TOKENS = 120
