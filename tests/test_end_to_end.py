@@ -3,6 +3,7 @@ exactly what greedy decoding over the dense reference forward of deepinfer_model
 
 import pytest
 import torch
+
 from deepinfer_engine import LLM, SamplingParams
 
 

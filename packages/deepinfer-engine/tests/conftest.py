@@ -9,6 +9,7 @@ non-trivial: long accepted prefixes, stops inside accepted drafts, rejections.
 from __future__ import annotations
 
 import pytest
+
 from deepinfer_engine import LLM
 from deepinfer_engine.speculation import DraftProposal, SpeculativeDecoder
 from deepinfer_kernels.ops.verification import store_mtp_info

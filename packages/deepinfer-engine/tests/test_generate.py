@@ -1,6 +1,7 @@
 """Issue 2 acceptance: batch generation, continuous batching isolation, bad input, long prompts."""
 
 import pytest
+
 from deepinfer_engine import LLM, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

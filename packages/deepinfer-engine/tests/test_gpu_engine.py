@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+
 from deepinfer_engine import LLM, SamplingParams
 
 pytestmark = pytest.mark.gpu

@@ -1,6 +1,7 @@
 import math
 
 import pytest
+
 from deepinfer_engine import InvalidRequestError, SamplingParams
 
 

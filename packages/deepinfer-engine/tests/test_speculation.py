@@ -3,6 +3,7 @@ stops inside accepted drafts cut exactly, seeded sampling is batch-invariant, st
 
 import numpy as np
 import pytest
+
 from deepinfer_engine import LLM, SamplingParams
 
 MAX_TOKENS = 12

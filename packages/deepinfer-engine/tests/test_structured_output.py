@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from deepinfer_engine import LLM, SamplingParams
-
 from deepinfer_engine.structured_output import StructuredOutput as SO
 from deepinfer_engine.structured_output.compiler import ByteLRU, GrammarCompilerService, _Compiled
 from deepinfer_engine.structured_output.matcher import RequestGrammar

@@ -1,6 +1,7 @@
 import itertools
 
 import numpy as np
+
 from deepinfer_engine.verify_budget import StepTimeModel, VerifyBudgetPolicy, best_budget
 
 

@@ -4,6 +4,7 @@ must be identical to the synchronous loop in every mode."""
 
 import numpy as np
 import pytest
+
 from deepinfer_engine import LLM, SamplingParams
 
 

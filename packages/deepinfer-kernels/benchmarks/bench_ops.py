@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+
 from deepinfer_kernels.ops.indexer import candidate_block_max, indexer_scores, select_topk_blocks
 from deepinfer_kernels.ops.kv_fp4 import quantize_index_k_fp4, store_index_k_fp4
 from deepinfer_kernels.ops.kv_fp8 import quantize_kv_fp8, store_kv_fp8

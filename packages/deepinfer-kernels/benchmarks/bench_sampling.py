@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from deepinfer_kernels.ops.sampling import (
     TOP_K_OFF,
     TOP_P_OFF,

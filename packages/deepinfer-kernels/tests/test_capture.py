@@ -3,6 +3,7 @@ the references, including the corner cases (no row kept, every row kept, empty).
 
 import pytest
 import torch
+
 from deepinfer_kernels.ops.capture import (
     force_capturable,
     host_checks,

@@ -1,10 +1,11 @@
 import math
 
 import torch
-from deepinfer_kernels.ops.indexer import BF16_MAX, candidate_block_max, indexer_scores, select_topk_blocks
-from deepinfer_kernels.ops.kv_fp4 import dequantize_index_k_fp4, quantize_index_k_fp4
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from deepinfer_kernels.ops.indexer import BF16_MAX, candidate_block_max, indexer_scores, select_topk_blocks
+from deepinfer_kernels.ops.kv_fp4 import dequantize_index_k_fp4, quantize_index_k_fp4
 
 
 def test_indexer_scores_match_loop():

@@ -1,5 +1,6 @@
 import pytest
 import torch
+
 from deepinfer_kernels.ops.kv_fp4 import (
     E2M1_VALUES,
     _e2m1_values,

@@ -1,6 +1,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
+
 from deepinfer_kernels.ops.capture import force_capturable
 from deepinfer_kernels.ops.moe import (
     grouped_expert_gemm,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from deepinfer_kernels.ops.sampling import (
     RngStream,
     apply_vocab_mask_by_step_inplace,

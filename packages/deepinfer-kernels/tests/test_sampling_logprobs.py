@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from deepinfer_kernels.ops.sampling import compute_logprobs, gather_token_logprobs, top_logprobs
 
 

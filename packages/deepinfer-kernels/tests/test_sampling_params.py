@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from deepinfer_kernels.ops.sampling import (
     TOP_K_OFF,
     TOP_P_OFF,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from scipy import stats
+
 from deepinfer_kernels.ops.sampling import (
     EMPTY_ROW_SAMPLE,
     RngStream,
@@ -11,7 +13,6 @@ from deepinfer_kernels.ops.sampling import (
     random_sampling,
     sample_from_uniform_ref,
 )
-from scipy import stats
 
 
 def oracle_inverse_cdf(row: list[float], u: float) -> int:

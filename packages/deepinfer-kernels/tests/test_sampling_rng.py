@@ -6,8 +6,9 @@ import random
 
 import pytest
 import torch
-from deepinfer_kernels.ops.sampling import RngStream, counter_uniform
 from scipy import stats
+
+from deepinfer_kernels.ops.sampling import RngStream, counter_uniform
 
 MASK64 = (1 << 64) - 1
 GAMMA = 0x9E3779B97F4A7C15

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from deepinfer_kernels.ops.sampling import get_sum_smaller_probs
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from deepinfer_kernels.ops.sampling import (
     NO_VOCAB_MASK,
     apply_vocab_mask_by_step_inplace,

@@ -1,6 +1,7 @@
 import math
 
 import torch
+
 from deepinfer_kernels.ops.kv_fp8 import dequantize_kv_fp8, quantize_kv_fp8
 from deepinfer_kernels.ops.sparse_mla import sparse_mla_attention
 

@@ -1,5 +1,6 @@
 import pytest
 import torch
+
 from deepinfer_kernels.ops.swa_index import expand_swa_index
 
 

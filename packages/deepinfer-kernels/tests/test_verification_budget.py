@@ -6,13 +6,14 @@ import itertools
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from deepinfer_kernels.ops.verification import (
     FRESH_SEQUENCE,
     clamp_verification_budget,
     compute_seqlens_q_by_confidence_rates,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 
 def run(total_q: int, remap: list[int], prev: torch.Tensor) -> list[int]:

@@ -9,6 +9,7 @@ the target distribution of a row depends only on its input token and position.
 from __future__ import annotations
 
 import torch
+
 from deepinfer_kernels.ops.sampling import random_sampling
 from deepinfer_kernels.ops.verification import (
     VERIFIED_END,

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from deepinfer_kernels.ops.verification import (
     VERIFIED_END,
     finalize_verification,
     get_accept_result,
     prepare_verification_metadata,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 # ---------------------------------------------------------------- helpers
 

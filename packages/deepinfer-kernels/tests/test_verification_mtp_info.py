@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from deepinfer_kernels.ops.verification import (
     MTP_PADDING_ROW,
     MtpInfoPool,

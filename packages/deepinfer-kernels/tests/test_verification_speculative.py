@@ -6,9 +6,10 @@ import math
 
 import pytest
 import torch
+from scipy import stats
+
 from deepinfer_kernels.ops.sampling import RngStream, counter_uniform, random_sampling
 from deepinfer_kernels.ops.verification import VERIFIED_END, verify_and_sample
-from scipy import stats
 
 # ---------------------------------------------------------------- helpers
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from deepinfer_kernels.ops.sampling.rng import RngStream, counter_uniform_ref, counter_uniform_tilelang
 from deepinfer_kernels.ops.verification.accept import get_accept_result_ref, get_accept_result_tilelang
 from deepinfer_kernels.ops.verification.finalize import (

@@ -11,9 +11,10 @@ distributed as p. The negative control lets c_j peek at draft j itself, and the 
 from __future__ import annotations
 
 import torch
+from scipy import stats
+
 from deepinfer_kernels.ops.sampling import random_sampling
 from deepinfer_kernels.ops.verification import compute_seqlens_q_by_confidence_rates, verify_and_sample
-from scipy import stats
 
 P = torch.tensor([
     [0.30, 0.25, 0.20, 0.15, 0.10, 0.00],

@@ -10,6 +10,7 @@ the reference is a full re-run of the sequence, which is what the engine path sa
 
 import pytest
 import torch
+
 from deepinfer_model.testing import Driver, Seq, tiny_model
 
 LENS = [96, 64, 40, 16]

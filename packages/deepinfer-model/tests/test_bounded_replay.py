@@ -10,6 +10,7 @@
 
 
 import torch
+
 from deepinfer_model.testing import Driver, Seq, tiny_model
 
 # Random weights give the worst case (nothing was trained to tolerate truncation); the bound

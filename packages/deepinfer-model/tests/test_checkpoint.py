@@ -5,12 +5,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
 from deepinfer_model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from deepinfer_model.config import ConfigError
 from deepinfer_model.model import V41ForCausalLM
 from deepinfer_model.testing import Driver, Seq, tiny_model
-from safetensors.torch import load_file, save_file
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 EXPERT = "model.layers.2.mlp.experts.5.up_proj.weight"
 ATTN = "model.layers.3.self_attn.kv_a_proj_with_mqa.weight"

@@ -1,4 +1,5 @@
 import pytest
+
 from deepinfer_model.config import ConfigError, V41Config
 from deepinfer_model.presets import PRESETS, flash, get_preset, tiny
 from deepinfer_model.topology import LayerKind

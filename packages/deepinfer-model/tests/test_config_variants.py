@@ -2,6 +2,7 @@
 all-MoE. The engine path must still match the reference, and the reference must be trainable."""
 
 import torch
+
 from deepinfer_model.model import V41ForCausalLM
 from deepinfer_model.presets import tiny
 from deepinfer_model.testing import Driver, Seq

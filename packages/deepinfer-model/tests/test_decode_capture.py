@@ -14,12 +14,13 @@ import contextlib
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from deepinfer_kernels.ops.capture import force_capturable
 from deepinfer_model.metadata import ForwardMetadata
 from deepinfer_model.model import V41ForCausalLM
 from deepinfer_model.presets import tiny
 from deepinfer_model.testing import Driver, Seq, caches_equal, clone_cache, tiny_model
-from torch.utils._python_dispatch import TorchDispatchMode
 
 PROMPTS = (40, 9, 23, 17, 30, 5, 12, 33, 26, 8, 19, 44, 16, 21, 3, 37) * 2   # 32 requests
 DRAFTS = (0, 1, 2, 1) * 8     # 32 drafts: 64 rows per step (rotated each step)

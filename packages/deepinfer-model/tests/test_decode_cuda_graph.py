@@ -10,6 +10,7 @@ copy of the cache taken before the replay.
 
 import pytest
 import torch
+
 from deepinfer_model.metadata import DraftMetadata, ForwardMetadata
 from deepinfer_model.model import V41ForCausalLM
 from deepinfer_model.presets import tiny

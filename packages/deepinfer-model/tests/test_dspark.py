@@ -3,6 +3,7 @@ Markov and confidence heads (greedy and with given uniforms)."""
 
 
 import torch
+
 from deepinfer_model.testing import Driver, Seq, tiny_model
 
 ATOL = 5e-2  # same budget as the target logits (an FP8 rounding flip; see test_engine_matches_reference)

@@ -12,6 +12,7 @@ identical.
 
 import pytest
 import torch
+
 from deepinfer_model.testing import Driver, Seq, tiny_model
 
 LOGIT_ATOL = 5e-2

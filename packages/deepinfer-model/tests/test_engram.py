@@ -5,10 +5,11 @@ import copy
 
 import pytest
 import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
 from deepinfer_model.engram_vocab import build_compressed_vocab, padded_vocab_map
 from deepinfer_model.modules.engram import PAD_ID, dense_windows, ngram_buckets
 from deepinfer_model.testing import Driver, Seq, tiny_model
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 WORDS = ["Apple", "apple", "APPLE", "café", "cafe", "naïve", "naive", "über", "uber", "ﬁne", "fine", "world"]
 CORPUS = [" ".join(WORDS)] * 60 + ["hello\t\tworld\n  x"] * 5

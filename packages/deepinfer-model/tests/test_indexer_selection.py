@@ -4,6 +4,7 @@ recent far block, and the selected blocks equal a brute-force selection over the
 import math
 
 import torch
+
 from deepinfer_kernels.ops.indexer import BF16_MAX
 from deepinfer_kernels.ops.kv_fp4 import dequantize_index_k_fp4
 from deepinfer_model.engine.forward import _Rows, far_indices

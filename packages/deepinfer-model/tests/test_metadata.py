@@ -1,6 +1,7 @@
 
 import pytest
 import torch
+
 from deepinfer_model.metadata import ForwardMetadata, MetadataError
 from deepinfer_model.testing import Driver, Seq, tiny_model
 

@@ -1,8 +1,9 @@
 """Acceptance 3 (cross-layer map): every layer maps to the nearest source not later than itself."""
 
-from deepinfer_model.topology import source_map
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from deepinfer_model.topology import source_map
 
 
 @settings(max_examples=200, deadline=None)

@@ -4,6 +4,7 @@ global (compressed) KV that the full stack yields."""
 import copy
 
 import torch
+
 from deepinfer_kernels.ops.kv_fp4 import dequantize_index_k_fp4
 from deepinfer_kernels.ops.kv_fp8 import dequantize_kv_fp8
 from deepinfer_model.reference import encoder_side

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+
 from deepinfer_sched import (
     VERIFIED_END,
     RequestOutputPool,

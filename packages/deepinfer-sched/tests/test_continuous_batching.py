@@ -3,6 +3,7 @@ YOCO final-chunk rule), finish on EOS / max_tokens / stop ids, ignored prompts."
 
 import numpy as np
 import pytest
+
 from deepinfer_sched import (
     VERIFIED_END,
     RequestOutputPool,

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+
 from deepinfer_sched import (
     AttemptPoint,
     ForwardRuntimeEstimator,

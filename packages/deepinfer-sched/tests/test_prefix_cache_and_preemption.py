@@ -2,6 +2,7 @@
 preemption-by-recompute of the shortest-output sequence."""
 
 import numpy as np
+
 from deepinfer_sched import VERIFIED_END, RequestParams, Scheduler, SchedulerConfig, Sequence, SequenceStatus
 
 
@@ -107,6 +108,7 @@ def test_reset_for_recompute_resets_every_rolling_field():
 
 def test_commit_more_than_scheduled_fails_loudly():
     import pytest
+
     from deepinfer_sched import LedgerError
 
     seq = Sequence(5, [1, 2, 3], RequestParams())

@@ -9,10 +9,11 @@ request finished exactly once and all blocks and slots returned.
 
 import numpy as np
 import pytest
-from deepinfer_sched import RequestParams, Scheduler, SchedulerConfig
-from deepinfer_sched.testing import LedgerHarness, SimulatedDevice
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from deepinfer_sched import RequestParams, Scheduler, SchedulerConfig
+from deepinfer_sched.testing import LedgerHarness, SimulatedDevice
 
 VOCAB = 16
 EOS = 2

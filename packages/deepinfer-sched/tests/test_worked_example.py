@@ -8,6 +8,7 @@ consistent reading: A had max_tokens - 3, so its third token hits the limit.)
 
 import numpy as np
 import pytest
+
 from deepinfer_sched import (
     VERIFIED_END,
     RequestOutputPool,

@@ -3,6 +3,7 @@ csrc/sequence.hpp, remap, finish-in-flight pushing 0, and prepare_zos_inputs."""
 
 import numpy as np
 import pytest
+
 from deepinfer_sched import (
     VERIFIED_END,
     RequestOutputPool,

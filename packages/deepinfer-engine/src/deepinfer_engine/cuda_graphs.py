@@ -22,6 +22,7 @@ import logging
 from dataclasses import dataclass
 
 import torch
+
 from deepinfer_model.metadata import ForwardMetadata, ForwardOutput
 
 logger = logging.getLogger("deepinfer")

@@ -16,7 +16,6 @@ import logging
 
 import numpy as np
 import torch
-from deepinfer_sched import FinishReason, RequestOutputPool, RequestParams, Scheduler, SchedulerConfig, StepKind
 
 from deepinfer_engine.config import EngineConfig
 from deepinfer_engine.envs import Envs
@@ -29,9 +28,17 @@ from deepinfer_engine.request_state import FINISH_REASON_ERROR, RequestState
 from deepinfer_engine.sampler import SamplingBatch
 from deepinfer_engine.sampling_params import UINT64_MAX, SamplingParams
 from deepinfer_engine.speculation import acceptance_by_position
-from deepinfer_engine.stop_strings import StopStringMatcher
 from deepinfer_engine.stats import EngineStats
+from deepinfer_engine.stop_strings import StopStringMatcher
 from deepinfer_engine.verify_budget import VerifyBudgetPolicy
+from deepinfer_sched import (
+    FinishReason,
+    RequestOutputPool,
+    RequestParams,
+    Scheduler,
+    SchedulerConfig,
+    StepKind,
+)
 
 logger = logging.getLogger("deepinfer")
 

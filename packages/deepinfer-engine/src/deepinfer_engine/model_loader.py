@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from deepinfer_engine.tokenizer import TextTokenizer
 from deepinfer_model import presets
 from deepinfer_model.checkpoint import load_checkpoint
 from deepinfer_model.engram_vocab import padded_vocab_map
 from deepinfer_model.model import V41ForCausalLM
-
-from deepinfer_engine.tokenizer import TextTokenizer
 
 DEFAULT_MODEL_DIR = Path(presets.__file__).resolve().parent / "default"
 

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from deepinfer_model.metadata import ForwardMetadata
-from deepinfer_sched import SchedulerOutput, StepKind
 
 from deepinfer_engine.cuda_graphs import DecodeGraphRunner
 from deepinfer_engine.sampler import Sampler, SamplingBatch, top_logprobs_per_request
 from deepinfer_engine.speculation import SpeculativeDecoder
+from deepinfer_model.metadata import ForwardMetadata
+from deepinfer_sched import SchedulerOutput, StepKind
 
 
 @dataclass

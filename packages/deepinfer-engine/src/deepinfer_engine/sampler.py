@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from deepinfer_kernels.ops.sampling.logprobs import compute_logprobs
 from deepinfer_kernels.ops.sampling.sampling_params import probs_from_logits
 from deepinfer_kernels.ops.sampling.vocab_mask import apply_vocab_mask_inplace

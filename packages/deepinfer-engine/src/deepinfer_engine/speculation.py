@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from deepinfer_kernels.ops.sampling import RngStream, counter_uniform
 from deepinfer_kernels.ops.verification import MtpInfoPool, mtp_info_read_rows, read_mtp_info, store_mtp_info
 from deepinfer_model.metadata import DraftMetadata, ForwardMetadata

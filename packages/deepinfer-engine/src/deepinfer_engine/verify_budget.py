@@ -18,6 +18,7 @@ from collections import deque
 
 import numpy as np
 import torch
+
 from deepinfer_kernels.ops.verification import compute_seqlens_q_by_confidence_rates
 
 

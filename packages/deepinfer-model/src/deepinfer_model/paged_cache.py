@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from deepinfer_kernels.ops.kv_fp4 import fp4_record_bytes
 from deepinfer_kernels.ops.kv_fp8 import fp8_record_bytes
 

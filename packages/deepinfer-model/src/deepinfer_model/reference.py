@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
 from deepinfer_kernels.ops.indexer import candidate_block_max_ref, select_topk_blocks_ref
 from deepinfer_kernels.ops.kv_fp4 import dequantize_index_k_fp4_ref, quantize_index_k_fp4_ref
 from deepinfer_kernels.ops.kv_fp8 import dequantize_kv_fp8_ref, quantize_kv_fp8_ref
-
 from deepinfer_model.metadata import DraftOutput
 from deepinfer_model.modules.engram import dense_windows
 

@@ -16,10 +16,10 @@ completed entry), and only rows that complete an entry store it (the others get 
 from __future__ import annotations
 
 import torch
+
 from deepinfer_kernels.ops.capture import host_checks, write_rows
 from deepinfer_kernels.ops.kv_fp4 import store_index_k_fp4
 from deepinfer_kernels.ops.kv_fp8 import store_kv_fp8
-
 from deepinfer_model.engine.indexing import slots_of, to_flat
 
 

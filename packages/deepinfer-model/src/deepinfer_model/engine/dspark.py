@@ -16,9 +16,9 @@ main key and give finite garbage (position and main token are replaced by 0 for 
 from __future__ import annotations
 
 import torch
+
 from deepinfer_kernels.ops.kv_fp8 import store_kv_fp8
 from deepinfer_kernels.ops.sparse_mla import sparse_mla_attention
-
 from deepinfer_model.engine.indexing import slots_of, to_flat, window_positions
 from deepinfer_model.metadata import DraftMetadata, DraftOutput, ForwardMetadata, ForwardOutput
 

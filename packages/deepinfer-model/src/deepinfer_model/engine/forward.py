@@ -29,11 +29,11 @@ candidates instead of the row's own `n_far` (`ni * Di` MACs each plus an FP4 key
 from __future__ import annotations
 
 import torch
+
 from deepinfer_kernels.ops.capture import write_rows
 from deepinfer_kernels.ops.indexer import candidate_block_max, indexer_scores, select_topk_blocks
 from deepinfer_kernels.ops.kv_fp8 import store_kv_fp8
 from deepinfer_kernels.ops.sparse_mla import sparse_mla_attention
-
 from deepinfer_model.engine.compressed import update_compressed_source
 from deepinfer_model.engine.indexing import (
     entry_positions,

@@ -12,6 +12,7 @@ far entries of a row              ->  j < n_far = max(0, p - W + 1) // r     ent
 from __future__ import annotations
 
 import torch
+
 from deepinfer_kernels.ops.swa_index import expand_swa_index
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from deepinfer_kernels.ops.moe import moe_route, routed_experts
 from torch import nn
 
+from deepinfer_kernels.ops.moe import moe_route, routed_experts
 from deepinfer_model.modules.ffn import SwiGLU
 
 
