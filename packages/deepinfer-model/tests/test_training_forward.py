@@ -40,6 +40,9 @@ def test_batched_forward_matches_reference_exact(model):
         assert torch.equal(out.logits[i].argmax(-1), ref.logits.argmax(-1))
     last = batched_forward(model, tokens, logits="last")
     torch.testing.assert_close(last.logits, out.logits[:, -1], rtol=0, atol=2e-4)
+    at = torch.tensor([0, t // 2, t - 1])
+    picked = batched_forward(model, tokens, logits="positions", logit_positions=at)
+    torch.testing.assert_close(picked.logits, out.logits[torch.arange(3), at], rtol=0, atol=2e-4)
 
 
 def test_batched_forward_short_sequences(model):
@@ -127,6 +130,11 @@ def test_batched_draft_matches_reference_draft(model):
         torch.testing.assert_close(got.logits[b, k], r.logits[0], rtol=0, atol=2e-4)
         torch.testing.assert_close(torch.sigmoid(got.conf_logits[b, k]), r.confidence[0], rtol=0, atol=1e-5)
         assert torch.equal(got.logits[b, k].argmax(-1), r.token_ids[0])
+    # the draft's own greedy chain through DSparkDraft.heads gives reference_draft's tokens
+    own = model.model.dspark.heads(got.block_out.reshape(8, n, -1), model.lm_head.weight, got.main_tokens.reshape(8))
+    for b, k, r in refs:
+        assert own.token_ids[b * 4 + k].tolist() == r.token_ids[0].tolist()
+        torch.testing.assert_close(own.confidence[b * 4 + k], r.confidence[0], rtol=0, atol=1e-5)
 
 
 def test_gradients_match_reference_forward():

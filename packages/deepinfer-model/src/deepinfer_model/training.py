@@ -165,9 +165,12 @@ def _ffn(mlp, x: torch.Tensor, counts, layer) -> torch.Tensor:
 
 def batched_forward(model, tokens: torch.Tensor, *, logits: str | None = "all", dropout: float = 0.0,
                     indexer_loss: bool = False, return_dspark_features: bool = False,
-                    keep_residuals: tuple[int, ...] = (), count_experts: bool = False) -> BatchedOutput:
+                    keep_residuals: tuple[int, ...] = (), count_experts: bool = False,
+                    logit_positions: torch.Tensor | None = None) -> BatchedOutput:
     """`reference_forward(mode="exact")` for every row of tokens [B, T] (positions 0..T-1).
-    logits: "all" -> [B, T, V], "last" -> [B, V], None -> no lm_head."""
+    logits: "all" -> [B, T, V], "last" -> [B, V], "positions" -> [B, V] at `logit_positions` [B]
+    (right-padded rows: the function is causal, so padding never changes earlier positions),
+    None -> no lm_head."""
     cfg, topo = model.config, model.config.topology
     tokens = tokens.long()
     b, t = tokens.shape
@@ -242,8 +245,11 @@ def batched_forward(model, tokens: torch.Tensor, *, logits: str | None = "all", 
         out.logits = model.lm_head(model.model.norm(x)).float()
     elif logits == "last":
         out.logits = model.lm_head(model.model.norm(x[:, -1])).float()
+    elif logits == "positions":
+        last = x.gather(1, logit_positions.long().view(b, 1, 1).expand(b, 1, x.shape[-1])).squeeze(1)
+        out.logits = model.lm_head(model.model.norm(last)).float()
     elif logits is not None:
-        raise ValueError(f"logits={logits!r}: expected 'all', 'last' or None")
+        raise ValueError(f"logits={logits!r}: expected 'all', 'last', 'positions' or None")
     if return_dspark_features and ds is not None:
         out.dspark_features = ds.features([residuals[l] for l in ds.target_layer_ids])
     if kls:
@@ -267,7 +273,8 @@ def dense_windows_batched(cids: torch.Tensor, n_max: int) -> torch.Tensor:
 class DraftBatch:
     logits: torch.Tensor       # [B, K, n, V] float32 (Markov head included, given previous tokens)
     conf_logits: torch.Tensor  # [B, K, n] float32: w_conf . cat(h, e) / T (confidence = sigmoid)
-    hidden: torch.Tensor       # [B, K, n, H] normed block output
+    block_out: torch.Tensor    # [B, K, n, H] DFlash output before the final norm (DSparkDraft.heads input)
+    main_tokens: torch.Tensor  # [B, K] tokens[p + 1]
 
 
 def batched_draft(model, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor,
@@ -319,4 +326,4 @@ def batched_draft(model, features: torch.Tensor, tokens: torch.Tensor, anchors: 
     if detach_confidence_input:
         cat = cat.detach()
     conf = F.linear(cat, ds.confidence_head.weight.float()).squeeze(-1) / ds.temperature
-    return DraftBatch(logits, conf, hn)
+    return DraftBatch(logits, conf, h, main)
