@@ -80,8 +80,9 @@ def _indexer_scores(indexer, q_lat: torch.Tensor, u: torch.Tensor, index_k: torc
     b, ne, _ = index_k.shape
     q_idx, w = indexer.query(q_lat, u)                                            # [BT, ni, Di], [BT, ni]
     q_idx = q_idx.reshape(b, -1, q_idx.shape[1], q_idx.shape[2])
-    s = torch.einsum("bthd,bed->bthe", q_idx.float(), index_k.float()).relu()
-    return torch.einsum("bthe,bth->bte", s, w.reshape(b, -1, w.shape[1]).float())
+    with torch.autocast(q_idx.device.type, enabled=False):                        # float32 scores
+        s = torch.einsum("bthd,bed->bthe", q_idx.float(), index_k.float()).relu()
+        return torch.einsum("bthe,bth->bte", s, w.reshape(b, -1, w.shape[1]).float())
 
 
 def select_far_batched(indexer, q_lat, u, index_k, n_far, cfg) -> torch.Tensor:
@@ -111,7 +112,7 @@ def _indexer_kl(indexer, comp_src, v_src, q, q_lat, u, lat, lat_e, mask_win, n_f
     rows = n_far > 0
     if ne == 0 or not bool(rows.any()):
         return None
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast(lat.device.type, enabled=False):
         keys = torch.cat([lat.float(), lat_e.float()], dim=1)                       # [B, T+nE, D]
         qf = q.float().reshape(b, t, q.shape[1], q.shape[2])
         sc = torch.einsum("bthd,bmd->bhtm", qf, keys) * scale
