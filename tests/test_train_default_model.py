@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("smoke") / "default"
-    env = dict(os.environ, DEEPINFER_TRAIN_THREADS="1", PYTHONHASHSEED="0")
+    # bf16 autocast on the CPU: the dtype paths of the CUDA run, without a GPU
+    env = dict(os.environ, DEEPINFER_TRAIN_THREADS="1", PYTHONHASHSEED="0", DEEPINFER_TRAIN_AUTOCAST_CPU="1")
     proc = subprocess.run([sys.executable, str(ROOT / "tools/train_default_model.py"), "--out", str(out), "--smoke"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

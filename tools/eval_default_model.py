@@ -35,18 +35,31 @@ def _print_log(kind, **kv):
 
 
 def evaluate_dir(model_dir: Path, log_dir: Path, device: str, args=None, corpus=None, run: dict | None = None,
-                 log=_print_log, write_card: bool = True, write_baselines: bool = True) -> dict:
+                 log=_print_log, write_card: bool = True, write_baselines: bool = True,
+                 deadline: float | None = None) -> dict:
+    """Every part is recorded separately (an error in one is logged in result["errors"] and the rest
+    still runs). Past `deadline` (time.time()), the optional parts (CUDA baseline, engine-path
+    speculation check) are skipped and listed in result["skipped"]."""
     from deepinfer_model import load_checkpoint
     opts = {k: getattr(args, k, v) if args is not None else v for k, v in DEFAULTS.items()}
     dev = torch.device(device)
     corpus = corpus or dmdata.load_corpus()
     t0 = time.time()
-    result: dict = {"model_dir": str(model_dir), "device": device, "options": opts, "errors": {}}
+    result: dict = {"model_dir": str(model_dir), "device": device, "options": opts, "errors": {}, "skipped": []}
+
+    def late(name) -> bool:
+        if deadline is not None and time.time() > deadline:
+            result["skipped"].append(name)
+            log("eval_skip", part=name, reason="eval deadline")
+            return True
+        return False
     log_dir.mkdir(parents=True, exist_ok=True)
 
     def save():
         (log_dir / "eval.json").write_text(json.dumps(result, indent=1) + "\n")
         (log_dir / "eval.md").write_text(dmcard.eval_markdown(result))
+        if write_card:   # rewritten after every part: a run cut short still leaves a card
+            (model_dir / "README.md").write_text(dmcard.model_card(run or {}, result))
 
     def step(name, fn):
         t = time.time()
@@ -62,10 +75,21 @@ def evaluate_dir(model_dir: Path, log_dir: Path, device: str, args=None, corpus=
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     texts = [h["text"] for h in corpus.held_out]
+    if write_baselines:   # first: the CPU regression test needs it
+        step("ppl_baseline_cpu", lambda: _baseline(model_dir, "cpu"))
     step("held_out_ppl", lambda: ev.held_out_ppl(model, texts, tok, dev, ctx=opts["eval_ppl_ctx"],
                                                  overlap=opts["eval_ppl_ctx"] // 4))
     funcs = ev.function_prompts(corpus.held_out, n=opts["eval_funcs"])
     prompts = [f["context"] + f["header"] for f in funcs]
+    prompt_ids = [tok.encode(p, add_special_tokens=False).ids for p in prompts]   # what the engine encodes
+    acc_holder: dict = {}
+
+    def acceptance():
+        res = ev.dspark_acceptance(model, prompt_ids, opts["eval_gen_tokens"], dev)
+        acc_holder["continuations"] = res.pop("continuations")
+        return res
+
+    step("dspark_acceptance", acceptance)
     gen_holder: dict = {}
 
     def completions():
@@ -81,23 +105,16 @@ def evaluate_dir(model_dir: Path, log_dir: Path, device: str, args=None, corpus=
         return ev.completion_eval(funcs, gen)
 
     step("function_completion", completions)
-    prompt_ids = gen_holder.get("prompt_token_ids") or [tok.encode(p, add_special_tokens=False).ids for p in prompts]
-    acc_holder: dict = {}
-
-    def acceptance():
-        res = ev.dspark_acceptance(model, prompt_ids, opts["eval_gen_tokens"], dev)
-        acc_holder["continuations"] = res.pop("continuations")
-        return res
-
-    step("dspark_acceptance", acceptance)
     if gen_holder and acc_holder:
-        step("engine_vs_exact_greedy", lambda: ev.prefix_agreement(
-            gen_holder["token_ids"], acc_holder["continuations"], min(32, opts["eval_gen_tokens"])))
-    if write_baselines:
-        if dev.type == "cuda":
-            step("ppl_baseline_cuda", lambda: _baseline(model_dir, "cuda"))
-        step("ppl_baseline_cpu", lambda: _baseline(model_dir, "cpu"))
-    if opts["eval_spec_prompts"] > 0:
+        def agreement():
+            if gen_holder["prompt_token_ids"] != prompt_ids:
+                raise RuntimeError("the engine encoded the prompts differently")
+            return ev.prefix_agreement(gen_holder["token_ids"], acc_holder["continuations"],
+                                       min(32, opts["eval_gen_tokens"], opts["eval_max_tokens"]))
+        step("engine_vs_exact_greedy", agreement)
+    if write_baselines and dev.type == "cuda" and not late("ppl_baseline_cuda"):
+        step("ppl_baseline_cuda", lambda: _baseline(model_dir, "cuda"))
+    if opts["eval_spec_prompts"] > 0 and not late("engine_path_speculation_cpu"):
         def spec():
             torch.manual_seed(0)
             cpu_model = load_checkpoint(model_dir, device="cpu")
@@ -107,8 +124,6 @@ def evaluate_dir(model_dir: Path, log_dir: Path, device: str, args=None, corpus=
         step("engine_path_speculation_cpu", spec)
     result["seconds"] = time.time() - t0
     save()
-    if write_card:
-        (model_dir / "README.md").write_text(dmcard.model_card(run or {}, result))
     return result
 
 

@@ -54,6 +54,7 @@ from deepinfer_model.engram_vocab import padded_vocab_map  # noqa: E402
 from deepinfer_model.training import batched_forward  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
+from default_model import card  # noqa: E402
 from default_model import data as dmdata  # noqa: E402
 from default_model import modeling  # noqa: E402
 from default_model.modeling import autocast  # noqa: E402
@@ -70,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-calibrate", action="store_true", help="run exactly --steps / --draft-steps")
     ap.add_argument("--preset", default="default")
     # phase 1: target LM
-    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--steps", type=int, default=2500)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--lr", type=float, default=2e-3)
@@ -87,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--gen-batch", type=int, default=512)
     # phase 3: draft block
-    ap.add_argument("--draft-steps", type=int, default=1500)
+    ap.add_argument("--draft-steps", type=int, default=2500)
     ap.add_argument("--draft-batch", type=int, default=64, help="generated sequences per step")
     ap.add_argument("--draft-real-batch", type=int, default=32, help="real-text chunks per step (0 = none)")
     ap.add_argument("--draft-real-len", type=int, default=256)
@@ -102,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--eval-spec-prompts", type=int, default=8, help="engine-path speculation check (CPU)")
     ap.add_argument("--eval-ppl-ctx", type=int, default=512)
     ap.add_argument("--skip-eval", action="store_true")
+    ap.add_argument("--eval-budget-s", type=float, default=150.0,
+                    help="after training + this, the optional evaluation parts are skipped")
     # logging / small runs
     ap.add_argument("--log-every", type=int, default=25)
     ap.add_argument("--val-every", type=int, default=250)
@@ -279,7 +282,7 @@ def generate_draft_data(args, model, corpus, device, log, deadline) -> tuple[lis
         for s in range(0, len(toks), 128):
             with autocast(device):
                 f = batched_forward(model, toks[s: s + 128], logits=None, return_dspark_features=True)
-            feats.append(f.dspark_features.to(torch.bfloat16 if device.type == "cuda" else torch.float32))
+            feats.append(f.dspark_features.to(torch.bfloat16 if modeling.uses_bf16(device) else torch.float32))
         groups.append({"tokens": toks, "features": torch.cat(feats), "prompt_len": p_len})
         made += n
         gi += 1
@@ -446,11 +449,16 @@ def main(argv=None) -> int:
     run["checkpoint"] = {"dir": str(out_dir), "files": sizes, "bytes": sum(sizes.values())}
     log("saved", dir=str(out_dir), bytes=sum(sizes.values()), seconds=time.time() - t_start)
     (log_dir / "run.json").write_text(json.dumps(run, indent=1, default=str) + "\n")
+    (out_dir / "README.md").write_text(card.model_card(run, {}))   # rewritten with the evaluation below
 
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()   # the engine sizes its KV pool from the free device memory
     if not args.skip_eval:
         from eval_default_model import evaluate_dir
         try:
-            evaluate_dir(out_dir, log_dir, device=str(device), args=args, corpus=corpus, run=run, log=log)
+            evaluate_dir(out_dir, log_dir, device=str(device), args=args, corpus=corpus, run=run, log=log,
+                         deadline=time.time() + args.eval_budget_s)
         except Exception:  # the checkpoint is already written; record and go on
             log("eval_failed", error=traceback.format_exc())
     (log_dir / "run.json").write_text(json.dumps(run, indent=1, default=str) + "\n")

@@ -35,7 +35,7 @@ def decode_ppl(model_dir, device: str) -> dict:
     import torch
     from deepinfer_engine import LLM, SamplingParams
     t0 = time.time()
-    llm = LLM(model=str(model_dir), device=device, max_num_seqs=len(PROMPTS))
+    llm = LLM(model=str(model_dir), device=device, max_num_seqs=len(PROMPTS), max_model_len=256)
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, logprobs=0, ignore_eos=True)
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
     per, total, count = [], 0.0, 0

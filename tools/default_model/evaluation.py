@@ -189,7 +189,7 @@ def parses(program: str) -> bool:
 def engine_completions(model_dir, prompts: list[str], device: str | None, max_tokens: int) -> dict:
     from deepinfer_engine import LLM, SamplingParams
     t0 = time.time()
-    llm = LLM(model=str(model_dir), device=device, max_num_seqs=128)
+    llm = LLM(model=str(model_dir), device=device, max_num_seqs=128, max_model_len=1024)
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     outs = llm.generate(prompts, params, use_tqdm=False)
     return {"texts": [o.text or "" for o in outs], "token_ids": [o.token_ids for o in outs],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -65,9 +66,15 @@ def update_router_bias(model, counts: dict[int, torch.Tensor], rate: float) -> f
     return worst
 
 
+def uses_bf16(device: torch.device) -> bool:
+    """bf16 autocast on CUDA; on the CPU only when DEEPINFER_TRAIN_AUTOCAST_CPU=1 (the smoke test
+    uses it to run the CUDA dtype paths without a GPU)."""
+    return device.type == "cuda" or os.environ.get("DEEPINFER_TRAIN_AUTOCAST_CPU") == "1"
+
+
 def autocast(device: torch.device):
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+    if uses_bf16(device):
+        return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
