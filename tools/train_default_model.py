@@ -151,6 +151,13 @@ def seed_everything(seed: int) -> None:
     torch.backends.cudnn.benchmark = False
 
 
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    t = torch.from_numpy(array)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def bf16_round_(params) -> None:
     with torch.no_grad():
         for p in params:
@@ -227,7 +234,7 @@ def train_target(args, model, corpus, tok, device, log, deadline) -> dict:
         lr = modeling.lr_at(step, planned, args.lr, args.warmup, args.final_lr_frac)
         for g in opt.param_groups:
             g["lr"] = lr
-        chunk = torch.from_numpy(stream.next_batch()).to(device)
+        chunk = to_device(stream.next_batch(), device)
         inp, tgt = chunk[:, :-1], chunk[:, 1:]
         with autocast(device):
             out = batched_forward(model, inp, dropout=args.dropout, indexer_loss=args.indexer_loss_weight > 0,
@@ -242,7 +249,8 @@ def train_target(args, model, corpus, tok, device, log, deadline) -> dict:
         step += 1
         if step % args.log_every == 0 or step == planned or step == 1:
             kl = out.indexer_kl
-            last = {"step": step, "loss": float(ce.detach()), "indexer_kl": None if kl is None else float(kl.detach()), "lr": lr, "grad_norm": float(gnorm), "moe_max_over_mean": imbalance,
+            last = {"step": step, "loss": float(ce.detach()), "indexer_kl": None if kl is None else float(kl.detach()),
+                    "lr": lr, "grad_norm": float(gnorm), "moe_max_over_mean": float(imbalance),
                     "epoch": stream.chunks_served / stream.chunks_per_epoch,
                     "tok_per_s": stream.chunks_served * args.seq_len / (time.time() - t_phase)}
             log("lm", **last)
@@ -340,7 +348,7 @@ def train_draft(args, model, corpus, groups, device, log, deadline) -> dict:
         terms.append((toks, feats, anchors, labels, prev, valid))
         # (b) real text, rows kept while it follows the target's greedy path
         if args.draft_real_batch > 0:
-            chunk = torch.from_numpy(real.next_batch()).to(device)[:, :-1]
+            chunk = to_device(real.next_batch(), device)[:, :-1]
             with torch.no_grad(), autocast(device):
                 out = batched_forward(model, chunk, return_dspark_features=True)
             greedy = out.logits.argmax(-1)

@@ -54,15 +54,15 @@ def lr_at(step: int, total: int, peak: float, warmup: int, final_frac: float) ->
 
 
 @torch.no_grad()
-def update_router_bias(model, counts: dict[int, torch.Tensor], rate: float) -> float:
+def update_router_bias(model, counts: dict[int, torch.Tensor], rate: float) -> torch.Tensor:
     """Auxiliary-loss-free balancing (DeepSeek-V3): bias_e += rate * sign(mean load - load_e).
-    Returns the max/mean load ratio over the MoE layers (1.0 = balanced)."""
-    worst = 1.0
+    Returns the max/mean load ratio over the MoE layers (1.0 = balanced) as a device scalar."""
+    worst = torch.ones((), device=model.device)
     for l, c in counts.items():
         c = c.float()
         bias = model.model.layers[l].mlp.gate.e_score_correction_bias
         bias.add_(rate * torch.sign(c.mean() - c).to(bias.dtype))
-        worst = max(worst, float(c.max() / c.mean().clamp_min(1)))
+        worst = torch.maximum(worst, c.max() / c.mean().clamp_min(1))
     return worst
 
 

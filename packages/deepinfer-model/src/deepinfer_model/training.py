@@ -102,16 +102,18 @@ def select_far_batched(indexer, q_lat, u, index_k, n_far, cfg) -> torch.Tensor:
         return chosen & (e.view(1, 1, -1) < n_far.view(1, -1, 1))
 
 
-def _indexer_kl(indexer, comp_src, v_src, q, q_lat, u, lat, lat_e, mask_win, n_far, scale) -> torch.Tensor | None:
-    """KL(attention mass over all visible far entries || softmax(indexer scores)), mean over rows
-    with far entries. Target without gradient; the indexer sees detached inputs."""
+def _indexer_kl(indexer, comp_src, v_src, q, q_lat, u, lat, lat_e, mask_win, n_far, scale,
+                first_row: int) -> torch.Tensor | None:
+    """KL(attention mass over all visible far entries || softmax(indexer scores)), mean over the rows
+    with far entries (positions >= first_row = W + r - 1). Target without gradient; the indexer sees
+    detached inputs."""
     b, t = lat.shape[:2]
     ne = lat_e.shape[1]
+    if ne == 0 or first_row >= t:
+        return None
     e = torch.arange(ne, device=lat.device)
     far_ok = e.view(1, -1) < n_far.view(-1, 1)                                     # [T, nE]
-    rows = n_far > 0
-    if ne == 0 or not bool(rows.any()):
-        return None
+    rows = slice(first_row, t)
     with torch.no_grad(), torch.autocast(lat.device.type, enabled=False):
         keys = torch.cat([lat.float(), lat_e.float()], dim=1)                       # [B, T+nE, D]
         qf = q.float().reshape(b, t, q.shape[1], q.shape[2])
@@ -151,8 +153,8 @@ def moe_dense(moe, x: torch.Tensor, counts: dict | None = None, layer: int | Non
     act = F.silu(gu[..., :inter]) * gu[..., inter:]                                # [N, E, I]
     act = act * dense_w.unsqueeze(-1).to(act.dtype)
     out = F.linear(act.reshape(-1, e * inter), w2.permute(1, 0, 2).reshape(h, e * inter))
-    if counts is not None:
-        counts[layer] = torch.bincount(ids.reshape(-1), minlength=e)
+    if counts is not None:   # one_hot, not bincount: no host sync on CUDA
+        counts[layer] = F.one_hot(ids.reshape(-1), e).sum(0)
     if moe.shared_experts is not None:
         out = out + moe.shared_experts(x)
     return out
@@ -218,7 +220,7 @@ def batched_forward(model, tokens: torch.Tensor, *, logits: str | None = "all", 
             if indexer_loss:
                 kl = _indexer_kl(attn.indexer, model.model.layers[layer.source].self_attn.compressor,
                                  compressor_inputs[layer.source], q, q_lat, uf, lat, lat_e, mask_win, n_far,
-                                 attn.sm_scale)
+                                 attn.sm_scale, w + layer.ratio - 1)
                 if kl is not None:
                     kls.append(kl)
         else:
