@@ -153,8 +153,9 @@ def moe_dense(moe, x: torch.Tensor, counts: dict | None = None, layer: int | Non
     act = F.silu(gu[..., :inter]) * gu[..., inter:]                                # [N, E, I]
     act = act * dense_w.unsqueeze(-1).to(act.dtype)
     out = F.linear(act.reshape(-1, e * inter), w2.permute(1, 0, 2).reshape(h, e * inter))
-    if counts is not None:   # one_hot, not bincount: no host sync on CUDA
-        counts[layer] = F.one_hot(ids.reshape(-1), e).sum(0)
+    if counts is not None:   # not bincount / one_hot: those sync with the host on CUDA
+        flat = ids.reshape(-1, 1)
+        counts[layer] = torch.zeros(flat.shape[0], e, device=x.device).scatter_(1, flat, 1.0).sum(0)
     if moe.shared_experts is not None:
         out = out + moe.shared_experts(x)
     return out
