@@ -439,11 +439,24 @@ def main(argv=None) -> int:
     # the draft learns the function that ships: round the target to bf16 first
     bf16_round_([p for n, p in model.named_parameters() if ".dspark." not in n])
     gen_deadline = max(time.time() + 5, t_start + budget * (split[0] + split[1]))
-    groups, gen = generate_draft_data(args, model, corpus, device, log, gen_deadline)
+    # A failure in the draft phases must not lose the trained target: record it and ship what exists.
+    gen = {"seqs": 0, "groups": 0, "seconds": 0.0}
+    draft = {"steps_done": 0, "steps_requested": args.draft_steps, "seconds": 0.0}
+    try:
+        groups, gen = generate_draft_data(args, model, corpus, device, log, gen_deadline)
+        run["phase2_generation"] = gen
+        draft = train_draft(args, model, corpus, groups, device, log, t_start + budget)
+        del groups
+    except Exception:
+        run.setdefault("errors", {})["draft_phases"] = traceback.format_exc()
+        log("phase_failed", phase="draft", error=run["errors"]["draft_phases"].splitlines()[-1])
+        for p in model.parameters():
+            p.requires_grad_(False)
+        model.eval()
     run["phase2_generation"] = gen
-    draft = train_draft(args, model, corpus, groups, device, log, t_start + budget)
     run["phase3_draft"] = draft
-    del groups
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     bf16_round_(model.parameters())
     run["train_seconds"] = time.time() - t_start
     run["reproduce"] = f"python tools/train_default_model.py --out OUT --device {device.type} " + \

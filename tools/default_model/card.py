@@ -171,6 +171,11 @@ def model_card(run: dict, ev: dict) -> str:
         f"acceptance given earlier drafts accepted (inputs detached). AdamW lr {a.get('draft_lr')}, "
         f"{dr.get('steps_done')} steps (requested {dr.get('steps_requested')}), {dr.get('seconds', 0):.0f} s.",
         "",
+    ]
+    if run.get("errors"):
+        lines += ["**Training errors** (see run.json): " + ", ".join(sorted(run["errors"])) +
+                  " - the checkpoint holds what was trained up to the failure.", ""]
+    lines += [
         "## Evaluation",
         "",
     ]
