@@ -56,6 +56,7 @@ def test_smoke_training_writes_a_loadable_checkpoint(smoke_run):
 @pytest.mark.slow
 def test_engine_generates_from_the_smoke_checkpoint(smoke_run):
     import torch
+
     from deepinfer_engine import LLM, SamplingParams
     out, _ = smoke_run
     torch.set_num_threads(1)

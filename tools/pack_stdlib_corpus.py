@@ -18,8 +18,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import zlib
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np

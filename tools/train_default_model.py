@@ -51,15 +51,14 @@ import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from default_model import card, modeling  # noqa: E402
+from default_model import data as dmdata  # noqa: E402
+from default_model.modeling import autocast  # noqa: E402
+from tokenizers import Tokenizer  # noqa: E402
+
 from deepinfer_model import V41ForCausalLM, get_preset, param_counts, save_checkpoint  # noqa: E402
 from deepinfer_model.engram_vocab import padded_vocab_map  # noqa: E402
 from deepinfer_model.training import batched_forward  # noqa: E402
-from tokenizers import Tokenizer  # noqa: E402
-
-from default_model import card  # noqa: E402
-from default_model import data as dmdata  # noqa: E402
-from default_model import modeling  # noqa: E402
-from default_model.modeling import autocast  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -33,6 +33,7 @@ MIN_IDENTICAL_PROMPTS = 6  # of 8: prompts whose greedy tokens equal the baselin
 
 def decode_ppl(model_dir, device: str) -> dict:
     import torch
+
     from deepinfer_engine import LLM, SamplingParams
     t0 = time.time()
     llm = LLM(model=str(model_dir), device=device, max_num_seqs=len(PROMPTS), max_model_len=256)

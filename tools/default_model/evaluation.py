@@ -37,11 +37,10 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
-from deepinfer_model.training import batched_draft, batched_forward
 
+from deepinfer_model.training import batched_draft, batched_forward
 from default_model.data import held_out_token_chunks
 from default_model.modeling import autocast, greedy_generate
-
 
 # ------------------------------------------------------------------------------------ 1. PPL
 

@@ -9,6 +9,7 @@ import os
 
 import torch
 import torch.nn.functional as F
+
 from deepinfer_model.training import batched_draft, batched_forward
 
 # output projections of residual branches: scaled down at init (GPT-2 style)
