@@ -18,7 +18,8 @@ def smoke_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("smoke") / "default"
     # bf16 autocast on the CPU: the dtype paths of the CUDA run, without a GPU
     env = dict(os.environ, DEEPINFER_TRAIN_THREADS="1", PYTHONHASHSEED="0", DEEPINFER_TRAIN_AUTOCAST_CPU="1")
-    proc = subprocess.run([sys.executable, str(ROOT / "tools/train_default_model.py"), "--out", str(out), "--smoke"],
+    proc = subprocess.run([sys.executable, str(ROOT / "tools/train_default_model.py"), "--out", str(out), "--smoke",
+                           "--bundle", str(out.with_name("bundle.tar"))],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, out.with_name("default-logs")
@@ -51,6 +52,11 @@ def test_smoke_training_writes_a_loadable_checkpoint(smoke_run):
     assert ev["dspark_acceptance"]["mean_acceptance_length"] >= 1.0
     assert ev["engine_path_speculation_cpu"]["steps"] > 0
     assert "Held-out perplexity" in (out / "README.md").read_text()
+    import tarfile
+    with tarfile.open(out.with_name("bundle.tar")) as tar:
+        names = set(tar.getnames())
+    assert {"default/model-00001-of-00001.safetensors", "default/README.md", "default-logs/eval.json",
+            "default-logs/run.json"} <= names
 
 
 @pytest.mark.slow

@@ -36,7 +36,7 @@ def _print_log(kind, **kv):
 
 def evaluate_dir(model_dir: Path, log_dir: Path, device: str, args=None, corpus=None, run: dict | None = None,
                  log=_print_log, write_card: bool = True, write_baselines: bool = True,
-                 deadline: float | None = None) -> dict:
+                 deadline: float | None = None, on_save=None) -> dict:
     """Every part is recorded separately (an error in one is logged in result["errors"] and the rest
     still runs). Past `deadline` (time.time()), the optional parts (CUDA baseline, engine-path
     speculation check) are skipped and listed in result["skipped"]."""
@@ -60,6 +60,8 @@ def evaluate_dir(model_dir: Path, log_dir: Path, device: str, args=None, corpus=
         (log_dir / "eval.md").write_text(dmcard.eval_markdown(result))
         if write_card:   # rewritten after every part: a run cut short still leaves a card
             (model_dir / "README.md").write_text(dmcard.model_card(run or {}, result))
+        if on_save is not None:
+            on_save()
 
     def step(name, fn):
         t = time.time()

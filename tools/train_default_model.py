@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="checkpoint dir (what ships in deepinfer_model/default)")
     ap.add_argument("--log-dir", type=Path, default=None, help="logs + eval (default: <out>-logs)")
+    ap.add_argument("--bundle", type=Path, default=None,
+                    help="also pack <out> and the logs into this .tar (rewritten after the checkpoint and after "
+                         "every evaluation part; for machines that return few files)")
     ap.add_argument("--device", default=None, help="cuda | cpu (default: cuda when available)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--time-budget-s", type=float, default=360.0, help="wall-time bound of phases 1-3")
@@ -150,6 +153,21 @@ def seed_everything(seed: int) -> None:
     torch.cuda.manual_seed_all(seed)
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.benchmark = False
+
+
+def write_bundle(path: Path | None, out_dir: Path, log_dir: Path) -> None:
+    """<out>/ and <log-dir>/ as one tar (atomic rename), e.g. default/... and default-logs/...."""
+    if path is None:
+        return
+    import tarfile
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tarfile.open(tmp, "w") as tar:
+        for d in (out_dir, log_dir):
+            for f in sorted(d.iterdir()):
+                if f.is_file():
+                    tar.add(f, arcname=f"{d.name}/{f.name}")
+    tmp.replace(path)
 
 
 def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -472,6 +490,7 @@ def main(argv=None) -> int:
     log("saved", dir=str(out_dir), bytes=sum(sizes.values()), seconds=time.time() - t_start)
     (log_dir / "run.json").write_text(json.dumps(run, indent=1, default=str) + "\n")
     (out_dir / "README.md").write_text(card.model_card(run, {}))   # rewritten with the evaluation below
+    write_bundle(args.bundle, out_dir, log_dir)
 
     del model
     if device.type == "cuda":
@@ -480,11 +499,15 @@ def main(argv=None) -> int:
         from eval_default_model import evaluate_dir
         try:
             evaluate_dir(out_dir, log_dir, device=str(device), args=args, corpus=corpus, run=run, log=log,
-                         deadline=time.time() + args.eval_budget_s)
+                         deadline=time.time() + args.eval_budget_s,
+                         on_save=lambda: write_bundle(args.bundle, out_dir, log_dir))
         except Exception:  # the checkpoint is already written; record and go on
             log("eval_failed", error=traceback.format_exc())
     (log_dir / "run.json").write_text(json.dumps(run, indent=1, default=str) + "\n")
     log("done", seconds=time.time() - t_start)
+    write_bundle(args.bundle, out_dir, log_dir)
+    if args.bundle is not None:
+        log("bundle", path=str(args.bundle), bytes=args.bundle.stat().st_size)
     return 0
 
 
