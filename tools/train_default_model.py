@@ -5,6 +5,8 @@ DSpark draft head) on the packed stdlib corpus, write it in HF layout, evaluate 
     # evaluation; --time-budget-s caps training (step counts are lowered once, after calibration, if
     # they would not fit), --eval-budget-s caps the optional evaluation parts
     python tools/train_default_model.py --out $OUT/default --device cuda --time-budget-s 360
+    # on a device machine that returns few files: write elsewhere, bring back one tar
+    python3 tools/train_default_model.py --out /tmp/dm/default --device cuda --bundle $OUT/default_model.tar
     # CPU smoke run (a few steps on a tiny subset; what tests/test_train_default_model.py runs):
     python tools/train_default_model.py --out /tmp/default --smoke
 
