@@ -34,7 +34,11 @@ digest=$( (echo "$py"; find "${packages[@]}" \( -name pyproject.toml -o -name CM
 if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ] || ! "$py" -c "import deepinfer_engine, deepinfer_sched" 2>/dev/null; then
   args=()
   for p in "${packages[@]}"; do args+=(-e "$p$extras"); done
-  "$py" -m pip install -q "${pip_flags[@]}" "${args[@]}"
+  echo "setting up: installing the four packages (log: .deepinfer-setup.log)" >&2
+  if ! "$py" -m pip install -q "${pip_flags[@]}" "${args[@]}" > .deepinfer-setup.log 2>&1; then
+    tail -40 .deepinfer-setup.log >&2
+    exit 1
+  fi
   echo "$digest" > "$stamp"
 fi
 # Structured output: xgrammar without its declared dependencies (see the engine's pyproject.toml).
