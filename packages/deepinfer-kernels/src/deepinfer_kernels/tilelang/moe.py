@@ -1,0 +1,268 @@
+"""Grouped expert GEMM and the routed-experts MoE forward (TileLang, SM90).
+
+Same functions as ``deepinfer_kernels.ops.moe``:
+
+* ``grouped_expert_gemm_tilelang(x, w, expert_offsets)``: rows ``expert_offsets[e] ..
+  expert_offsets[e+1]-1`` of ``x`` (already permuted by expert) times ``w[e].T``.
+* ``routed_experts_tilelang(x, weights, ids, w13, w2)``: SwiGLU experts; the gate/up GEMM
+  gathers the token rows itself (no permuted copy of ``x``), applies SwiGLU in its epilogue (two
+  accumulators, gate and up columns of the same tile) and writes the activation; the down GEMM
+  follows; a last kernel sums the ``top_k`` weighted expert outputs per token in slot order.
+
+Tiling: the grid's x axis enumerates "m-slots", an upper bound ``ceil(N / BM) + E`` on the
+number of (expert, BM-row tile) pairs; each CTA finds its expert from ``expert_offsets`` on the
+device (no host sync, so the launch is CUDA-graph friendly), slots past the real tile count exit
+at once. The y axis is the BN-column tile. Weights come in through TMA-able 2D tiles
+(``w[e, n0:n0+BN, k0:k0+BK]``); activations through row gathers. Two configurations: a decode one
+(few rows per expert, BN = 64 so enough CTAs stream the weights) and a prefill one
+(BM x BN = 128 x 256 wgmma tiles).
+
+Numerics mirror the reference: fp32 accumulation, the gate/up GEMM output rounded to the input
+dtype before SwiGLU, the activation rounded again, the down GEMM output rounded, then the
+weighted top-k sum in fp32 in slot order (deterministic).
+"""
+
+import torch
+
+from deepinfer_kernels.tilelang._common import compile_cached, require, require_cuda
+
+# No `from __future__ import annotations` (TileLang evaluates prim_func annotations).
+
+DECODE = dict(bm=64, bn=64, bk=64, stages=4, threads=128)
+PREFILL = dict(bm=128, bn=256, bk=64, stages=3, threads=256)
+PREFILL_SWIGLU = dict(bm=128, bn=128, bk=64, stages=3, threads=256)
+
+
+def pick_config(rows: int, num_experts: int, swiglu: bool) -> dict:
+    """Decode tiles while the average expert has at most 64 rows, prefill tiles beyond."""
+    if rows <= 64 * num_experts:
+        return DECODE
+    return PREFILL_SWIGLU if swiglu else PREFILL
+
+
+def _build_slots(E: int, bm: int, off_dtype: str):
+    """Tile schedule: slot s -> (expert, first row, rows) of the s-th BM-row tile in expert order;
+    slots past the last tile get rows = 0. One thread per slot scans the E offsets."""
+    import tilelang.language as T
+
+    NSL = T.dynamic("NSL")
+    NT = 128
+
+    @T.prim_func
+    def main(
+        Offs: T.Tensor((E + 1,), off_dtype),
+        Slots: T.Tensor((3, NSL), T.int32),
+    ):
+        with T.Kernel(T.ceildiv(NSL, NT), threads=NT) as bx:
+            off_s = T.alloc_shared((E + 1,), T.int32)
+            ex = T.alloc_var(T.int32)
+            row0 = T.alloc_var(T.int32)
+            rows = T.alloc_var(T.int32)
+            cum = T.alloc_var(T.int32)
+            tx = T.get_thread_binding()
+            for i in T.Parallel(E + 1):
+                off_s[i] = T.cast(Offs[i], T.int32)
+            s = bx * NT + tx
+            ex = 0
+            row0 = 0
+            rows = 0
+            cum = 0
+            for e in T.serial(E):
+                ne = off_s[e + 1] - off_s[e]
+                te = (ne + bm - 1) // bm
+                if (rows == 0) and (s >= cum) and (s < cum + te):
+                    ex = e
+                    row0 = off_s[e] + (s - cum) * bm
+                    rows = T.min(bm, off_s[e + 1] - row0)
+                cum = cum + te
+            if s < NSL:
+                Slots[0, s] = ex
+                Slots[1, s] = row0
+                Slots[2, s] = rows
+
+    return main
+
+
+def _build_grouped(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int, stages: int, threads: int,
+                   gather: bool, swiglu: bool, dtype: str):
+    import tilelang.language as T
+
+    NW = 2 * NOUT if swiglu else NOUT
+    NX = T.dynamic("NX")                 # rows of x (tokens when gathering)
+    N = T.dynamic("N")                   # rows of the output (= permuted rows)
+    NR = T.dynamic("NR")                 # rows of RowIdx (N when gathering, else 1)
+    NSL = T.dynamic("NSL")               # m-slots
+    assert K % bk == 0 and NOUT % bn == 0
+
+    @T.prim_func
+    def main(
+        X: T.Tensor((NX, K), dtype),
+        Wt: T.Tensor((E, NW, K), dtype),
+        Slots: T.Tensor((3, NSL), T.int32),
+        RowIdx: T.Tensor((NR,), T.int32),
+        Out: T.Tensor((N, NOUT), dtype),
+    ):
+        with T.Kernel(NSL, NOUT // bn, threads=threads) as (bx, by):
+            A_s = T.alloc_shared((bm, bk), dtype)
+            B_s = T.alloc_shared((bn, bk), dtype)
+            acc = T.alloc_fragment((bm, bn), T.float32)
+            if swiglu:
+                B2_s = T.alloc_shared((bn, bk), dtype)
+                acc2 = T.alloc_fragment((bm, bn), T.float32)
+            ex = Slots[0, bx]
+            row0 = Slots[1, bx]
+            rows = Slots[2, bx]
+            if rows > 0:
+                T.clear(acc)
+                if swiglu:
+                    T.clear(acc2)
+                for k in T.Pipelined(K // bk, num_stages=stages):
+                    if gather:
+                        for i, kk in T.Parallel(bm, bk):
+                            A_s[i, kk] = X[RowIdx[T.min(row0 + i, NR - 1)], k * bk + kk]
+                    else:
+                        T.copy(X[row0:row0 + bm, k * bk:(k + 1) * bk], A_s)
+                    T.copy(Wt[ex, by * bn:(by + 1) * bn, k * bk:(k + 1) * bk], B_s)
+                    if swiglu:
+                        T.copy(Wt[ex, NOUT + by * bn:NOUT + (by + 1) * bn, k * bk:(k + 1) * bk], B2_s)
+                    T.gemm(A_s, B_s, acc, transpose_B=True)
+                    if swiglu:
+                        T.gemm(A_s, B2_s, acc2, transpose_B=True)
+                if swiglu:
+                    for i, j in T.Parallel(bm, bn):
+                        if i < rows:
+                            g = T.cast(T.cast(acc[i, j], dtype), T.float32)
+                            u = T.cast(T.cast(acc2[i, j], dtype), T.float32)
+                            Out[row0 + i, by * bn + j] = T.cast(g / (1.0 + T.exp(-g)) * u, dtype)
+                else:
+                    for i, j in T.Parallel(bm, bn):
+                        if i < rows:
+                            Out[row0 + i, by * bn + j] = T.cast(acc[i, j], dtype)
+
+    return main
+
+
+def _build_combine(topk: int, H: int, dtype: str):
+    """out[t] = sum_j w[t, j] * y[inv[t * topk + j]] in fp32, j ascending; one CTA row per token."""
+    import tilelang.language as T
+
+    NT = min(128, H // 8)
+    PER = H // NT
+    T_ = T.dynamic("T")
+    NY = T.dynamic("NY")
+
+    @T.prim_func
+    def main(
+        Y: T.Tensor((NY, H), dtype),
+        Wk: T.Tensor((T_, topk), T.float32),
+        Inv: T.Tensor((T_ * topk,), T.int32),
+        Out: T.Tensor((T_, H), dtype),
+    ):
+        with T.Kernel(T_, threads=NT) as t:
+            tx = T.get_thread_binding()
+            acc = T.alloc_local((PER,), T.float32)
+            yv = T.alloc_local((PER,), dtype)
+            for v in T.vectorized(PER):
+                acc[v] = 0.0
+            for j in T.serial(topk):
+                for v in T.vectorized(PER):
+                    yv[v] = Y[Inv[t * topk + j], tx * PER + v]
+                for v in T.vectorized(PER):
+                    acc[v] = acc[v] + T.cast(yv[v], T.float32) * Wk[t, j]
+            for v in T.vectorized(PER):
+                Out[t, tx * PER + v] = T.cast(acc[v], dtype)
+
+    return main
+
+
+_DT = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _grouped_kernel(E, K, NOUT, cfg, gather, swiglu, dtype):
+    key = (E, K, NOUT, tuple(sorted(cfg.items())), gather, swiglu, _DT[dtype])
+    # Gathered activations cannot use TMA; TileLang's automatic warp specialization would then
+    # load them synchronously in the consumer, so the gather kernels use the plain cp.async
+    # software pipeline instead.
+    pc = {"tl.disable_warp_specialized": True} if gather else None
+    return compile_cached("moe_grouped_gemm", key, lambda: _build_grouped(
+        E, K, NOUT, cfg["bm"], cfg["bn"], cfg["bk"], cfg["stages"], cfg["threads"], gather, swiglu, _DT[dtype]),
+        pass_configs=pc)
+
+
+def _slots(offsets: torch.Tensor, num_experts: int, rows: int, bm: int) -> torch.Tensor:
+    nsl = (rows + bm - 1) // bm + num_experts
+    slots = torch.empty(3, nsl, dtype=torch.int32, device=offsets.device)
+    offn = "int64" if offsets.dtype == torch.int64 else "int32"
+    kern = compile_cached("moe_slots", (num_experts, bm, offn), lambda: _build_slots(num_experts, bm, offn))
+    kern(offsets, slots)
+    return slots
+
+
+def grouped_expert_gemm_tilelang(x: torch.Tensor, w: torch.Tensor, expert_offsets: torch.Tensor,
+                                 *, config: dict | None = None) -> torch.Tensor:
+    """x [N, K] (rows grouped by expert), w [E, Nout, K], expert_offsets [E+1] -> [N, Nout] (x.dtype).
+    bf16/fp16; K a multiple of 64, Nout a multiple of the tile width (64 decode, 256 prefill)."""
+    require(x.dim() == 2 and w.dim() == 3 and x.shape[1] == w.shape[2], "x [N, K] and w [E, Nout, K] expected")
+    require(x.dtype in _DT and w.dtype == x.dtype, f"x/w: bf16 or fp16 of one dtype, got {x.dtype}/{w.dtype}")
+    require(expert_offsets.dim() == 1 and expert_offsets.shape[0] == w.shape[0] + 1
+            and expert_offsets.dtype in (torch.int32, torch.int64), "expert_offsets: int [E+1]")
+    device = require_cuda(x=x, w=w, expert_offsets=expert_offsets)
+    n, k = x.shape
+    e, nout, _ = w.shape
+    out = torch.empty(n, nout, dtype=x.dtype, device=device)
+    if n == 0:
+        return out
+    cfg = config or pick_config(n, e, swiglu=False)
+    require(k % cfg["bk"] == 0 and nout % cfg["bn"] == 0, f"K={k} / Nout={nout} must divide the tile {cfg}")
+    dummy = torch.empty(1, dtype=torch.int32, device=device)
+    slots = _slots(expert_offsets.contiguous(), e, n, cfg["bm"])
+    _grouped_kernel(e, k, nout, cfg, False, False, x.dtype)(x.contiguous(), w.contiguous(), slots, dummy, out)
+    return out
+
+
+def permute_by_expert(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same as ``ops.moe.permute_by_expert``: (order [T*k] int64 stable by expert, offsets [E+1])."""
+    flat = ids.reshape(-1).long()
+    order = torch.sort(flat, stable=True).indices
+    counts = torch.bincount(flat, minlength=num_experts)
+    offsets = torch.zeros(num_experts + 1, dtype=torch.long, device=ids.device)
+    offsets[1:] = torch.cumsum(counts, 0)
+    return order, offsets
+
+
+def routed_experts_tilelang(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                            w13: torch.Tensor, w2: torch.Tensor, *, config: dict | None = None) -> torch.Tensor:
+    """x [T, H], weights [T, k], ids [T, k], w13 [E, 2I, H], w2 [E, H, I] -> [T, H]; like
+    ``routed_experts_ref``."""
+    require(x.dim() == 2 and x.dtype in _DT, "x: bf16/fp16 [T, H]")
+    t, h = x.shape
+    require(ids.dim() == 2 and ids.shape[0] == t and weights.shape == ids.shape, "ids/weights: [T, k]")
+    e, two_i, hh = w13.shape
+    inter = two_i // 2
+    require(hh == h and w2.shape == (e, h, inter) and w13.dtype == x.dtype and w2.dtype == x.dtype,
+            "w13 [E, 2I, H] / w2 [E, H, I] of x's dtype expected")
+    device = require_cuda(x=x, weights=weights, ids=ids, w13=w13, w2=w2)
+    topk = ids.shape[1]
+    out = torch.empty(t, h, dtype=x.dtype, device=device)
+    if t == 0:
+        return out
+    n = t * topk
+    order, offsets = permute_by_expert(ids, e)
+    offsets = offsets.to(torch.int32)
+    token_of = (order // topk).to(torch.int32)
+    inv = torch.empty(n, dtype=torch.int32, device=device)
+    inv[order] = torch.arange(n, dtype=torch.int32, device=device)
+    cfg1 = config or pick_config(n, e, swiglu=True)
+    cfg2 = config or pick_config(n, e, swiglu=False)
+    require(h % cfg1["bk"] == 0 and inter % cfg1["bn"] == 0 and inter % cfg2["bk"] == 0 and h % cfg2["bn"] == 0,
+            f"H={h} / I={inter} must divide the tiles")
+    act = torch.empty(n, inter, dtype=x.dtype, device=device)
+    slots1 = _slots(offsets, e, n, cfg1["bm"])
+    _grouped_kernel(e, h, inter, cfg1, True, True, x.dtype)(x.contiguous(), w13.contiguous(), slots1, token_of, act)
+    y = torch.empty(n, h, dtype=x.dtype, device=device)
+    dummy = torch.empty(1, dtype=torch.int32, device=device)
+    slots2 = slots1 if cfg2["bm"] == cfg1["bm"] else _slots(offsets, e, n, cfg2["bm"])
+    _grouped_kernel(e, inter, h, cfg2, False, False, x.dtype)(act, w2.contiguous(), slots2, dummy, y)
+    comb = compile_cached("moe_combine", (topk, h, _DT[x.dtype]), lambda: _build_combine(topk, h, _DT[x.dtype]))
+    comb(y, weights.float().contiguous(), inv, out)
+    return out
