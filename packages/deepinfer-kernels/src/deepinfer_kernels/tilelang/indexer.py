@@ -261,6 +261,10 @@ def _scores_kernel(heads, di, mode, block_size):
                           lambda: _build_scores(heads, di, mode, block_size))
 
 
+def _block_max_kernel(block_size: int):
+    return compile_cached("indexer_block_max", (block_size,), lambda: _build_block_max(block_size))
+
+
 def _topk_kernel(nb: int, topk: int):
     p2 = max(2, 1 << max(0, (nb - 1).bit_length()))
     require(p2 <= MAX_SORT, f"select_topk_blocks: {nb} blocks > {MAX_SORT} supported by the TileLang kernel")
@@ -315,8 +319,7 @@ def candidate_block_max_tilelang(logits: torch.Tensor, valid_lens: torch.Tensor,
     if nb == 0:
         nvalid.copy_((valid_lens.long() + block_size - 1) // block_size)
         return blocks, nvalid
-    kern = compile_cached("indexer_block_max", (block_size,), lambda: _build_block_max(block_size))
-    kern(logits.float().contiguous(), valid_lens.to(torch.int32).contiguous(), blocks, nvalid)
+    _block_max_kernel(block_size)(logits.float().contiguous(), valid_lens.to(torch.int32).contiguous(), blocks, nvalid)
     return blocks, nvalid
 
 

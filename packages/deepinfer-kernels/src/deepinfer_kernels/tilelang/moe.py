@@ -189,12 +189,19 @@ def _grouped_kernel(E, K, NOUT, cfg, gather, swiglu, dtype):
         pass_configs=pc)
 
 
+def _slots_kernel(num_experts: int, bm: int, offn: str):
+    return compile_cached("moe_slots", (num_experts, bm, offn), lambda: _build_slots(num_experts, bm, offn))
+
+
+def _combine_kernel(topk: int, h: int, dtype: torch.dtype):
+    return compile_cached("moe_combine", (topk, h, _DT[dtype]), lambda: _build_combine(topk, h, _DT[dtype]))
+
+
 def _slots(offsets: torch.Tensor, num_experts: int, rows: int, bm: int) -> torch.Tensor:
     nsl = (rows + bm - 1) // bm + num_experts
     slots = torch.empty(3, nsl, dtype=torch.int32, device=offsets.device)
     offn = "int64" if offsets.dtype == torch.int64 else "int32"
-    kern = compile_cached("moe_slots", (num_experts, bm, offn), lambda: _build_slots(num_experts, bm, offn))
-    kern(offsets, slots)
+    _slots_kernel(num_experts, bm, offn)(offsets, slots)
     return slots
 
 
@@ -218,6 +225,27 @@ def grouped_expert_gemm_tilelang(x: torch.Tensor, w: torch.Tensor, expert_offset
     slots = _slots(expert_offsets.contiguous(), e, n, cfg["bm"])
     _grouped_kernel(e, k, nout, cfg, False, False, x.dtype)(x.contiguous(), w.contiguous(), slots, dummy, out)
     return out
+
+
+def precompile_specs(kind: str, rows: int, num_experts: int, k: int, nout: int, topk: int = 6,
+                     config: dict | None = None, dtype: torch.dtype = torch.bfloat16,
+                     off_dtype: str = "int64") -> list[tuple[str, tuple]]:
+    """(function, args) of the kernels one call needs. kind "gemm": grouped_expert_gemm(x [rows, k],
+    w [E, nout, k]); kind "routed": routed_experts with hidden k, expert width nout, tokens rows."""
+    if kind == "gemm":
+        cfg = config or pick_config(rows, num_experts, swiglu=False)
+        return [("_slots_kernel", (num_experts, cfg["bm"], off_dtype)),
+                ("_grouped_kernel", (num_experts, k, nout, cfg, False, False, dtype))]
+    n = rows * topk
+    cfg1 = config or pick_config(n, num_experts, swiglu=True)
+    cfg2 = config or pick_config(n, num_experts, swiglu=False)
+    specs = [("_slots_kernel", (num_experts, cfg1["bm"], "int32")),
+             ("_grouped_kernel", (num_experts, k, nout, cfg1, True, True, dtype)),
+             ("_grouped_kernel", (num_experts, nout, k, cfg2, False, False, dtype)),
+             ("_combine_kernel", (topk, k, dtype))]
+    if cfg2["bm"] != cfg1["bm"]:
+        specs.append(("_slots_kernel", (num_experts, cfg2["bm"], "int32")))
+    return specs
 
 
 def permute_by_expert(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -263,6 +291,5 @@ def routed_experts_tilelang(x: torch.Tensor, weights: torch.Tensor, ids: torch.T
     dummy = torch.empty(1, dtype=torch.int32, device=device)
     slots2 = slots1 if cfg2["bm"] == cfg1["bm"] else _slots(offsets, e, n, cfg2["bm"])
     _grouped_kernel(e, inter, h, cfg2, False, False, x.dtype)(act, w2.contiguous(), slots2, dummy, y)
-    comb = compile_cached("moe_combine", (topk, h, _DT[x.dtype]), lambda: _build_combine(topk, h, _DT[x.dtype]))
-    comb(y, weights.float().contiguous(), inv, out)
+    _combine_kernel(topk, h, x.dtype)(y, weights.float().contiguous(), inv, out)
     return out

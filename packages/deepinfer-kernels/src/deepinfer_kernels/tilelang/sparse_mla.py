@@ -405,7 +405,7 @@ def _build_combine(heads: int, d: int):
 
 
 def pipelined_bucket(bps: int) -> int:
-    return 1 << max(0, (bps - 1).bit_length())
+    return max(4, 1 << max(0, (bps - 1).bit_length()))
 
 
 def get_kernel(heads: int, d: int, variant: str = "ws", split: bool = False, hb: int | None = None,
@@ -437,6 +437,32 @@ def choose_num_splits(rows: int, head_groups: int, width: int, sms: int) -> int:
     return max(1, min(want, blocks // 2))
 
 
+def plan(rows: int, heads: int, d: int, width: int, sms: int, num_splits: int | None = None) -> dict:
+    """Launch plan of one call: heads per CTA, number of splits, blocks per split."""
+    hb = _heads_per_cta(heads)
+    hgroups = math.ceil(heads / hb)
+    blocks = math.ceil(width / BLOCK_TOKENS)
+    ns = num_splits if num_splits is not None else choose_num_splits(rows, hgroups, width, sms)
+    ns = max(1, min(ns, blocks))
+    bps = math.ceil(blocks / ns)
+    bps += bps % 2                                   # the ws loop handles blocks in pairs
+    ns = math.ceil(blocks / bps)
+    return {"hb": hb, "num_splits": ns, "bps": bps}
+
+
+def precompile_specs(rows: int, heads: int, d: int, width: int, variant: str = "ws",
+                     num_splits: int | None = None, sms: int = 132) -> list[tuple[str, tuple]]:
+    """(function name in this module, args) of every kernel one call needs (for tools/tilelang_precompile.py)."""
+    if rows == 0 or width == 0:
+        return []
+    p = plan(rows, heads, d, width, sms, num_splits)
+    split = p["num_splits"] > 1
+    specs = [("get_kernel", (heads, d, variant, split, p["hb"], p["bps"]))]
+    if split:
+        specs.append(("get_combine_kernel", (heads, d)))
+    return specs
+
+
 def sparse_mla_attention_tilelang(q: torch.Tensor, kv_pool: torch.Tensor, indices: torch.Tensor,
                                   sm_scale: float, *, variant: str = "ws",
                                   num_splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -444,7 +470,8 @@ def sparse_mla_attention_tilelang(q: torch.Tensor, kv_pool: torch.Tensor, indice
     (-1 = empty) -> (out bf16 [rows, heads, D], lse float32 [rows, heads]).
 
     Same arguments and result as ``sparse_mla_attention_ref``. ``D`` must be a multiple of 64
-    (512 in the model); int64 indices are converted to int32.
+    (512 in the model); int64 indices are converted to int32. ``num_splits`` overrides the
+    split-KV heuristic.
     """
     require(variant in VARIANTS, f"variant={variant!r}: expected one of {VARIANTS}")
     require(q.dim() == 3 and q.dtype == torch.bfloat16, f"q: expected bf16 [rows, heads, D], got {q.dtype} {tuple(q.shape)}")
@@ -469,24 +496,18 @@ def sparse_mla_attention_tilelang(q: torch.Tensor, kv_pool: torch.Tensor, indice
         out.zero_()
         lse.fill_(float("-inf"))
         return out, lse
-    hb = _heads_per_cta(heads)
-    hgroups = math.ceil(heads / hb)
-    blocks = math.ceil(width / BLOCK_TOKENS)
-    ns = num_splits if num_splits is not None else choose_num_splits(rows, hgroups, width, num_sms(device))
-    ns = max(1, min(ns, blocks))
-    bps = math.ceil(blocks / ns)
-    bps += bps % 2                                   # the ws loop handles blocks in pairs
-    ns = math.ceil(blocks / bps)
+    p = plan(rows, heads, d, width, num_sms(device), num_splits)
+    hb, ns, bps = p["hb"], p["num_splits"], p["bps"]
     scale = float(sm_scale) * LOG2E
     if ns == 1:
         dummy_o = torch.empty(1, 1, heads, d, dtype=torch.float32, device=device)
         dummy_l = torch.empty(1, 1, heads, dtype=torch.float32, device=device)
-        kernel = get_kernel(heads, d, variant, split=False, hb=hb, bps=bps)
+        kernel = get_kernel(heads, d, variant, False, hb, bps)
         kernel(q, kv_pool, indices, out, lse, dummy_o, dummy_l, scale, bps)
         return out, lse
     opart = torch.empty(ns, rows, heads, d, dtype=torch.float32, device=device)
     lpart = torch.empty(ns, rows, heads, dtype=torch.float32, device=device)
-    kernel = get_kernel(heads, d, variant, split=True, hb=hb, bps=bps)
+    kernel = get_kernel(heads, d, variant, True, hb, bps)
     kernel(q, kv_pool, indices, out, lse, opart, lpart, scale, bps)
     get_combine_kernel(heads, d)(opart, lpart, out, lse)
     return out, lse
