@@ -15,9 +15,10 @@
 #   roofline.md                  table: time, TB/s, %HBM, TFLOP/s, %bf16, reference time, targets
 #   summary.txt                  exit code of every stage, pass/fail counts
 #
-# Stage budget (seconds): precompile 300, tests 200-240 each, benchmarks 420. "tests" and "bench"
-# can run as two separate device calls on the same warm machine (the second reuses the disk
-# cache; set SKIP_WS_BENCH=1 if the warp-specialized tests hung in the first call).
+# Stage budget (seconds): precompile 200, each test stage 150, benchmarks 450, all capped by
+# DEADLINE (default 570 s for the whole call). Recommended: two device calls on the same warm
+# machine, "tests" then "bench" (the second reuses the TileLang disk
+# cache; set SKIP_BENCH="warpspec1 warpspec2" for variants whose tests hung in the first call).
 set -uo pipefail
 
 MODE=${1:-all}
@@ -28,14 +29,21 @@ mkdir -p "$OUT"
 PY=${PY:-python3}
 export PYTHONPATH="$ROOT/packages/deepinfer-kernels/src:$ROOT/packages/deepinfer-model/src:$ROOT/packages/deepinfer-engine/src${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-export TILELANG_LOG_LEVEL=${TILELANG_LOG_LEVEL:-WARNING}
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 PYTEST=("$PY" -m pytest -p no:cacheprovider)
 
-stage() {   # stage NAME TIMEOUT CMD...
+DEADLINE=${DEADLINE:-570}   # seconds for the whole call (a device command is cut at 600)
+
+stage() {   # stage NAME TIMEOUT CMD...   (the timeout is capped by what is left of DEADLINE)
   local name=$1 limit=$2
   shift 2
+  local left=$((DEADLINE - SECONDS - 5))
+  if [ "$left" -lt 20 ]; then
+    echo "$name: skipped (call deadline ${DEADLINE}s reached)" | tee -a "$SUMMARY"
+    return 125
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
   local t0=$SECONDS
   timeout --kill-after=10 "$limit" "$@"
   local rc=$?
@@ -53,29 +61,35 @@ stage() {   # stage NAME TIMEOUT CMD...
   git -C "$ROOT" log --oneline -1 2>/dev/null
 } > "$OUT/env.txt" 2>&1
 
-stage precompile 300 "$PY" tools/tilelang_precompile.py --json "$OUT/precompile.json" > "$OUT/precompile.log" 2>&1
+stage precompile 200 "$PY" tools/tilelang_precompile.py --json "$OUT/precompile.json" > "$OUT/precompile.log" 2>&1
 
 run_tests() {
   local fam
   for fam in kv_store indexer moe; do
-    stage "test_$fam" 240 "${PYTEST[@]}" "packages/deepinfer-kernels/tests/test_tilelang_$fam.py" -v \
+    stage "test_$fam" 150 "${PYTEST[@]}" "packages/deepinfer-kernels/tests/test_tilelang_$fam.py" -v \
       --junitxml="$OUT/test_$fam.xml" > "$OUT/test_$fam.log" 2>&1
   done
-  # The pipelined sparse-MLA variant first: it has no inter-warpgroup barriers, so it cannot hang.
-  stage test_sparse_mla_pipelined 200 "${PYTEST[@]}" packages/deepinfer-kernels/tests/test_tilelang_sparse_mla.py \
-    -v -k "not warpspec" --junitxml="$OUT/test_sparse_mla_pipelined.xml" > "$OUT/test_sparse_mla_pipelined.log" 2>&1
-  stage test_sparse_mla_ws 200 "${PYTEST[@]}" packages/deepinfer-kernels/tests/test_tilelang_sparse_mla.py \
-    -v -k "not pipelined" --junitxml="$OUT/test_sparse_mla_ws.xml" > "$OUT/test_sparse_mla_ws.log" 2>&1
+  # Sparse MLA one variant per stage, the pipelined one first: it has no inter-warpgroup
+  # barriers, so it cannot hang; a hang in a warp-specialized variant costs only its stage.
+  stage test_sparse_mla_pipelined 150 "${PYTEST[@]}" packages/deepinfer-kernels/tests/test_tilelang_sparse_mla.py \
+    -v -k "pipelined" --junitxml="$OUT/test_sparse_mla_pipelined.xml" > "$OUT/test_sparse_mla_pipelined.log" 2>&1
+  stage test_sparse_mla_ws1 150 "${PYTEST[@]}" packages/deepinfer-kernels/tests/test_tilelang_sparse_mla.py \
+    -v -k "warpspec1" --junitxml="$OUT/test_sparse_mla_ws1.xml" > "$OUT/test_sparse_mla_ws1.log" 2>&1
+  stage test_sparse_mla_ws2 150 "${PYTEST[@]}" packages/deepinfer-kernels/tests/test_tilelang_sparse_mla.py \
+    -v -k "warpspec2 or default" --junitxml="$OUT/test_sparse_mla_ws2.xml" > "$OUT/test_sparse_mla_ws2.log" 2>&1
 }
 
 run_bench() {
   local kexpr="tilelang"
-  # Do not benchmark the warp-specialized sparse-MLA variant if its tests hung in this run (or
-  # SKIP_WS_BENCH=1 says they hung in an earlier call).
-  if [ "${SKIP_WS_BENCH:-0}" = 1 ] || grep -Eq "test_sparse_mla_ws: rc=(124|137)" "$SUMMARY"; then
-    kexpr="tilelang and not warpspec"
-  fi
-  stage bench 420 "${PYTEST[@]}" packages/deepinfer-kernels/benchmarks -k "$kexpr" --benchmark-only \
+  # Do not benchmark a warp-specialized sparse-MLA variant whose tests hung in this run, or that
+  # SKIP_BENCH (e.g. "warpspec1 warpspec2") names after a hang in an earlier call.
+  local v
+  for v in warpspec1 warpspec2; do
+    if grep -Eq "test_sparse_mla_ws${v#warpspec}: rc=(124|137)" "$SUMMARY" || [[ " ${SKIP_BENCH:-} " == *" $v "* ]]; then
+      kexpr="$kexpr and not $v"
+    fi
+  done
+  stage bench 450 "${PYTEST[@]}" packages/deepinfer-kernels/benchmarks -k "$kexpr" --benchmark-only \
     --benchmark-json="$OUT/bench.json" --benchmark-columns=min,median,max,rounds -v > "$OUT/bench.log" 2>&1
   if [ -s "$OUT/bench.json" ]; then
     stage roofline 60 "$PY" tools/tilelang_roofline.py "$OUT/bench.json" --md "$OUT/roofline.md" \

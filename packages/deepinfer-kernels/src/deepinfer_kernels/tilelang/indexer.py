@@ -222,7 +222,8 @@ def _build_topk(p2: int, topk: int):
             for i in T.serial((p2 + NTS - 1) // NTS):
                 e = i * NTS + tx
                 if e < p2:
-                    bits = T.reinterpret(Scores[r, T.min(e, NB - 1)], T.uint32)
+                    raw = T.reinterpret(Scores[r, T.min(e, NB - 1)], T.uint32)
+                    bits = T.if_then_else(raw == T.uint32(0x80000000), T.uint32(0), raw)   # -0.0 ties +0.0
                     okey = T.if_then_else(bits >= T.uint32(0x80000000), ~bits, bits | T.uint32(0x80000000))
                     keys[e] = T.if_then_else(
                         e < NB, (T.cast(okey, T.uint64) << T.uint64(32)) | T.cast(T.uint32(0xFFFFFFFF) - T.cast(e, T.uint32), T.uint64),

@@ -15,13 +15,15 @@ walks the row's index list in blocks of 64 tokens. Tokens are the MMA M dimensio
     S^T[64 tok, HB]  = K[64 tok, D] . Q^T          (wgmma, K bf16 tile in shared memory)
     O^T[D, HB]      += V^T[D, 64 tok] . P^T        (wgmma, the same tile read transposed)
 
-Two variants share that math:
+Three variants share that math:
 
-* ``"ws"`` (default), warp-specialized, 256 threads. Warpgroup 1 (producer) gathers the FP8
-  records with 128-bit coalesced loads straight into registers (one record body per warp
-  instruction), prefetching block i+1 while it dequantizes block i into one of two bf16 tile
-  stages; warpgroup 0 (consumer) runs both wgmmas and the online softmax. mbarriers hand the two
-  stages back and forth. Each FP8 byte crosses shared memory once, as bf16.
+* ``"ws2"`` (default), warp-specialized, 384 threads. Warpgroup 0 (consumer) runs both wgmmas
+  and the online softmax; producer warpgroups 1 and 2 own bf16 tile stages 0 and 1 and the
+  blocks of matching parity. A producer gathers its FP8 records with 128-bit loads straight into
+  registers, prefetching its next block while it dequantizes the current one into its stage, so
+  two blocks (66 KB) of loads are in flight per SM. mbarriers hand the stages back and forth.
+  Each FP8 byte crosses shared memory once, as bf16.
+* ``"ws"``: the same with a single producer warpgroup (256 threads, one block in flight).
 * ``"pipelined"``: 128 threads, ``T.Pipelined`` cp.async gathers of the FP8 records into a
   two-stage FP8 tile, then dequantize -> QK -> softmax -> PV in program order. Simpler; kept as
   the fallback and as a cross-check of the warp-specialized one.
@@ -47,7 +49,7 @@ from deepinfer_kernels.tilelang._cuda import DEQUANT_SRC
 BLOCK_TOKENS = 64           # tokens per block (the wgmma M)
 LOG2E = 1.4426950408889634
 NEG_INIT = -(2.0 ** 30)     # running-max start: finite, so exp2(m_prev - m) never sees inf - inf
-VARIANTS = ("ws", "pipelined")
+VARIANTS = ("ws", "ws2", "pipelined")
 
 
 def _record_bytes(d: int) -> int:
@@ -128,27 +130,127 @@ def _softmax_macros(T, hb: int, d: int, H: int, split: bool):
     return block_softmax, finish
 
 
-def _build_ws(heads: int, d: int, hb: int, split: bool):
+def _build_ws(heads: int, d: int, hb: int, split: bool, producers: int = 1):
     """Warp-specialized kernel. Dynamic: rows R, width W, slots S, splits NS; ``bps`` (blocks per
-    split) is even."""
+    split) is even.
+
+    producers = 1 ("ws"): one producer warpgroup walks all blocks, loading block i+1 into one
+    register buffer while it dequantizes block i from the other (one block, 33 KB per SM, of loads
+    in flight). producers = 2 ("ws2"): producer warpgroup p owns bf16 stage p and the blocks of
+    parity p, so two blocks are in flight per SM; 384 threads, registers rebalanced with setmaxnreg.
+    """
     import tilelang.language as T
 
     BI = BLOCK_TOKENS
     REC = _record_bytes(d)
     CH = d // 16                      # 16-byte chunks per record body
-    PT = 128                          # producer threads
+    PT = 128                          # threads per producer warpgroup
     NCH = BI * CH // PT               # chunks per producer thread per block
     VW = _vec_bytes(REC)
     H = heads
     HG = (H + hb - 1) // hb
-    assert BI * CH % PT == 0 and d % 64 == 0
+    assert BI * CH % PT == 0 and d % 64 == 0 and producers in (1, 2)
     block_softmax, finish = _softmax_macros(T, hb, d, H, split)
+
+    # Producer thread layout: a thread owns RPT records x CPR consecutive 16-byte chunks of each
+    # (one contiguous run of the record body, so its scale bytes are SB consecutive bytes loaded
+    # at once). Lane L of warp w takes row L % RW and part L // RW: the 8 lanes of a quarter-warp
+    # write 8 different rows of the swizzled bf16 tile, so the 16-byte shared stores do not
+    # conflict.
+    CPR = min(8, NCH)
+    RPT = NCH // CPR
+    P = CH // CPR                      # parts per record
+    RW = 32 // P                       # rows per warp and per k
+    SB = CPR // 2                      # scale bytes per thread-part (CPR chunks = CPR/2 groups)
+    SV = min(SB, VW)
+    assert RPT * CPR == NCH and P * CPR == CH and RW * P == 32 and SB >= 1
+
+    @T.macro
+    def load_block(Idx, Pool, r, W, blk, ok_blk, tp, qbuf, sbuf, ibuf):
+        for k in T.unroll(RPT):
+            rec = k * (PT // P) + (tp // 32) * RW + (tp % 32) % RW
+            part = (tp % 32) // RW
+            col = blk * BI + rec
+            ibuf[k] = T.if_then_else(ok_blk & (col < W), Idx[r, T.min(col, W - 1)], -1)
+            if ibuf[k] >= 0:
+                for jj in T.unroll(CPR):
+                    for u in T.unroll(16 // VW):
+                        for v in T.vectorized(VW):
+                            qbuf[(k * CPR + jj) * 16 + u * VW + v] = Pool[ibuf[k], (part * CPR + jj) * 16 + u * VW + v]
+                for u in T.unroll(SB // SV):
+                    for v in T.vectorized(SV):
+                        sbuf[k * SB + u * SV + v] = Pool[ibuf[k], d + part * SB + u * SV + v]
+
+    @T.macro
+    def store_block(Kb, vm, stage, tp, qbuf, sbuf, ibuf, bv):
+        for k in T.unroll(RPT):
+            rec = k * (PT // P) + (tp // 32) * RW + (tp % 32) % RW
+            part = (tp % 32) // RW
+            for jj in T.unroll(CPR):
+                if ibuf[k] >= 0:
+                    T.call_extern("handle", "di_dequant16", T.access_ptr(qbuf[(k * CPR + jj) * 16], "r"),
+                                  T.access_ptr(bv, "w"), sbuf[k * SB + jj // 2])
+                else:
+                    for v in T.vectorized(16):
+                        bv[v] = T.bfloat16(0)
+                for v in T.vectorized(16):
+                    Kb[stage, rec, (part * CPR + jj) * 16 + v] = bv[v]
+            if part == 0:
+                vm[stage, rec] = T.if_then_else(ibuf[k] >= 0, 0.0, -T.infinity(T.float32))
+
+    @T.macro
+    def produce(Idx, Pool, Kb, vm, bar_full, bar_empty, r, W, b0, bps, nj, tp, pid):
+        # pid is a Python constant: one code path per producer warpgroup (own named barriers)
+        qa = T.alloc_local((NCH * 16,), T.uint8)
+        qb = T.alloc_local((NCH * 16,), T.uint8)
+        sa = T.alloc_local((RPT * SB,), T.uint8)
+        sb = T.alloc_local((RPT * SB,), T.uint8)
+        ia = T.alloc_local((RPT,), T.int32)
+        ib = T.alloc_local((RPT,), T.int32)
+        bv = T.alloc_local((16,), T.bfloat16)
+        if producers == 1:
+            # block 2j+s goes to register buffer s (a/b) one step before it is dequantized into
+            # bf16 stage s
+            for j in T.serial(nj + 1):
+                for s in T.unroll(2):
+                    if s == 0:
+                        load_block(Idx, Pool, r, W, b0 + 2 * j, 2 * j < bps, tp, qa, sa, ia)
+                    else:
+                        load_block(Idx, Pool, r, W, b0 + 2 * j + 1, 2 * j + 1 < bps, tp, qb, sb, ib)
+                    pj = 2 * j + s - 1       # block dequantized now, into stage 1 - s
+                    if (pj >= 0) and (pj < bps):
+                        T.barrier_wait(bar_empty[1 - s], ((pj // 2) & 1) ^ 1)
+                        if s == 0:
+                            store_block(Kb, vm, 1, tp, qb, sb, ib, bv)
+                        else:
+                            store_block(Kb, vm, 0, tp, qa, sa, ia, bv)
+                        T.fence_proxy_async()
+                        T.barrier_arrive(bar_full[1 - s])
+        else:
+            # producer pid owns stage pid; its m-th block is block 2m+pid, loaded into buffer
+            # m % 2 one step before it is dequantized
+            for mm in T.serial(nj // 2 + 1):
+                for u in T.unroll(2):
+                    m = 2 * mm + u
+                    if u == 0:
+                        load_block(Idx, Pool, r, W, b0 + 2 * m + pid, m < nj, tp, qa, sa, ia)
+                    else:
+                        load_block(Idx, Pool, r, W, b0 + 2 * m + pid, m < nj, tp, qb, sb, ib)
+                    if (m >= 1) and (m <= nj):
+                        T.barrier_wait(bar_empty[pid], ((m - 1) & 1) ^ 1)
+                        if u == 0:
+                            store_block(Kb, vm, pid, tp, qb, sb, ib, bv)
+                        else:
+                            store_block(Kb, vm, pid, tp, qa, sa, ia, bv)
+                        T.fence_proxy_async()
+                        T.barrier_arrive(bar_full[pid])
 
     R = T.dynamic("R")
     W = T.dynamic("W")
     S = T.dynamic("S")
     NS = T.dynamic("NS")
     RP = T.dynamic("RP")          # rows of the split partials (1 when not splitting)
+    NTH = 128 + PT * producers
 
     @T.prim_func
     def main(
@@ -162,7 +264,7 @@ def _build_ws(heads: int, d: int, hb: int, split: bool):
         scale: T.float32,          # sm_scale * log2(e)
         bps: T.int32,              # blocks per split (even)
     ):
-        with T.Kernel(R, HG, NS, threads=256) as (r, hg, sp):
+        with T.Kernel(R, HG, NS, threads=NTH) as (r, hg, sp):
             T.import_source(DEQUANT_SRC)
             Q_s = T.alloc_shared((hb, d), T.bfloat16)
             Kb = T.alloc_shared((2, BI, d), T.bfloat16)
@@ -178,6 +280,8 @@ def _build_ws(heads: int, d: int, hb: int, split: bool):
             nj = bps // 2
             if tx < 128:
                 # ---------------------------------------------------------------- consumer
+                if producers == 2:
+                    T.set_max_nreg(160, 0)
                 acc_s = T.alloc_fragment((BI, hb), T.float32)
                 acc_o = T.alloc_fragment((d, hb), T.float32)
                 st = T.alloc_local((4,), T.float32)
@@ -198,68 +302,15 @@ def _build_ws(heads: int, d: int, hb: int, split: bool):
                         T.gemm(Kb[s, :, :], P_s, acc_o, transpose_A=True)
                         T.barrier_arrive(bar_empty[s])
                 finish(tx, r, hg, sp, st, inv_s, acc_o, Out, Lse, Opart, Lpart, scale)
+            elif (producers == 1) or (tx < 256):
+                # ---------------------------------------------------------------- producer 0
+                if producers == 2:
+                    T.set_max_nreg(176, 1)
+                produce(Idx, Pool, Kb, vm, bar_full, bar_empty, r, W, b0, bps, nj, tx - 128, 0)
             else:
-                # ---------------------------------------------------------------- producer
-                # Block 2j+s is loaded into register buffer s (a: even blocks, b: odd blocks) one
-                # step before it is dequantized into bf16 stage s, so its loads fly while the
-                # previous block is converted.
-                tp = tx - 128
-                qa = T.alloc_local((NCH * 16,), T.uint8)
-                qb = T.alloc_local((NCH * 16,), T.uint8)
-                sa = T.alloc_local((NCH,), T.uint8)
-                sb = T.alloc_local((NCH,), T.uint8)
-                ia = T.alloc_local((NCH,), T.int32)
-                ib = T.alloc_local((NCH,), T.int32)
-                bv = T.alloc_local((16,), T.bfloat16)
-                for j in T.serial(nj + 1):
-                    for s in T.unroll(2):
-                        for i in T.unroll(NCH):
-                            c = i * PT + tp
-                            col = (b0 + 2 * j + s) * BI + c // CH
-                            ok = (col < W) & (2 * j + s < bps)
-                            if s == 0:
-                                ia[i] = T.if_then_else(ok, Idx[r, T.min(col, W - 1)], -1)
-                                if ia[i] >= 0:
-                                    for u in T.unroll(16 // VW):
-                                        for v in T.vectorized(VW):
-                                            qa[i * 16 + u * VW + v] = Pool[ia[i], (c % CH) * 16 + u * VW + v]
-                                    sa[i] = Pool[ia[i], d + (c % CH) // 2]
-                            else:
-                                ib[i] = T.if_then_else(ok, Idx[r, T.min(col, W - 1)], -1)
-                                if ib[i] >= 0:
-                                    for u in T.unroll(16 // VW):
-                                        for v in T.vectorized(VW):
-                                            qb[i * 16 + u * VW + v] = Pool[ib[i], (c % CH) * 16 + u * VW + v]
-                                    sb[i] = Pool[ib[i], d + (c % CH) // 2]
-                        pj = 2 * j + s - 1       # block dequantized now, into stage 1 - s
-                        if (pj >= 0) and (pj < bps):
-                            T.barrier_wait(bar_empty[1 - s], ((pj // 2) & 1) ^ 1)
-                            for i in T.unroll(NCH):
-                                c = i * PT + tp
-                                if s == 0:
-                                    if ib[i] >= 0:
-                                        T.call_extern("handle", "di_dequant16", T.access_ptr(qb[i * 16], "r"),
-                                                      T.access_ptr(bv, "w"), sb[i])
-                                    else:
-                                        for v in T.vectorized(16):
-                                            bv[v] = T.bfloat16(0)
-                                    if c % CH == 0:
-                                        vm[1, c // CH] = T.if_then_else(ib[i] >= 0, 0.0, -T.infinity(T.float32))
-                                    for v in T.vectorized(16):
-                                        Kb[1, c // CH, (c % CH) * 16 + v] = bv[v]
-                                else:
-                                    if ia[i] >= 0:
-                                        T.call_extern("handle", "di_dequant16", T.access_ptr(qa[i * 16], "r"),
-                                                      T.access_ptr(bv, "w"), sa[i])
-                                    else:
-                                        for v in T.vectorized(16):
-                                            bv[v] = T.bfloat16(0)
-                                    if c % CH == 0:
-                                        vm[0, c // CH] = T.if_then_else(ia[i] >= 0, 0.0, -T.infinity(T.float32))
-                                    for v in T.vectorized(16):
-                                        Kb[0, c // CH, (c % CH) * 16 + v] = bv[v]
-                            T.fence_proxy_async()
-                            T.barrier_arrive(bar_full[1 - s])
+                # ---------------------------------------------------------------- producer 1
+                T.set_max_nreg(176, 1)
+                produce(Idx, Pool, Kb, vm, bar_full, bar_empty, r, W, b0, bps, nj, tx - 256, 1)
 
     return main
 
@@ -330,7 +381,7 @@ def _build_pipelined(heads: int, d: int, hb: int, split: bool, nblk: int):
                     Kq[bi, k] = Pool[T.max(Idx[r, T.min((b0 + it) * BI + bi, W - 1)], 0), k]
                 for bi, g in T.Parallel(BI, NG):
                     Ks[bi, g] = Pool[T.max(Idx[r, T.min((b0 + it) * BI + bi, W - 1)], 0), d + g]
-                for i in T.serial(NCH):
+                for i in T.unroll(NCH):
                     c = i * NT + tx
                     col = (b0 + it) * BI + c // CH
                     if (col < W) and (it < bps) and (Idx[r, T.min(col, W - 1)] >= 0):
@@ -413,8 +464,10 @@ def get_kernel(heads: int, d: int, variant: str = "ws", split: bool = False, hb:
     """Compiled kernel for one shape bucket: (heads, D, heads per CTA, split) [+ the static block
     count bucket for the pipelined variant]."""
     hb = hb or _heads_per_cta(heads)
-    if variant == "ws":
-        return compile_cached("sparse_mla_ws", (heads, d, hb, split), lambda: _build_ws(heads, d, hb, split))
+    if variant in ("ws", "ws2"):
+        np_ = 1 if variant == "ws" else 2
+        return compile_cached("sparse_mla_" + variant, (heads, d, hb, split),
+                              lambda: _build_ws(heads, d, hb, split, np_))
     nblk = pipelined_bucket(bps)
     return compile_cached("sparse_mla_pipelined", (heads, d, hb, split, nblk),
                           lambda: _build_pipelined(heads, d, hb, split, nblk))
@@ -450,7 +503,7 @@ def plan(rows: int, heads: int, d: int, width: int, sms: int, num_splits: int | 
     return {"hb": hb, "num_splits": ns, "bps": bps}
 
 
-def precompile_specs(rows: int, heads: int, d: int, width: int, variant: str = "ws",
+def precompile_specs(rows: int, heads: int, d: int, width: int, variant: str = "ws2",
                      num_splits: int | None = None, sms: int = 132) -> list[tuple[str, tuple]]:
     """(function name in this module, args) of every kernel one call needs (for tools/tilelang_precompile.py)."""
     if rows == 0 or width == 0:
@@ -464,7 +517,7 @@ def precompile_specs(rows: int, heads: int, d: int, width: int, variant: str = "
 
 
 def sparse_mla_attention_tilelang(q: torch.Tensor, kv_pool: torch.Tensor, indices: torch.Tensor,
-                                  sm_scale: float, *, variant: str = "ws",
+                                  sm_scale: float, *, variant: str = "ws2",
                                   num_splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """q bf16 [rows, heads, D], kv_pool uint8 [slots, D + D/32], indices int32 [rows, width]
     (-1 = empty) -> (out bf16 [rows, heads, D], lse float32 [rows, heads]).
