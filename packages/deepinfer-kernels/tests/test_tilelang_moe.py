@@ -37,12 +37,14 @@ def test_grouped_expert_gemm(counts, k, nout, cfg):
     torch.testing.assert_close(grouped_expert_gemm_tilelang(x, w, off32).float(), want.float(), atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("tokens,skew", [(8, 0.0), (64, 3.0), (256, 0.0), (1024, 1.0)])
-def test_routed_experts(tokens, skew):
-    from deepinfer_kernels.tilelang.moe import routed_experts_tilelang
+@pytest.mark.parametrize("tokens,skew,gate_up", [(8, 0.0, None), (64, 3.0, None), (256, 0.0, None),
+                                                 (1024, 1.0, None), (1024, 1.0, "pipelined")])
+def test_routed_experts(tokens, skew, gate_up):
+    from deepinfer_kernels.tilelang.moe import PREFILL_SWIGLU_PIPELINED, routed_experts_tilelang
 
     x, w, ids, w13, w2 = T.make_moe_case(tokens, 1024, 512, 64, 6, "cuda", seed=tokens, skew=skew)
-    got = routed_experts_tilelang(x, w, ids, w13, w2)
+    cfg = PREFILL_SWIGLU_PIPELINED if gate_up == "pipelined" else None
+    got = routed_experts_tilelang(x, w, ids, w13, w2, gate_up_config=cfg)
     want = ref.routed_experts_ref(x, w, ids, w13, w2)
     torch.cuda.synchronize()
     assert got.shape == want.shape and got.dtype == want.dtype

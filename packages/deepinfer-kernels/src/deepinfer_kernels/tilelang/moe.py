@@ -13,9 +13,12 @@ Tiling: the grid's x axis enumerates "m-slots", an upper bound ``ceil(N / BM) + 
 number of (expert, BM-row tile) pairs; each CTA finds its expert from ``expert_offsets`` on the
 device (no host sync, so the launch is CUDA-graph friendly), slots past the real tile count exit
 at once. The y axis is the BN-column tile. Weights come in through TMA-able 2D tiles
-(``w[e, n0:n0+BN, k0:k0+BK]``); activations through row gathers. Two configurations: a decode one
-(few rows per expert, BN = 64 so enough CTAs stream the weights) and a prefill one
-(BM x BN = 128 x 256 wgmma tiles).
+(``w[e, n0:n0+BN, k0:k0+BK]``); activations through row gathers. Configurations: a decode one
+(few rows per expert, BM x BN = 64 x 64 so enough CTAs stream the weights, cp.async pipeline),
+prefill down (128 x 256 tiles, TMA on both operands, TileLang's automatic warp specialization)
+and prefill gate/up (128 x 128 x {gate, up}, a hand warp-specialized kernel: one producer
+warpgroup gathers the rows with cp.async and brings the weights with TMA, two consumer
+warpgroups run the wgmmas; ``PREFILL_SWIGLU_PIPELINED`` is its plain-pipeline fallback).
 
 Numerics mirror the reference: fp32 accumulation, the gate/up GEMM output rounded to the input
 dtype before SwiGLU, the activation rounded again, the down GEMM output rounded, then the
@@ -30,14 +33,21 @@ from deepinfer_kernels.tilelang._common import compile_cached, require, require_
 
 DECODE = dict(bm=64, bn=64, bk=64, stages=4, threads=128)
 PREFILL = dict(bm=128, bn=256, bk=64, stages=3, threads=256)
-PREFILL_SWIGLU = dict(bm=128, bn=128, bk=64, stages=3, threads=256)
+# gate/up (gathered rows): warp-specialized producer (cp.async gather + TMA weights), 2 consumer
+# warpgroups; PREFILL_SWIGLU_PIPELINED is the plain cp.async software pipeline (fallback)
+PREFILL_SWIGLU = dict(bm=128, bn=128, bk=64, stages=4, threads=384, ws=1)
+PREFILL_SWIGLU_PIPELINED = dict(bm=128, bn=128, bk=64, stages=3, threads=256)
 
 
-def pick_config(rows: int, num_experts: int, swiglu: bool) -> dict:
-    """Decode tiles while the average expert has at most 64 rows, prefill tiles beyond."""
+def pick_config(rows: int, num_experts: int, swiglu: bool, k: int = 0) -> dict:
+    """Decode tiles while the average expert has at most 64 rows, prefill tiles beyond (the
+    warp-specialized gate/up kernel needs K to be a multiple of bk * stages)."""
     if rows <= 64 * num_experts:
         return DECODE
-    return PREFILL_SWIGLU if swiglu else PREFILL
+    if not swiglu:
+        return PREFILL
+    ws = PREFILL_SWIGLU
+    return ws if k % (ws["bk"] * ws["stages"]) == 0 else PREFILL_SWIGLU_PIPELINED
 
 
 def _build_slots(E: int, bm: int, off_dtype: str):
@@ -118,8 +128,10 @@ def _build_grouped(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int, stages:
                     T.clear(acc2)
                 for k in T.Pipelined(K // bk, num_stages=stages):
                     if gather:
+                        # rows past this expert's tile point at row NX (out of bounds): the
+                        # bounds-checked cp.async zero-fills them without touching memory
                         for i, kk in T.Parallel(bm, bk):
-                            A_s[i, kk] = X[RowIdx[T.min(row0 + i, NR - 1)], k * bk + kk]
+                            A_s[i, kk] = X[T.if_then_else(i < rows, RowIdx[T.min(row0 + i, NR - 1)], NX), k * bk + kk]
                     else:
                         T.copy(X[row0:row0 + bm, k * bk:(k + 1) * bk], A_s)
                     T.copy(Wt[ex, by * bn:(by + 1) * bn, k * bk:(k + 1) * bk], B_s)
@@ -138,6 +150,95 @@ def _build_grouped(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int, stages:
                     for i, j in T.Parallel(bm, bn):
                         if i < rows:
                             Out[row0 + i, by * bn + j] = T.cast(acc[i, j], dtype)
+
+    return main
+
+
+def _build_grouped_ws(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int, stages: int, swiglu: bool,
+                      dtype: str):
+    """Warp-specialized gather GEMM (prefill gate/up): warpgroup 2 is the producer -- it gathers
+    the activation rows with cp.async (completion signalled on the stage's mbarrier through
+    cp.async.mbarrier.arrive.noinc) and brings the weight tiles in with TMA on the same barrier;
+    warpgroups 0-1 run the wgmmas (BM = 128 rows, 64 per warpgroup) and the SwiGLU epilogue."""
+    import tilelang.language as T
+
+    NW = 2 * NOUT if swiglu else NOUT
+    NX = T.dynamic("NX")
+    N = T.dynamic("N")
+    NR = T.dynamic("NR")
+    NSL = T.dynamic("NSL")
+    KT = K // bk
+    CPT = bm * bk // 8 // 128            # 16-byte chunks of the A tile per producer thread
+    assert K % bk == 0 and NOUT % bn == 0 and KT % stages == 0 and bm == 128
+
+    @T.prim_func
+    def main(
+        X: T.Tensor((NX, K), dtype),
+        Wt: T.Tensor((E, NW, K), dtype),
+        Slots: T.Tensor((3, NSL), T.int32),
+        RowIdx: T.Tensor((NR,), T.int32),
+        Out: T.Tensor((N, NOUT), dtype),
+    ):
+        with T.Kernel(NSL, NOUT // bn, threads=384) as (bx, by):
+            A_s = T.alloc_shared((stages, bm, bk), dtype)
+            B_s = T.alloc_shared((stages, bn, bk), dtype)
+            B2_s = T.alloc_shared((stages, bn, bk), dtype)
+            full = T.alloc_barrier(arrive_count=[128] * stages)
+            empty = T.alloc_barrier(arrive_count=[256] * stages)
+            tx = T.get_thread_binding()
+            ex = Slots[0, bx]
+            row0 = Slots[1, bx]
+            rows = Slots[2, bx]
+            if rows > 0:
+                if tx < 256:
+                    T.set_max_nreg(232, 1)
+                    acc = T.alloc_fragment((bm, bn), T.float32)
+                    acc2 = T.alloc_fragment((bm, bn), T.float32)
+                    T.clear(acc)
+                    T.clear(acc2)
+                    for ko in T.serial(KT // stages):
+                        for s in T.unroll(stages):
+                            T.barrier_wait(full[s], ko & 1)
+                            # A_s was written by cp.async (generic proxy): order it before the
+                            # wgmma reads (async proxy)
+                            T.fence_proxy_async()
+                            T.gemm(A_s[s, :, :], B_s[s, :, :], acc, transpose_B=True)
+                            if swiglu:
+                                T.gemm(A_s[s, :, :], B2_s[s, :, :], acc2, transpose_B=True)
+                            T.barrier_arrive(empty[s])
+                    if swiglu:
+                        for i, j in T.Parallel(bm, bn):
+                            if i < rows:
+                                g = T.cast(T.cast(acc[i, j], dtype), T.float32)
+                                u = T.cast(T.cast(acc2[i, j], dtype), T.float32)
+                                Out[row0 + i, by * bn + j] = T.cast(g / (1.0 + T.exp(-g)) * u, dtype)
+                    else:
+                        for i, j in T.Parallel(bm, bn):
+                            if i < rows:
+                                Out[row0 + i, by * bn + j] = T.cast(acc[i, j], dtype)
+                else:
+                    T.set_max_nreg(40, 0)
+                    tp = tx - 256
+                    for ko in T.serial(KT // stages):
+                        for s in T.unroll(stages):
+                            k = ko * stages + s
+                            T.barrier_wait(empty[s], (ko & 1) ^ 1)
+                            # TMA first: its expect_tx is registered before this thread's
+                            # cp.async arrival, so the phase cannot complete without the bytes
+                            T.tma_copy(Wt[ex, by * bn:(by + 1) * bn, k * bk:(k + 1) * bk], B_s[s, :, :],
+                                       barrier=full[s])
+                            if swiglu:
+                                T.tma_copy(Wt[ex, NOUT + by * bn:NOUT + (by + 1) * bn, k * bk:(k + 1) * bk],
+                                           B2_s[s, :, :], barrier=full[s])
+                            for c in T.unroll(CPT):
+                                ch = c * 128 + tp
+                                i = ch // (bk // 8)
+                                c8 = ch % (bk // 8)
+                                src_row = T.if_then_else(i < rows, RowIdx[T.min(row0 + i, NR - 1)], 0)
+                                T.ptx_cp_async(T.access_ptr(A_s[s, i, c8 * 8], "w", 8),
+                                               T.access_ptr(X[src_row, k * bk + c8 * 8], "r", 8), 8,
+                                               predicate=i < rows)
+                            T.cp_async_barrier_noinc(full[s])
 
     return main
 
@@ -183,6 +284,9 @@ def _grouped_kernel(E, K, NOUT, cfg, gather, swiglu, dtype):
     # Gathered activations cannot use TMA; TileLang's automatic warp specialization would then
     # load them synchronously in the consumer, so the gather kernels use the plain cp.async
     # software pipeline instead.
+    if cfg.get("ws"):
+        return compile_cached("moe_grouped_gemm_ws", key, lambda: _build_grouped_ws(
+            E, K, NOUT, cfg["bm"], cfg["bn"], cfg["bk"], cfg["stages"], swiglu, _DT[dtype]))
     pc = {"tl.disable_warp_specialized": True} if gather else None
     return compile_cached("moe_grouped_gemm", key, lambda: _build_grouped(
         E, K, NOUT, cfg["bm"], cfg["bn"], cfg["bk"], cfg["stages"], cfg["threads"], gather, swiglu, _DT[dtype]),
@@ -237,8 +341,8 @@ def precompile_specs(kind: str, rows: int, num_experts: int, k: int, nout: int, 
         return [("_slots_kernel", (num_experts, cfg["bm"], off_dtype)),
                 ("_grouped_kernel", (num_experts, k, nout, cfg, False, False, dtype))]
     n = rows * topk
-    cfg1 = config or pick_config(n, num_experts, swiglu=True)
-    cfg2 = config or pick_config(n, num_experts, swiglu=False)
+    cfg1 = config or pick_config(n, num_experts, swiglu=True, k=k)
+    cfg2 = pick_config(n, num_experts, swiglu=False)
     specs = [("_slots_kernel", (num_experts, cfg1["bm"], "int32")),
              ("_grouped_kernel", (num_experts, k, nout, cfg1, True, True, dtype)),
              ("_grouped_kernel", (num_experts, nout, k, cfg2, False, False, dtype)),
@@ -259,7 +363,8 @@ def permute_by_expert(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor
 
 
 def routed_experts_tilelang(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-                            w13: torch.Tensor, w2: torch.Tensor, *, config: dict | None = None) -> torch.Tensor:
+                            w13: torch.Tensor, w2: torch.Tensor, *, gate_up_config: dict | None = None,
+                            down_config: dict | None = None) -> torch.Tensor:
     """x [T, H], weights [T, k], ids [T, k], w13 [E, 2I, H], w2 [E, H, I] -> [T, H]; like
     ``routed_experts_ref``."""
     require(x.dim() == 2 and x.dtype in _DT, "x: bf16/fp16 [T, H]")
@@ -280,8 +385,8 @@ def routed_experts_tilelang(x: torch.Tensor, weights: torch.Tensor, ids: torch.T
     token_of = (order // topk).to(torch.int32)
     inv = torch.empty(n, dtype=torch.int32, device=device)
     inv[order] = torch.arange(n, dtype=torch.int32, device=device)
-    cfg1 = config or pick_config(n, e, swiglu=True)
-    cfg2 = config or pick_config(n, e, swiglu=False)
+    cfg1 = gate_up_config or pick_config(n, e, swiglu=True, k=h)
+    cfg2 = down_config or pick_config(n, e, swiglu=False)
     require(h % cfg1["bk"] == 0 and inter % cfg1["bn"] == 0 and inter % cfg2["bk"] == 0 and h % cfg2["bn"] == 0,
             f"H={h} / I={inter} must divide the tiles")
     act = torch.empty(n, inter, dtype=x.dtype, device=device)
