@@ -14,12 +14,6 @@ import json
 import sys
 from pathlib import Path
 
-TARGETS = {
-    "sparse_mla": ("%HBM", 80.0),
-    "routed_experts": None,         # decode: %HBM of weight bytes >= 75; prefill: %bf16 >= 60
-    "grouped_gemm": None,
-}
-
 
 def _target(name: str, info: dict):
     if "sparse_mla" in name:

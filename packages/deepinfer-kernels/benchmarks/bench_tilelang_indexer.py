@@ -5,7 +5,6 @@ bandwidth also against the torch reference chain on the same GPU.
 """
 
 import pytest
-import torch
 
 pytestmark = pytest.mark.gpu
 
@@ -16,7 +15,11 @@ T = pytest.importorskip("deepinfer_kernels.tilelang.testing")
 @pytest.mark.parametrize("rows,heads,n,bs,topk", [(132, 8, 16384, 16, 16), (384, 8, 4096, 16, 16),
                                                   (64, 64, 8192, 64, 32)])
 def test_bench_indexer_topk_tilelang(benchmark, rows, heads, n, bs, topk):
-    from deepinfer_kernels.ops.indexer import candidate_block_max_ref, indexer_scores_ref, select_topk_blocks_ref
+    from deepinfer_kernels.ops.indexer import (
+        candidate_block_max_ref,
+        indexer_scores_ref,
+        select_topk_blocks_ref,
+    )
     from deepinfer_kernels.tilelang.indexer import indexer_topk_blocks_tilelang
 
     c = T.make_indexer_case(rows, heads, 128, n, 500_000, "cuda", seed=rows, ragged=False)

@@ -6,7 +6,6 @@ q + out + lse + indices; ratios against 4.29 TB/s. Run: pytest packages/deepinfe
 """
 
 import pytest
-import torch
 
 pytestmark = pytest.mark.gpu
 

@@ -63,8 +63,12 @@ def test_select_topk_blocks_exact(nb, topk):
 @pytest.mark.parametrize("rows,heads,di,n,bs,topk", [(4, 8, 128, 2000, 16, 16), (3, 64, 128, 1500, 64, 8),
                                                      (6, 2, 32, 90, 2, 4), (2, 8, 128, 40, 16, 16)])
 def test_fused_indexer_topk(rows, heads, di, n, bs, topk):
-    from deepinfer_kernels.tilelang.indexer import (candidate_block_max_tilelang, indexer_scores_tilelang,
-                                                    indexer_topk_blocks_tilelang, select_topk_blocks_tilelang)
+    from deepinfer_kernels.tilelang.indexer import (
+        candidate_block_max_tilelang,
+        indexer_scores_tilelang,
+        indexer_topk_blocks_tilelang,
+        select_topk_blocks_tilelang,
+    )
 
     c = T.make_indexer_case(rows, heads, di, n, 4000, "cuda", seed=n + bs, empty_frac=0.02)
     c.valid_lens[0] = 0                                                   # a row with no far entries

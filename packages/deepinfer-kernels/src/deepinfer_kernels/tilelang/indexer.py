@@ -66,7 +66,6 @@ def _build_scores(heads: int, di: int, mode: str, block_size: int):
     WV = 4 if REC % 4 == 0 else 1       # load vector width (bytes)
     CHUNK = TILE * TILES_PER_CTA
     BS = block_size
-    BPT = max(1, TILE // BS)            # blocks per tile (BS <= TILE)
     assert di % 32 == 0 and WPC % TPC == 0
     assert mode == "scores" or CHUNK % BS == 0
 

@@ -193,7 +193,7 @@ def _quantize(fmt: str, x: torch.Tensor, rec: int) -> torch.Tensor:
     require(x.dim() == 2, f"x: expected [n, D], got {tuple(x.shape)}")
     n, d = x.shape
     _check_dim(d)
-    (device,) = {require_cuda(x=x)}
+    device = require_cuda(x=x)
     out = torch.empty(n, rec, dtype=torch.uint8, device=device)
     if n == 0:
         return out

@@ -251,12 +251,13 @@ def _build_combine(topk: int, H: int, dtype: str):
     PER = H // NT
     T_ = T.dynamic("T")
     NY = T.dynamic("NY")
+    NI = T.dynamic("NI")                 # = T * topk
 
     @T.prim_func
     def main(
         Y: T.Tensor((NY, H), dtype),
         Wk: T.Tensor((T_, topk), T.float32),
-        Inv: T.Tensor((T_ * topk,), T.int32),
+        Inv: T.Tensor((NI,), T.int32),
         Out: T.Tensor((T_, H), dtype),
     ):
         with T.Kernel(T_, threads=NT) as t:
