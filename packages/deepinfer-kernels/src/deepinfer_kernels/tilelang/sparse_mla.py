@@ -17,13 +17,15 @@ walks the row's index list in blocks of 64 tokens. Tokens are the MMA M dimensio
 
 Three variants share that math:
 
-* ``"ws2"`` (default), warp-specialized, 384 threads. Warpgroup 0 (consumer) runs both wgmmas
+* ``"ws2"`` (the default for <= 16 heads per CTA or D < 512, see ``resolve_variant``),
+  warp-specialized, 384 threads. Warpgroup 0 (consumer) runs both wgmmas
   and the online softmax; producer warpgroups 1 and 2 own bf16 tile stages 0 and 1 and the
   blocks of matching parity. A producer gathers its FP8 records with 128-bit loads straight into
   registers, prefetching its next block while it dequantizes the current one into its stage, so
   two blocks (66 KB) of loads are in flight per SM. mbarriers hand the stages back and forth.
   Each FP8 byte crosses shared memory once, as bf16.
-* ``"ws"``: the same with a single producer warpgroup (256 threads, one block in flight).
+* ``"ws"``: the same with a single producer warpgroup (256 threads, one block in flight); the
+  default for 32 heads per CTA at D = 512, whose O accumulator needs more than ws2's registers.
 * ``"pipelined"``: 128 threads, ``T.Pipelined`` cp.async gathers of the FP8 records into a
   two-stage FP8 tile, then dequantize -> QK -> softmax -> PV in program order. Simpler; kept as
   the fallback and as a cross-check of the warp-specialized one.
@@ -49,7 +51,15 @@ from deepinfer_kernels.tilelang._cuda import DEQUANT_SRC
 BLOCK_TOKENS = 64           # tokens per block (the wgmma M)
 LOG2E = 1.4426950408889634
 NEG_INIT = -(2.0 ** 30)     # running-max start: finite, so exp2(m_prev - m) never sees inf - inf
-VARIANTS = ("ws", "ws2", "pipelined")
+VARIANTS = ("auto", "ws", "ws2", "pipelined")
+
+
+def resolve_variant(variant: str, heads: int, d: int) -> str:
+    """"auto": ws2 unless its 160-register consumer cannot hold the O accumulator (D x heads per
+    CTA / 128 threads > 64 fp32, e.g. 32 heads per CTA at D = 512), then ws."""
+    if variant != "auto":
+        return variant
+    return "ws2" if d * _heads_per_cta(heads) // 128 <= 64 else "ws"
 
 
 def _record_bytes(d: int) -> int:
@@ -264,7 +274,10 @@ def _build_ws(heads: int, d: int, hb: int, split: bool, producers: int = 1):
         scale: T.float32,          # sm_scale * log2(e)
         bps: T.int32,              # blocks per split (even)
     ):
-        with T.Kernel(R, HG, NS, threads=NTH) as (r, hg, sp):
+        # head groups of one row are adjacent CTAs, so the second group's gathers hit L2
+        with T.Kernel(R * HG, NS, threads=NTH) as (bx, sp):
+            r = bx // HG
+            hg = bx % HG
             T.import_source(DEQUANT_SRC)
             Q_s = T.alloc_shared((hb, d), T.bfloat16)
             Kb = T.alloc_shared((2, BI, d), T.bfloat16)
@@ -350,7 +363,9 @@ def _build_pipelined(heads: int, d: int, hb: int, split: bool, nblk: int):
         scale: T.float32,
         bps: T.int32,
     ):
-        with T.Kernel(R, HG, NS, threads=NT) as (r, hg, sp):
+        with T.Kernel(R * HG, NS, threads=NT) as (bx, sp):
+            r = bx // HG
+            hg = bx % HG
             T.import_source(DEQUANT_SRC)
             Q_s = T.alloc_shared((hb, d), T.bfloat16)
             Kq = T.alloc_shared((BI, d), T.uint8)
@@ -503,11 +518,12 @@ def plan(rows: int, heads: int, d: int, width: int, sms: int, num_splits: int | 
     return {"hb": hb, "num_splits": ns, "bps": bps}
 
 
-def precompile_specs(rows: int, heads: int, d: int, width: int, variant: str = "ws2",
+def precompile_specs(rows: int, heads: int, d: int, width: int, variant: str = "auto",
                      num_splits: int | None = None, sms: int = 132) -> list[tuple[str, tuple]]:
     """(function name in this module, args) of every kernel one call needs (for tools/tilelang_precompile.py)."""
     if rows == 0 or width == 0:
         return []
+    variant = resolve_variant(variant, heads, d)
     p = plan(rows, heads, d, width, sms, num_splits)
     split = p["num_splits"] > 1
     specs = [("get_kernel", (heads, d, variant, split, p["hb"], p["bps"]))]
@@ -517,7 +533,7 @@ def precompile_specs(rows: int, heads: int, d: int, width: int, variant: str = "
 
 
 def sparse_mla_attention_tilelang(q: torch.Tensor, kv_pool: torch.Tensor, indices: torch.Tensor,
-                                  sm_scale: float, *, variant: str = "ws2",
+                                  sm_scale: float, *, variant: str = "auto",
                                   num_splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """q bf16 [rows, heads, D], kv_pool uint8 [slots, D + D/32], indices int32 [rows, width]
     (-1 = empty) -> (out bf16 [rows, heads, D], lse float32 [rows, heads]).
@@ -529,6 +545,7 @@ def sparse_mla_attention_tilelang(q: torch.Tensor, kv_pool: torch.Tensor, indice
     require(variant in VARIANTS, f"variant={variant!r}: expected one of {VARIANTS}")
     require(q.dim() == 3 and q.dtype == torch.bfloat16, f"q: expected bf16 [rows, heads, D], got {q.dtype} {tuple(q.shape)}")
     rows, heads, d = q.shape
+    variant = resolve_variant(variant, heads, d)
     require(d % 64 == 0 and d > 0, f"q: head dim {d} must be a positive multiple of 64")
     rec = _record_bytes(d)
     require(kv_pool.dim() == 2 and kv_pool.dtype == torch.uint8 and kv_pool.shape[1] == rec,
