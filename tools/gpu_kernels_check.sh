@@ -106,8 +106,8 @@ esac
 
 {
   echo "---- pytest results"
-  for f in "$OUT"/test_*.log; do
-    [ -f "$f" ] && echo "$(basename "$f"): $(grep -E '^(=+ )?[0-9]+ (passed|failed)|^=+ .*(passed|failed|error).* =+$' "$f" | tail -1)"
+  for f in "$OUT"/test_*.log "$OUT"/bench.log; do
+    [ -f "$f" ] && echo "$(basename "$f"): $(grep -E '^=+ .*(passed|failed|error|skipped|deselected).* =+$' "$f" | tail -1)"
   done
 } >> "$SUMMARY"
 cat "$SUMMARY"
