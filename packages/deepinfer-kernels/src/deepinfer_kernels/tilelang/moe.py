@@ -191,7 +191,7 @@ def _build_grouped_ws(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int, stag
             rows = Slots[2, bx]
             if rows > 0:
                 if tx < 256:
-                    T.set_max_nreg(232, 1)
+                    T.set_max_nreg(224, 1)
                     acc = T.alloc_fragment((bm, bn), T.float32)
                     acc2 = T.alloc_fragment((bm, bn), T.float32)
                     T.clear(acc)
@@ -217,7 +217,7 @@ def _build_grouped_ws(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int, stag
                             if i < rows:
                                 Out[row0 + i, by * bn + j] = T.cast(acc[i, j], dtype)
                 else:
-                    T.set_max_nreg(40, 0)
+                    T.set_max_nreg(64, 0)
                     tp = tx - 256
                     for ko in T.serial(KT // stages):
                         for s in T.unroll(stages):
