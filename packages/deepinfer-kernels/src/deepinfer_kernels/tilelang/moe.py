@@ -4,10 +4,12 @@ Same functions as ``deepinfer_kernels.ops.moe``:
 
 * ``grouped_expert_gemm_tilelang(x, w, expert_offsets)``: rows ``expert_offsets[e] ..
   expert_offsets[e+1]-1`` of ``x`` (already permuted by expert) times ``w[e].T``.
-* ``routed_experts_tilelang(x, weights, ids, w13, w2)``: SwiGLU experts; the gate/up GEMM
-  gathers the token rows itself (no permuted copy of ``x``), applies SwiGLU in its epilogue (two
-  accumulators, gate and up columns of the same tile) and writes the activation; the down GEMM
-  follows; a last kernel sums the ``top_k`` weighted expert outputs per token in slot order.
+* ``routed_experts_tilelang(x, weights, ids, w13, w2)``: SwiGLU experts in four kernels at decode
+  sizes: one CTA does the routing bookkeeping (expert histogram, offsets, grouped positions, tile
+  schedule); the gate/up GEMM gathers the token rows itself (no permuted copy of ``x``), applies
+  SwiGLU in its epilogue (two accumulators, gate and up columns of the same tile) and writes the
+  activation; the down GEMM follows; a last kernel sums the ``top_k`` weighted expert outputs per
+  token in slot order. Past ``PERMUTE_KERNEL_MAX_ROWS`` rows the bookkeeping uses torch's sort.
 
 Tiling: the grid's x axis enumerates "m-slots", an upper bound ``ceil(N / BM) + E`` on the
 number of (expert, BM-row tile) pairs; each CTA finds its expert from ``expert_offsets`` on the
@@ -243,6 +245,80 @@ def _build_grouped_ws(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int, stag
     return main
 
 
+def _build_permute(E: int, topk: int, bm: int):
+    """Decode-size routing bookkeeping in one CTA: expert histogram, offsets, an expert-grouped
+    position for every (token, slot) and the tile schedule. Rows of one expert come out in an
+    arbitrary order (shared-memory atomics): every row is computed independently and the combine
+    sums the slots of a token in slot order, so the result does not depend on it."""
+    import tilelang.language as T
+
+    NT = 1024
+    N = T.dynamic("N")                   # tokens * topk
+    NSL = T.dynamic("NSL")
+
+    @T.prim_func
+    def main(
+        Ids: T.Tensor((N,), T.int32),
+        TokenOf: T.Tensor((N,), T.int32),
+        Inv: T.Tensor((N,), T.int32),
+        Offs: T.Tensor((E + 1,), T.int32),
+        Slots: T.Tensor((3, NSL), T.int32),
+    ):
+        with T.Kernel(1, threads=NT) as _bx:
+            cnt = T.alloc_shared((E,), T.int32)
+            fill = T.alloc_shared((E,), T.int32)
+            off = T.alloc_shared((E + 1,), T.int32)
+            run = T.alloc_var(T.int32)
+            ex = T.alloc_var(T.int32)
+            row0 = T.alloc_var(T.int32)
+            rows = T.alloc_var(T.int32)
+            cum = T.alloc_var(T.int32)
+            tx = T.get_thread_binding()
+            for j in T.serial(T.ceildiv(E, NT)):
+                if j * NT + tx < E:
+                    cnt[j * NT + tx] = 0
+                    fill[j * NT + tx] = 0
+            T.sync_threads()
+            for j in T.serial(T.ceildiv(N, NT)):
+                if j * NT + tx < N:
+                    T.atomic_add(cnt[Ids[j * NT + tx]], 1)
+            T.sync_threads()
+            if tx == 0:
+                run = 0
+                for e in T.serial(E):
+                    off[e] = run
+                    Offs[e] = run
+                    run = run + cnt[e]
+                off[E] = run
+                Offs[E] = run
+            T.sync_threads()
+            for j in T.serial(T.ceildiv(N, NT)):
+                i = j * NT + tx
+                if i < N:
+                    pos = off[Ids[i]] + T.atomic_add(fill[Ids[i]], 1, return_prev=True)
+                    TokenOf[pos] = i // topk
+                    Inv[i] = pos
+            for j in T.serial(T.ceildiv(NSL, NT)):
+                sl = j * NT + tx
+                if sl < NSL:
+                    ex = 0
+                    row0 = 0
+                    rows = 0
+                    cum = 0
+                    for e in T.serial(E):
+                        te = (off[e + 1] - off[e] + bm - 1) // bm
+                        if (rows == 0) and (sl >= cum) and (sl < cum + te):
+                            ex = e
+                            row0 = off[e] + (sl - cum) * bm
+                            rows = T.min(bm, off[e + 1] - row0)
+                        cum = cum + te
+                    Slots[0, sl] = ex
+                    Slots[1, sl] = row0
+                    Slots[2, sl] = rows
+
+    return main
+
+
 def _build_combine(topk: int, H: int, dtype: str):
     """out[t] = sum_j w[t, j] * y[inv[t * topk + j]] in fp32, j ascending; one CTA row per token."""
     import tilelang.language as T
@@ -302,6 +378,13 @@ def _combine_kernel(topk: int, h: int, dtype: torch.dtype):
     return compile_cached("moe_combine", (topk, h, _DT[dtype]), lambda: _build_combine(topk, h, _DT[dtype]))
 
 
+def _permute_kernel(num_experts: int, topk: int, bm: int):
+    return compile_cached("moe_permute", (num_experts, topk, bm), lambda: _build_permute(num_experts, topk, bm))
+
+
+PERMUTE_KERNEL_MAX_ROWS = 16384   # beyond this the torch sort path is used (cost negligible there)
+
+
 def _slots(offsets: torch.Tensor, num_experts: int, rows: int, bm: int) -> torch.Tensor:
     nsl = (rows + bm - 1) // bm + num_experts
     slots = torch.empty(3, nsl, dtype=torch.int32, device=offsets.device)
@@ -344,7 +427,9 @@ def precompile_specs(kind: str, rows: int, num_experts: int, k: int, nout: int, 
     n = rows * topk
     cfg1 = config or pick_config(n, num_experts, swiglu=True, k=k)
     cfg2 = pick_config(n, num_experts, swiglu=False)
-    specs = [("_slots_kernel", (num_experts, cfg1["bm"], "int32")),
+    first = (("_permute_kernel", (num_experts, topk, cfg1["bm"])) if n <= PERMUTE_KERNEL_MAX_ROWS
+             else ("_slots_kernel", (num_experts, cfg1["bm"], "int32")))
+    specs = [first,
              ("_grouped_kernel", (num_experts, k, nout, cfg1, True, True, dtype)),
              ("_grouped_kernel", (num_experts, nout, k, cfg2, False, False, dtype)),
              ("_combine_kernel", (topk, k, dtype))]
@@ -381,17 +466,26 @@ def routed_experts_tilelang(x: torch.Tensor, weights: torch.Tensor, ids: torch.T
     if t == 0:
         return out
     n = t * topk
-    order, offsets = permute_by_expert(ids, e)
-    offsets = offsets.to(torch.int32)
-    token_of = (order // topk).to(torch.int32)
-    inv = torch.empty(n, dtype=torch.int32, device=device)
-    inv[order] = torch.arange(n, dtype=torch.int32, device=device)
     cfg1 = gate_up_config or pick_config(n, e, swiglu=True, k=h)
     cfg2 = down_config or pick_config(n, e, swiglu=False)
     require(h % cfg1["bk"] == 0 and inter % cfg1["bn"] == 0 and inter % cfg2["bk"] == 0 and h % cfg2["bn"] == 0,
             f"H={h} / I={inter} must divide the tiles")
+    if n <= PERMUTE_KERNEL_MAX_ROWS:
+        # one kernel instead of sort / bincount / cumsum / scatter (decode latency)
+        token_of = torch.empty(n, dtype=torch.int32, device=device)
+        inv = torch.empty(n, dtype=torch.int32, device=device)
+        offsets = torch.empty(e + 1, dtype=torch.int32, device=device)
+        slots1 = torch.empty(3, (n + cfg1["bm"] - 1) // cfg1["bm"] + e, dtype=torch.int32, device=device)
+        _permute_kernel(e, topk, cfg1["bm"])(ids.to(torch.int32).reshape(-1).contiguous(), token_of, inv, offsets,
+                                             slots1)
+    else:
+        order, offsets = permute_by_expert(ids, e)
+        offsets = offsets.to(torch.int32)
+        token_of = (order // topk).to(torch.int32)
+        inv = torch.empty(n, dtype=torch.int32, device=device)
+        inv[order] = torch.arange(n, dtype=torch.int32, device=device)
+        slots1 = _slots(offsets, e, n, cfg1["bm"])
     act = torch.empty(n, inter, dtype=x.dtype, device=device)
-    slots1 = _slots(offsets, e, n, cfg1["bm"])
     _grouped_kernel(e, h, inter, cfg1, True, True, x.dtype)(x.contiguous(), w13.contiguous(), slots1, token_of, act)
     y = torch.empty(n, h, dtype=x.dtype, device=device)
     dummy = torch.empty(1, dtype=torch.int32, device=device)
