@@ -1,0 +1,56 @@
+"""Benchmarks: TileLang sparse MLA over the paged FP8 KV pool in the memory-bound regime.
+
+Effective bytes = records read (each valid index once per row, and each distinct slot once) +
+q + out + lse + indices; ratios against 4.29 TB/s. Run: pytest packages/deepinfer-kernels
+--benchmark-only -k sparse_mla (GPU; skipped on CPU).
+"""
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+T = pytest.importorskip("deepinfer_kernels.tilelang.testing")
+pytest.importorskip("deepinfer_kernels.ops.kv_fp8")
+
+SLOTS = 400_000
+_pool = {}
+
+
+def _case(name):
+    if "pool" not in _pool:
+        _pool["pool"] = T.make_pool(SLOTS, 512, "cuda", seed=0)
+    pool = _pool["pool"]
+    if name == "decode_132x16_w2048":
+        return T.make_sparse_mla_case(132, 16, 512, 2048, SLOTS, "cuda", pool=pool, distinct=True, seed=1)
+    if name == "verify_64req_x6_w2048":
+        return T.make_verify_case(64, 6, 16, 512, 128, 1920, SLOTS, "cuda", pool=pool, seed=2)
+    if name == "decode_16x16_w2048_splitkv":
+        return T.make_sparse_mla_case(16, 16, 512, 2048, SLOTS, "cuda", pool=pool, distinct=True, seed=3)
+    if name == "prefill_4096x16_w384":
+        return T.make_prefill_case(4096, 16, 512, 128, 16, 16, SLOTS, "cuda", pool=pool, seed=4)
+    raise KeyError(name)
+
+
+@pytest.mark.parametrize("variant", [pytest.param("ws2", id="warpspec2"), pytest.param("ws", id="warpspec1"),
+                                     pytest.param("pipelined", id="pipelined")])
+@pytest.mark.parametrize("name", ["decode_132x16_w2048", "verify_64req_x6_w2048", "decode_16x16_w2048_splitkv",
+                                  "prefill_4096x16_w384"])
+def test_bench_sparse_mla_tilelang(benchmark, name, variant):
+    from deepinfer_kernels.ops.sparse_mla import sparse_mla_attention_ref
+    from deepinfer_kernels.tilelang.sparse_mla import sparse_mla_attention_tilelang
+
+    c = _case(name)
+
+    def fn():
+        return sparse_mla_attention_tilelang(c.q, c.pool, c.indices, c.sm_scale, variant=variant)
+
+    rows, width = c.indices.shape
+    ref_fn = None
+    if rows * width * 512 * 4 < 1.5e9 and variant == "ws2":
+        def ref_fn():
+            return sparse_mla_attention_ref(c.q, c.pool, c.indices, c.sm_scale)
+    gathered, unique = c.gathered_bytes(), c.unique_bytes()
+    info = T.record_benchmark(benchmark, fn, bytes_moved=unique, ref_fn=ref_fn,
+                              extra={"gathered_bytes": gathered, "rows": rows, "width": width, "heads": 16})
+    info["gathered_TB/s"] = gathered / (info["median_us"] * 1e-6) / 1e12
+    benchmark.extra_info["gathered_TB/s"] = info["gathered_TB/s"]

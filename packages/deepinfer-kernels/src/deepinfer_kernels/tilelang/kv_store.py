@@ -1,0 +1,224 @@
+"""Fused quantize + scatter of KV records into the paged pools (TileLang, SM90).
+
+Bit-exact with the references in ``deepinfer_kernels.ops.kv_fp8`` / ``kv_fp4``:
+
+* FP8 record (528 bytes for D = 512): D e4m3 values + D/32 ue8m0 scale bytes, scale exponent
+  ``e = ceil(log2(amax / 448))`` clamped to [-127, 127] (``amax == 0`` -> -127), values
+  ``clamp(x * 2^-e, +-448)`` rounded to nearest-even e4m3.
+* FP4 indexer key (68 bytes for D = 128): D/2 bytes of packed e2m1 (element 2i in the low
+  nibble) + D/32 scale bytes, ``e = ceil(log2(amax / 6))``, magnitudes rounded to
+  {0, .5, 1, 1.5, 2, 3, 4, 6} with ties to the even code.
+
+The exponent is computed with the same fp32 operations as the reference (``amax / qmax`` then
+``ceil(log2(.))``, ``x * exp2(-e)``), so GPU kernel and GPU reference agree bit for bit.
+
+Thread layout: every thread owns 16 consecutive values of one row (``D/16`` threads per row);
+the two threads of a 32-value scale group exchange their partial absmax with one shuffle. One
+row's record is written with 16-byte (FP8, D = 512) or 8-byte (FP4) vector stores.
+"""
+
+import torch
+
+from deepinfer_kernels.tilelang._common import compile_cached, require, require_cuda
+
+# No `from __future__ import annotations` (TileLang evaluates prim_func annotations).
+
+E4M3_MAX = 448.0
+E2M1_MAX = 6.0
+NT = 128
+
+_T_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+_I_DTYPES = {torch.int32: "int32", torch.int64: "int64"}
+
+
+def _vec_bytes(n: int) -> int:
+    v = 16
+    while n % v:
+        v //= 2
+    return v
+
+
+def _check_dim(d: int) -> None:
+    require(d % 32 == 0 and d >= 32 and (NT * 16) % d == 0 and (d // 16) <= NT,
+            f"dim={d}: TileLang KV store needs D a multiple of 32 dividing {NT * 16}")
+
+
+def _build_fp8(d: int, in_dtype: str, idx_dtype: str, identity: bool):
+    import tilelang.language as T
+
+    REC = d + d // 32
+    LPR = d // 16                    # threads per row
+    RPC = NT // LPR                  # rows per CTA
+    VW = _vec_bytes(REC)             # store vector width in bytes (16 for D = 512)
+    N = T.dynamic("N")
+    S = T.dynamic("S")
+    M = T.dynamic("M")               # slot_mapping length (N, or 1 when identity)
+
+    @T.prim_func
+    def main(
+        X: T.Tensor((N, d), in_dtype),
+        Slots: T.Tensor((M,), idx_dtype),
+        Pool: T.Tensor((S, REC), T.uint8),
+    ):
+        with T.Kernel(T.ceildiv(N, RPC), threads=NT) as bx:
+            tx = T.get_thread_binding()
+            xv = T.alloc_local((16,), T.float32)
+            qb = T.alloc_local((16,), T.uint8)
+            amax = T.alloc_var(T.float32)
+            ex = T.alloc_var(T.int32)
+            row = bx * RPC + tx // LPR
+            part = tx % LPR
+            slot = T.alloc_var(T.int64)
+            slot = T.int64(-1)
+            if row < N:
+                if identity:
+                    slot = T.cast(row, T.int64)
+                else:
+                    slot = T.cast(Slots[row], T.int64)
+            for v in T.vectorized(16):
+                xv[v] = T.if_then_else(row < N, T.cast(X[T.min(row, N - 1), part * 16 + v], T.float32), 0.0)
+            amax = 0.0
+            for v in T.serial(16):
+                amax = T.max(amax, T.abs(xv[v]))
+            amax = T.max(amax, T.shfl_xor(amax, 1))
+            if amax > 0:
+                ex = T.cast(T.ceil(T.log2(amax / E4M3_MAX)), T.int32)
+            else:
+                ex = -127
+            ex = T.clamp(ex, -127, 127)
+            for v in T.serial(16):
+                qb[v] = T.reinterpret(
+                    T.cast(T.clamp(xv[v] * T.exp2(T.cast(-ex, T.float32)), -E4M3_MAX, E4M3_MAX), T.float8_e4m3fn),
+                    T.uint8)
+            if slot >= 0:
+                for u in T.unroll(16 // VW):
+                    for v in T.vectorized(VW):
+                        Pool[slot, part * 16 + u * VW + v] = qb[u * VW + v]
+                if part % 2 == 0:
+                    Pool[slot, d + part // 2] = T.cast(ex + 127, T.uint8)
+
+    return main
+
+
+def _build_fp4(d: int, in_dtype: str, idx_dtype: str, identity: bool):
+    import tilelang.language as T
+
+    REC = d // 2 + d // 32
+    LPR = d // 16
+    RPC = NT // LPR
+    VW = min(_vec_bytes(REC), 8)
+    N = T.dynamic("N")
+    S = T.dynamic("S")
+    M = T.dynamic("M")
+
+    @T.prim_func
+    def main(
+        X: T.Tensor((N, d), in_dtype),
+        Slots: T.Tensor((M,), idx_dtype),
+        Pool: T.Tensor((S, REC), T.uint8),
+    ):
+        with T.Kernel(T.ceildiv(N, RPC), threads=NT) as bx:
+            tx = T.get_thread_binding()
+            xv = T.alloc_local((16,), T.float32)
+            cd = T.alloc_local((16,), T.uint8)
+            pk = T.alloc_local((8,), T.uint8)
+            amax = T.alloc_var(T.float32)
+            ex = T.alloc_var(T.int32)
+            row = bx * RPC + tx // LPR
+            part = tx % LPR
+            slot = T.alloc_var(T.int64)
+            slot = T.int64(-1)
+            if row < N:
+                if identity:
+                    slot = T.cast(row, T.int64)
+                else:
+                    slot = T.cast(Slots[row], T.int64)
+            for v in T.vectorized(16):
+                xv[v] = T.if_then_else(row < N, T.cast(X[T.min(row, N - 1), part * 16 + v], T.float32), 0.0)
+            amax = 0.0
+            for v in T.serial(16):
+                amax = T.max(amax, T.abs(xv[v]))
+            amax = T.max(amax, T.shfl_xor(amax, 1))
+            if amax > 0:
+                ex = T.cast(T.ceil(T.log2(amax / E2M1_MAX)), T.int32)
+            else:
+                ex = -127
+            ex = T.clamp(ex, -127, 127)
+            for v in T.serial(16):
+                sv = T.clamp(xv[v] * T.exp2(T.cast(-ex, T.float32)), -E2M1_MAX, E2M1_MAX)
+                mag = T.abs(sv)
+                # ties: down at .25, 1.25, 2.5, 5 (strict >); up at .75, 1.75, 3.5 (>=)
+                code = (T.cast(mag > 0.25, T.int32) + T.cast(mag >= 0.75, T.int32) + T.cast(mag > 1.25, T.int32)
+                        + T.cast(mag >= 1.75, T.int32) + T.cast(mag > 2.5, T.int32) + T.cast(mag >= 3.5, T.int32)
+                        + T.cast(mag > 5.0, T.int32))
+                cd[v] = T.cast(T.if_then_else((sv < 0) & (code > 0), code + 8, code), T.uint8)
+            for v in T.serial(8):
+                pk[v] = cd[2 * v] | (cd[2 * v + 1] << T.uint8(4))
+            if slot >= 0:
+                for u in T.unroll(8 // VW):
+                    for v in T.vectorized(VW):
+                        Pool[slot, part * 8 + u * VW + v] = pk[u * VW + v]
+                if part % 2 == 0:
+                    Pool[slot, d // 2 + part // 2] = T.cast(ex + 127, T.uint8)
+
+    return main
+
+
+def _kernel(fmt: str, d: int, x_dtype: torch.dtype, idx_dtype: torch.dtype | None, identity: bool):
+    require(x_dtype in _T_DTYPES, f"dtype {x_dtype} not supported (bf16, fp16, fp32)")
+    idx_name = _I_DTYPES[idx_dtype] if idx_dtype is not None else "int64"
+    build = _build_fp8 if fmt == "fp8" else _build_fp4
+    key = (d, _T_DTYPES[x_dtype], idx_name, identity)
+    return compile_cached(f"kv_store_{fmt}", key, lambda: build(d, _T_DTYPES[x_dtype], idx_name, identity))
+
+
+def _store(fmt: str, x: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor, rec: int) -> None:
+    require(x.dim() == 2, f"x: expected [n, D], got {tuple(x.shape)}")
+    n, d = x.shape
+    _check_dim(d)
+    require(pool.dim() == 2 and pool.dtype == torch.uint8 and pool.shape[1] == rec,
+            f"pool: expected uint8 [slots, {rec}], got {pool.dtype} {tuple(pool.shape)}")
+    require(pool.stride() == (rec, 1), "pool: rows must be contiguous records")
+    require(slot_mapping.dim() == 1 and slot_mapping.shape[0] == n and slot_mapping.dtype in _I_DTYPES,
+            f"slot_mapping: expected int32/int64 [{n}], got {slot_mapping.dtype} {tuple(slot_mapping.shape)}")
+    require_cuda(x=x, pool=pool, slot_mapping=slot_mapping)
+    require(pool.data_ptr() % 16 == 0, "pool: base must be 16-byte aligned")
+    if n == 0:
+        return
+    kernel = _kernel(fmt, d, x.dtype, slot_mapping.dtype, identity=False)
+    kernel(x.contiguous(), slot_mapping.contiguous(), pool)
+
+
+def _quantize(fmt: str, x: torch.Tensor, rec: int) -> torch.Tensor:
+    require(x.dim() == 2, f"x: expected [n, D], got {tuple(x.shape)}")
+    n, d = x.shape
+    _check_dim(d)
+    device = require_cuda(x=x)
+    out = torch.empty(n, rec, dtype=torch.uint8, device=device)
+    if n == 0:
+        return out
+    dummy = torch.empty(1, dtype=torch.int64, device=device)
+    _kernel(fmt, d, x.dtype, None, identity=True)(x.contiguous(), dummy, out)
+    return out
+
+
+def store_kv_fp8_tilelang(kv: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """pool[slot_mapping[i]] = quantize_kv_fp8(kv[i]) for slot_mapping[i] >= 0 (in place); like
+    ``store_kv_fp8_ref``. kv [n, D] bf16/fp16/fp32, pool uint8 [slots, D + D/32]."""
+    _store("fp8", kv, pool, slot_mapping, kv.shape[1] + kv.shape[1] // 32)
+
+
+def quantize_kv_fp8_tilelang(kv: torch.Tensor) -> torch.Tensor:
+    """kv [n, D] -> records uint8 [n, D + D/32]; like ``quantize_kv_fp8_ref``."""
+    return _quantize("fp8", kv, kv.shape[1] + kv.shape[1] // 32)
+
+
+def store_index_k_fp4_tilelang(k: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """pool[slot_mapping[i]] = quantize_index_k_fp4(k[i]) for slot_mapping[i] >= 0 (in place); like
+    ``store_index_k_fp4_ref``. k [n, D], pool uint8 [slots, D/2 + D/32]."""
+    _store("fp4", k, pool, slot_mapping, k.shape[1] // 2 + k.shape[1] // 32)
+
+
+def quantize_index_k_fp4_tilelang(k: torch.Tensor) -> torch.Tensor:
+    """k [n, D] -> records uint8 [n, D/2 + D/32]; like ``quantize_index_k_fp4_ref``."""
+    return _quantize("fp4", k, k.shape[1] // 2 + k.shape[1] // 32)

@@ -1,0 +1,252 @@
+"""Input builders, timing and roofline helpers shared by the TileLang GPU tests, the pytest
+benchmarks and ``tools/tilelang_roofline.py`` / ``tools/tilelang_precompile.py``.
+
+Nothing here imports TileLang; the case builders only need torch (and the references in
+``deepinfer_kernels.ops`` for the quantized pools).
+"""
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+# H200 (SM90) roofline used in every report: measured device-to-device copy bandwidth and the
+# measured dense bf16 matmul rate of the benchmark machine.
+HBM_BYTES_PER_S = 4.29e12
+BF16_FLOPS = 793e12
+
+FP8_REC = 528          # bytes of one D = 512 KV record
+FP4_REC = 68           # bytes of one Di = 128 indexer key
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator(device="cpu").manual_seed(seed)
+
+
+# ----------------------------------------------------------------------------- sparse MLA
+
+
+@dataclass
+class SparseMLACase:
+    q: torch.Tensor          # bf16 [rows, heads, D]
+    pool: torch.Tensor       # uint8 [slots, D + D/32]
+    indices: torch.Tensor    # int32 [rows, width]
+    sm_scale: float
+
+    def gathered_bytes(self) -> int:
+        """Bytes the kernel reads and writes if every valid index is fetched once per row."""
+        rows, heads, d = self.q.shape
+        rec = self.pool.shape[1]
+        valid = int((self.indices >= 0).sum())
+        return valid * rec + self.q.numel() * 2 * 2 + rows * heads * 4 + self.indices.numel() * 4
+
+    def unique_bytes(self) -> int:
+        """Same, counting each distinct slot once (rows that share slots hit L2)."""
+        rows, heads, d = self.q.shape
+        rec = self.pool.shape[1]
+        uniq = int(torch.unique(self.indices[self.indices >= 0]).numel())
+        return uniq * rec + self.q.numel() * 2 * 2 + rows * heads * 4 + self.indices.numel() * 4
+
+
+def make_pool(slots: int, d: int, device, seed: int = 0, scale: float = 1.0) -> torch.Tensor:
+    from deepinfer_kernels.ops.kv_fp8 import quantize_kv_fp8_ref
+
+    g = _gen(seed)
+    pool = torch.empty(slots, d + d // 32, dtype=torch.uint8, device=device)
+    chunk = 65536
+    for s in range(0, slots, chunk):
+        e = min(slots, s + chunk)
+        kv = (torch.randn(e - s, d, generator=g) * scale).to(device)
+        pool[s:e] = quantize_kv_fp8_ref(kv)
+    return pool
+
+
+def make_sparse_mla_case(rows: int, heads: int, d: int, width: int, slots: int, device, *, seed: int = 0,
+                         empty_frac: float = 0.0, ragged: bool = False, empty_rows: tuple[int, ...] = (),
+                         duplicates: bool = False, q_scale: float = 1.0, pool: torch.Tensor | None = None,
+                         distinct: bool = False) -> SparseMLACase:
+    g = _gen(seed + 1)
+    if pool is None:
+        pool = make_pool(slots, d, device, seed)
+    q = (torch.randn(rows, heads, d, generator=g) * q_scale).to(torch.bfloat16).to(device)
+    if distinct:
+        idx = torch.stack([torch.randperm(slots, generator=g)[:width] for _ in range(rows)])
+    else:
+        idx = torch.randint(0, slots, (rows, width), generator=g)
+    if duplicates and width >= 4:
+        idx[:, 1::4] = idx[:, 0::4][:, : idx[:, 1::4].shape[1]]
+    if empty_frac > 0:
+        idx[torch.rand(rows, width, generator=g) < empty_frac] = -1
+    if ragged:
+        lens = torch.randint(0, width + 1, (rows,), generator=g)
+        idx[torch.arange(width).unsqueeze(0) >= lens.unsqueeze(1)] = -1
+    for r in empty_rows:
+        idx[r] = -1
+    return SparseMLACase(q, pool, idx.to(torch.int32).to(device), 1.0 / math.sqrt(d))
+
+
+def make_verify_case(requests: int, rows_per_req: int, heads: int, d: int, window: int, far: int,
+                     slots: int, device, seed: int = 0, pool: torch.Tensor | None = None) -> SparseMLACase:
+    """Decode with speculative verification: each request owns ``rows_per_req`` consecutive rows
+    whose window (``window`` slots ending at the row's position) slides by one token per row and
+    whose ``far`` selected compressed entries are shared by the request's rows."""
+    g = _gen(seed + 2)
+    if pool is None:
+        pool = make_pool(slots, d, device, seed)
+    rows = requests * rows_per_req
+    width = window + far
+    idx = torch.empty(rows, width, dtype=torch.int64)
+    per_req = slots // requests
+    for b in range(requests):
+        base = b * per_req
+        ctx = torch.randperm(per_req, generator=g)[: window + rows_per_req + far] + base
+        far_ids = ctx[window + rows_per_req:]
+        for j in range(rows_per_req):
+            r = b * rows_per_req + j
+            idx[r, :window] = ctx[j: j + window]
+            idx[r, window:] = far_ids
+    q = torch.randn(rows, heads, d, generator=g).to(torch.bfloat16).to(device)
+    return SparseMLACase(q, pool, idx.to(torch.int32).to(device), 1.0 / math.sqrt(d))
+
+
+def make_prefill_case(tokens: int, heads: int, d: int, window: int, far_blocks: int, block: int,
+                      slots: int, device, seed: int = 0, pool: torch.Tensor | None = None) -> SparseMLACase:
+    """One prefill chunk: row t sees the window t-window+1..t (slots of consecutive positions) plus
+    ``far_blocks`` blocks of ``block`` compressed entries (shared by runs of rows)."""
+    g = _gen(seed + 3)
+    if pool is None:
+        pool = make_pool(slots, d, device, seed)
+    pos_slots = torch.randperm(slots, generator=g)[: tokens + window]
+    t = torch.arange(tokens).unsqueeze(1)
+    win = pos_slots[(t + 1 + torch.arange(window).unsqueeze(0)).clamp(max=tokens + window - 1)]
+    comp = torch.randperm(slots, generator=g)[: far_blocks * block * 4]
+    sel = torch.stack([torch.randperm(far_blocks * 4, generator=g)[:far_blocks] for _ in range(math.ceil(tokens / 64))])
+    far = (sel.unsqueeze(2) * block + torch.arange(block)).reshape(sel.shape[0], -1)
+    far = comp[far].repeat_interleave(64, dim=0)[:tokens]
+    idx = torch.cat([win, far], dim=1)
+    q = torch.randn(tokens, heads, d, generator=g).to(torch.bfloat16).to(device)
+    return SparseMLACase(q, pool, idx.to(torch.int32).to(device), 1.0 / math.sqrt(d))
+
+
+# ----------------------------------------------------------------------------- indexer
+
+
+@dataclass
+class IndexerCase:
+    q: torch.Tensor          # bf16 [rows, heads, Di]
+    weights: torch.Tensor    # fp32 [rows, heads]
+    k_pool: torch.Tensor     # uint8 [slots, Di/2 + Di/32]
+    indices: torch.Tensor    # int32 [rows, n]
+    valid_lens: torch.Tensor  # int32 [rows]
+
+
+def make_indexer_case(rows: int, heads: int, di: int, n: int, slots: int, device, *, seed: int = 0,
+                      empty_frac: float = 0.0, ragged: bool = True) -> IndexerCase:
+    from deepinfer_kernels.ops.kv_fp4 import quantize_index_k_fp4_ref
+
+    g = _gen(seed + 4)
+    k_pool = quantize_index_k_fp4_ref(torch.randn(slots, di, generator=g).to(device))
+    q = torch.randn(rows, heads, di, generator=g).to(torch.bfloat16).to(device)
+    w = torch.randn(rows, heads, generator=g).to(device)
+    idx = torch.randint(0, slots, (rows, n), generator=g)
+    if empty_frac > 0:
+        idx[torch.rand(rows, n, generator=g) < empty_frac] = -1
+    lens = torch.randint(0, n + 1, (rows,), generator=g) if ragged else torch.full((rows,), n)
+    idx[torch.arange(n).unsqueeze(0) >= lens.unsqueeze(1)] = -1
+    return IndexerCase(q, w, k_pool, idx.to(torch.int32).to(device), lens.to(torch.int32).to(device))
+
+
+# ----------------------------------------------------------------------------- MoE
+
+
+def make_moe_case(tokens: int, hidden: int, inter: int, experts: int, topk: int, device, *, seed: int = 0,
+                  skew: float = 0.0):
+    """-> (x, weights, ids, w13, w2). ``skew`` > 0 makes the router prefer low expert ids (ragged
+    expert sizes, some experts empty)."""
+    from deepinfer_kernels.ops.moe import moe_route_ref
+
+    g = _gen(seed + 5)
+    x = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16).to(device)
+    logits = torch.randn(tokens, experts, generator=g) - skew * torch.arange(experts) / experts
+    weights, ids = moe_route_ref(logits.to(device), torch.zeros(experts, device=device), topk, True, 2.5)
+    w13 = (torch.randn(experts, 2 * inter, hidden, generator=g) * hidden ** -0.5).to(torch.bfloat16).to(device)
+    w2 = (torch.randn(experts, hidden, inter, generator=g) * inter ** -0.5).to(torch.bfloat16).to(device)
+    return x, weights, ids, w13, w2
+
+
+def moe_active_weight_bytes(ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> int:
+    active = int(torch.unique(ids).numel())
+    per = (w13[0].numel() + w2[0].numel()) * w13.element_size()
+    return active * per
+
+
+def moe_flops(tokens: int, topk: int, hidden: int, inter: int) -> float:
+    return 2.0 * tokens * topk * hidden * (2 * inter) + 2.0 * tokens * topk * inter * hidden
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+def cuda_time_us(fn: Callable[[], object], *, reps: int = 50, warmup: int = 5, flush_l2: bool = True) -> dict:
+    """Median / min per-call time in microseconds with CUDA events; optionally overwrites a 256 MB
+    buffer before each call so data never starts L2-resident."""
+    flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda") if flush_l2 else None
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        if flush is not None:
+            flush.zero_()
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    times.sort()
+    return {"median_us": times[len(times) // 2], "min_us": times[0], "reps": reps}
+
+
+def roofline(bytes_moved: float, seconds: float, flops: float = 0.0) -> dict:
+    out = {"TB/s": bytes_moved / seconds / 1e12, "%HBM": 100.0 * bytes_moved / seconds / HBM_BYTES_PER_S}
+    if flops:
+        out["TFLOP/s"] = flops / seconds / 1e12
+        out["%bf16"] = 100.0 * flops / seconds / BF16_FLOPS
+    return out
+
+
+# ----------------------------------------------------------------------------- benchmarks
+
+
+def record_benchmark(benchmark, fn: Callable[[], object], *, bytes_moved: float, flops: float = 0.0,
+                     ref_fn: Callable[[], object] | None = None, reps: int = 30, flush_l2: bool = True,
+                     extra: dict | None = None) -> dict:
+    """Time ``fn`` with CUDA events (median of ``reps``, L2 flushed before each call), attach the
+    roofline ratios, the first-call time (compile or cache load), the compile log and the torch
+    reference time to ``benchmark.extra_info``, then let pytest-benchmark time it as well."""
+    import time
+
+    from deepinfer_kernels.tilelang._common import compile_times
+
+    before = set(compile_times())
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    first_call_s = time.perf_counter() - t0
+    stats = cuda_time_us(fn, reps=reps, flush_l2=flush_l2)
+    info = dict(stats)
+    info.update({"bytes": float(bytes_moved), "flops": float(flops), "first_call_s": first_call_s})
+    info.update(roofline(bytes_moved, stats["median_us"] * 1e-6, flops))
+    info["compile_s"] = {k: round(v, 2) for k, v in compile_times().items() if k not in before}
+    if ref_fn is not None:
+        ref = cuda_time_us(ref_fn, reps=3, warmup=1, flush_l2=False)
+        info["ref_median_us"] = ref["median_us"]
+        info["speedup_vs_ref"] = ref["median_us"] / stats["median_us"]
+    if extra:
+        info.update(extra)
+    benchmark.extra_info.update(info)
+    benchmark.pedantic(lambda: (fn(), torch.cuda.synchronize()), rounds=10, iterations=1, warmup_rounds=1)
+    return info

@@ -1,0 +1,74 @@
+"""GPU tests: TileLang fused quantize + scatter vs the FP8 / FP4 references (bit-exact)."""
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+kv_fp8 = pytest.importorskip("deepinfer_kernels.ops.kv_fp8")
+kv_fp4 = pytest.importorskip("deepinfer_kernels.ops.kv_fp4")
+
+
+def _inputs(n, d, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g) * torch.logspace(-3, 3, n).unsqueeze(1)
+    x[0] = 0.0                                   # amax == 0 group
+    x[1, :32] = -0.0
+    if n > 3:
+        x[2] = x[2].sign() * 448.0 * 2.0 ** torch.randint(-8, 8, (d,), generator=g).float()  # exact powers
+        x[3, ::2] = float(torch.finfo(torch.float32).tiny)
+    return x.to(dtype).cuda()
+
+
+@pytest.mark.parametrize("d", [512, 64])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+@pytest.mark.parametrize("slot_dtype", [torch.int64, torch.int32])
+def test_store_kv_fp8_bit_exact(d, dtype, slot_dtype):
+    from deepinfer_kernels.tilelang.kv_store import quantize_kv_fp8_tilelang, store_kv_fp8_tilelang
+
+    n, slots = 300, 1000
+    x = _inputs(n, d, dtype, d)
+    if dtype == torch.float16:
+        x = x.clamp(-6e4, 6e4)
+    rec = d + d // 32
+    slot_map = torch.randperm(slots, device="cuda")[:n].to(slot_dtype)
+    slot_map[::7] = -1
+    pool = torch.randint(0, 256, (slots, rec), dtype=torch.uint8, device="cuda")
+    want = pool.clone()
+    kv_fp8.store_kv_fp8_ref(x, want, slot_map)
+    store_kv_fp8_tilelang(x, pool, slot_map)
+    torch.cuda.synchronize()
+    assert torch.equal(pool, want)
+    assert torch.equal(quantize_kv_fp8_tilelang(x), kv_fp8.quantize_kv_fp8_ref(x))
+
+
+@pytest.mark.parametrize("d", [128, 64, 32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_store_index_k_fp4_bit_exact(d, dtype):
+    from deepinfer_kernels.tilelang.kv_store import quantize_index_k_fp4_tilelang, store_index_k_fp4_tilelang
+
+    n, slots = 257, 600
+    x = _inputs(n, d, dtype, d + 1)
+    # exact e2m1 rounding ties (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) with amax 6 -> scale 2^0
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0] * (d // 8))
+    x[4] = (ties * torch.where(torch.arange(d) % 3 == 0, -1.0, 1.0)).to(dtype).cuda()
+    rec = d // 2 + d // 32
+    slot_map = torch.randperm(slots, device="cuda")[:n]
+    slot_map[1::5] = -1
+    pool = torch.randint(0, 256, (slots, rec), dtype=torch.uint8, device="cuda")
+    want = pool.clone()
+    kv_fp4.store_index_k_fp4_ref(x, want, slot_map)
+    store_index_k_fp4_tilelang(x, pool, slot_map)
+    torch.cuda.synchronize()
+    assert torch.equal(pool, want)
+    assert torch.equal(quantize_index_k_fp4_tilelang(x), kv_fp4.quantize_index_k_fp4_ref(x))
+
+
+def test_store_empty_and_all_skipped():
+    from deepinfer_kernels.tilelang.kv_store import store_kv_fp8_tilelang
+
+    pool = torch.zeros(10, 528, dtype=torch.uint8, device="cuda")
+    store_kv_fp8_tilelang(torch.randn(0, 512, device="cuda"), pool, torch.empty(0, dtype=torch.long, device="cuda"))
+    store_kv_fp8_tilelang(torch.randn(4, 512, device="cuda"), pool, torch.full((4,), -1, device="cuda"))
+    torch.cuda.synchronize()
+    assert bool((pool == 0).all())

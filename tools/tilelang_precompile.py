@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Compile every TileLang kernel bucket the GPU tests and benchmarks use, in parallel.
+
+Needs TileLang and nvcc but no GPU: it is both the "does everything compile for sm_90a" check
+and the warm-up that fills TileLang's disk cache, so the test and benchmark processes then load
+each kernel in ~0.1 s instead of compiling it.
+
+    python tools/tilelang_precompile.py [--jobs N] [--ptxas] [--json out.json] [--only sparse_mla,moe]
+
+--ptxas also runs ptxas -v on every generated kernel and reports registers / spills.
+Exit status 1 when any bucket fails to compile.
+"""
+
+import argparse
+import importlib
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "packages" / "deepinfer-kernels" / "src"))
+
+MOD = "deepinfer_kernels.tilelang."
+
+
+def _specs():
+    import torch
+    from deepinfer_kernels.tilelang import moe, sparse_mla
+
+    bf16, f32, f16 = torch.bfloat16, torch.float32, torch.float16
+    out = []   # (group, module, function, args)
+
+    def add(group, module, specs):
+        for fn, args in specs:
+            out.append((group, module, fn, args))
+
+    # ---- sparse MLA: (rows, heads, D, width, num_splits) of the tests and benchmarks, both variants
+    calls = [(5, 16, 512, 256, None), (9, 16, 512, 200, None), (6, 8, 64, 130, None), (4, 24, 128, 96, None),
+             (3, 64, 512, 128, None), (4, 16, 512, 300, None), (3, 16, 512, 64, None), (2, 16, 512, 1, None),
+             (3, 16, 512, 2048, None), (3, 16, 512, 2048, 3), (3, 16, 512, 2048, 8),
+             (24, 16, 512, 320, None), (200, 16, 512, 192, None), (4, 16, 512, 192, None), (5, 16, 512, 160, None),
+             (132, 16, 512, 2048, None), (384, 16, 512, 2048, None), (16, 16, 512, 2048, None),
+             (4096, 16, 512, 384, None)]
+    for variant in ("auto", "ws2", "ws", "pipelined"):
+        for rows, heads, d, width, ns in calls:
+            add("sparse_mla", "sparse_mla", sparse_mla.precompile_specs(rows, heads, d, width, variant, ns))
+
+    # ---- KV store: (fmt, D, input dtype, slot dtype or None for quantize_*, identity)
+    for d in (512, 64):
+        for dt in (bf16, f32, f16):
+            for it in (torch.int64, torch.int32):
+                add("kv_store", "kv_store", [("_kernel", ("fp8", d, dt, it, False))])
+            add("kv_store", "kv_store", [("_kernel", ("fp8", d, dt, None, True))])
+    for d in (128, 64, 32):
+        for dt in (bf16, f32):
+            add("kv_store", "kv_store", [("_kernel", ("fp4", d, dt, torch.int64, False)),
+                                         ("_kernel", ("fp4", d, dt, None, True))])
+
+    # ---- indexer
+    for h, di in ((8, 128), (64, 128), (2, 32), (8, 64)):
+        add("indexer", "indexer", [("_scores_kernel", (h, di, "scores", 1))])
+    for h, di, bs in ((8, 128, 16), (64, 128, 64), (2, 32, 2)):
+        add("indexer", "indexer", [("_scores_kernel", (h, di, "blocks", bs))])
+    for bs in (1, 2, 3, 16, 64):
+        add("indexer", "indexer", [("_block_max_kernel", (bs,))])
+    for nb, k in ((1, 4), (7, 3), (64, 16), (1000, 16), (3000, 32), (125, 16), (24, 8), (45, 4), (3, 16),
+                  (1024, 16), (256, 16), (128, 32)):
+        add("indexer", "indexer", [("_topk_kernel", (nb, k))])
+
+    # ---- MoE
+    for rows, e, k, nout, cfg in ((211, 8, 1024, 512, None), (48, 64, 1024, 512, None), (4048, 8, 512, 1024, None),
+                                  (586, 4, 512, 1024, moe.PREFILL)):
+        for offn in ("int64", "int32"):
+            add("moe", "moe", moe.precompile_specs("gemm", rows, e, k, nout, config=cfg, off_dtype=offn))
+    for tokens in (8, 64, 256, 1024, 32, 128, 32768):
+        add("moe", "moe", moe.precompile_specs("routed", tokens, 64, 1024, 512, 6))
+    add("moe", "moe", moe.precompile_specs("routed", 1024, 64, 1024, 512, 6, config=moe.PREFILL_SWIGLU_PIPELINED))
+    add("moe", "moe", moe.precompile_specs("routed", 5, 16, 256, 128, 4))
+    for tokens in (8, 256, 32768):
+        add("moe", "moe", moe.precompile_specs("gemm", tokens * 6, 64, 512, 1024))
+
+    uniq, seen = [], set()
+    for item in out:
+        key = (item[1], item[2], repr(item[3]))
+        if key not in seen:
+            seen.add(key)
+            uniq.append(item)
+    return uniq
+
+
+def _ptxas(src: str) -> str:
+    import tilelang
+
+    tl = Path(tilelang.__file__).parent
+    with tempfile.TemporaryDirectory() as td:
+        cu = Path(td) / "k.cu"
+        cu.write_text(src)
+        cmd = ["nvcc", "--cubin", "-O3", "-arch=sm_90a", "-std=c++20", f"-I{tl / 'src'}",
+               f"-I{tl / '3rdparty' / 'cutlass' / 'include'}", "-Xptxas", "-v", "-o", str(Path(td) / "k.cubin"), str(cu)]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [ln.strip() for ln in (res.stdout + res.stderr).splitlines() if "registers" in ln or "spill" in ln]
+    return " | ".join(lines)
+
+
+def _work(job):
+    group, module, fn, args, want_ptxas = job
+    t0 = time.perf_counter()
+    try:
+        mod = importlib.import_module(MOD + module)
+        kernel = getattr(mod, fn)(*args)
+        res = {"ok": True, "seconds": round(time.perf_counter() - t0, 2)}
+        if want_ptxas:
+            res["ptxas"] = _ptxas(kernel.get_kernel_source())
+    except Exception as exc:  # report and keep going
+        res = {"ok": False, "seconds": round(time.perf_counter() - t0, 2), "error": f"{type(exc).__name__}: {exc}"[-2000:]}
+    res.update({"group": group, "kernel": f"{module}.{fn}{args!r}"})
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
+    ap.add_argument("--ptxas", action="store_true")
+    ap.add_argument("--json", type=str, default="")
+    ap.add_argument("--only", type=str, default="")
+    args = ap.parse_args()
+    specs = _specs()
+    if args.only:
+        groups = set(args.only.split(","))
+        specs = [s for s in specs if s[0] in groups]
+    jobs = [(*s, args.ptxas) for s in specs]
+    print(f"compiling {len(jobs)} kernel buckets with {args.jobs} processes", flush=True)
+    t0 = time.perf_counter()
+    ctx = mp.get_context("spawn")
+    results = []
+    with ctx.Pool(args.jobs) as pool:
+        for res in pool.imap_unordered(_work, jobs):
+            results.append(res)
+            status = "ok  " if res["ok"] else "FAIL"
+            extra = res.get("ptxas", "") if res["ok"] else res["error"]
+            print(f"{status} {res['seconds']:7.2f}s {res['kernel']} {extra}", flush=True)
+    bad = [r for r in results if not r["ok"]]
+    print(f"done in {time.perf_counter() - t0:.1f}s: {len(results) - len(bad)} ok, {len(bad)} failed", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
