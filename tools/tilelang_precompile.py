@@ -30,6 +30,7 @@ MOD = "deepinfer_kernels.tilelang."
 
 def _specs():
     import torch
+
     from deepinfer_kernels.tilelang import moe, sparse_mla
 
     bf16, f32, f16 = torch.bfloat16, torch.float32, torch.float16

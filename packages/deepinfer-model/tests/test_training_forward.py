@@ -3,6 +3,7 @@
 
 import pytest
 import torch
+
 from deepinfer_model.model import V41ForCausalLM
 from deepinfer_model.modules.engram import dense_windows
 from deepinfer_model.presets import default, tiny

@@ -110,3 +110,17 @@ def select_backend(op_name: str, device: torch.device, has_kernel: bool = True) 
             f"tilelang installed: {plat.has_tilelang}, kernel exists: {has_kernel})"
         )
     return Backend.TILELANG if usable else Backend.TORCH
+
+
+def tilelang_launcher(op_name: str, device: torch.device, supported: bool = True):
+    """The op's TileLang launcher when `select_backend` picks TileLang for it, else None.
+
+    `supported`: the call's operands are ones the kernel handles (dtype, alignment); otherwise the
+    torch reference runs. Ops without a launcher (`deepinfer_kernels.tilelang.LAUNCHERS`) never pick it.
+    """
+    from deepinfer_kernels.tilelang import LAUNCHERS, get_launcher
+
+    has_kernel = supported and op_name in LAUNCHERS
+    if select_backend(op_name, device, has_kernel=has_kernel) is Backend.TILELANG:
+        return get_launcher(op_name)
+    return None

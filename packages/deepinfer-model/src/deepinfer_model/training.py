@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from deepinfer_kernels.ops.indexer import candidate_block_max_ref, select_topk_blocks_ref
 
+from deepinfer_kernels.ops.indexer import candidate_block_max_ref, select_topk_blocks_ref
 from deepinfer_model.modules.ffn import SwiGLU
 
 

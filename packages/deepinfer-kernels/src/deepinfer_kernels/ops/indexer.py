@@ -24,7 +24,7 @@ from deepinfer_kernels.ops._checks import (
 )
 from deepinfer_kernels.ops.capture import host_checks
 from deepinfer_kernels.ops.kv_fp4 import dequantize_index_k_fp4_ref, fp4_record_bytes
-from deepinfer_kernels.platform import select_backend
+from deepinfer_kernels.platform import select_backend, tilelang_launcher
 
 BF16_MAX = torch.finfo(torch.bfloat16).max
 
@@ -91,7 +91,9 @@ def indexer_scores(q: torch.Tensor, weights: torch.Tensor, k_pool: torch.Tensor,
     check_dim("k_pool", k_pool, 1, fp4_record_bytes(q.shape[2]))
     check_dim("indices", indices, 0, q.shape[0])
     device = check_same_device(q=q, weights=weights, k_pool=k_pool, indices=indices)
-    select_backend("indexer_scores", device, has_kernel=False)
+    kernel = tilelang_launcher("indexer_scores", device, supported=q.dtype == torch.bfloat16)
+    if kernel is not None:
+        return kernel(q, weights, k_pool, indices)
     return indexer_scores_ref(q, weights, k_pool, indices)
 
 

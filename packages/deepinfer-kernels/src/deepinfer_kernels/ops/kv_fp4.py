@@ -23,7 +23,7 @@ from deepinfer_kernels.ops._checks import (
 )
 from deepinfer_kernels.ops.capture import use_capturable, write_rows_capturable
 from deepinfer_kernels.ops.kv_fp8 import GROUP, UE8M0_BIAS, ue8m0_exponent
-from deepinfer_kernels.platform import select_backend
+from deepinfer_kernels.platform import select_backend, tilelang_launcher
 
 E2M1_MAX = 6.0
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -121,8 +121,10 @@ def store_index_k_fp4(k: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.T
     check_dim("pool", pool, 1, fp4_record_bytes(k.shape[1]))
     check_dim("slot_mapping", slot_mapping, 0, k.shape[0])
     device = check_same_device(k=k, pool=pool, slot_mapping=slot_mapping)
-    select_backend("store_index_k_fp4", device, has_kernel=False)
-    if use_capturable(pool):
+    kernel = tilelang_launcher("store_index_k_fp4", device, supported=k.dtype in (torch.bfloat16, torch.float16))
+    if kernel is not None:
+        kernel(k, pool, slot_mapping)
+    elif use_capturable(pool):
         store_index_k_fp4_capturable(k, pool, slot_mapping)
     else:
         store_index_k_fp4_ref(k, pool, slot_mapping)

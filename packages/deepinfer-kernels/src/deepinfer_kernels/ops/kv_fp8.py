@@ -23,7 +23,7 @@ from deepinfer_kernels.ops._checks import (
     check_tensor,
 )
 from deepinfer_kernels.ops.capture import use_capturable, write_rows_capturable
-from deepinfer_kernels.platform import select_backend
+from deepinfer_kernels.platform import select_backend, tilelang_launcher
 
 GROUP = 32            # values per ue8m0 scale
 E4M3_MAX = 448.0
@@ -104,8 +104,10 @@ def store_kv_fp8(kv: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tenso
     check_dim("pool", pool, 1, fp8_record_bytes(kv.shape[1]))
     check_dim("slot_mapping", slot_mapping, 0, kv.shape[0])
     device = check_same_device(kv=kv, pool=pool, slot_mapping=slot_mapping)
-    select_backend("store_kv_fp8", device, has_kernel=False)
-    if use_capturable(pool):
+    kernel = tilelang_launcher("store_kv_fp8", device, supported=kv.dtype in (torch.bfloat16, torch.float16))
+    if kernel is not None:
+        kernel(kv, pool, slot_mapping)
+    elif use_capturable(pool):
         store_kv_fp8_capturable(kv, pool, slot_mapping)
     else:
         store_kv_fp8_ref(kv, pool, slot_mapping)

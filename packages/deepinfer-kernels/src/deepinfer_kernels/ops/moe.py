@@ -38,7 +38,13 @@ from deepinfer_kernels.ops._checks import (
     check_tensor,
 )
 from deepinfer_kernels.ops.capture import host_checks, use_capturable
-from deepinfer_kernels.platform import Backend, current_platform, forced_backend, select_backend
+from deepinfer_kernels.platform import (
+    Backend,
+    current_platform,
+    forced_backend,
+    select_backend,
+    tilelang_launcher,
+)
 
 
 def moe_route_ref(router_logits: torch.Tensor, bias: torch.Tensor, top_k: int, norm_topk_prob: bool,
@@ -180,7 +186,9 @@ def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
     if host_checks(ids) and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= w13.shape[0]):
         raise ValueError(f"ids: expert ids must lie in [0, {w13.shape[0]})")
     device = check_same_device(x=x, weights=weights, ids=ids, w13=w13, w2=w2)
-    select_backend("routed_experts", device, has_kernel=False)
+    kernel = tilelang_launcher("routed_experts", device, supported=x.dtype == torch.bfloat16)
+    if kernel is not None:
+        return kernel(x, weights, ids, w13, w2)
     if grouped_mm_usable(x, w13, w2):
         return routed_experts_grouped(x, weights, ids, w13, w2)
     return routed_experts_ref(x, weights, ids, w13, w2)

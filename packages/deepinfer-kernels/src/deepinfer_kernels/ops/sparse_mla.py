@@ -25,7 +25,7 @@ from deepinfer_kernels.ops._checks import (
 )
 from deepinfer_kernels.ops.capture import host_checks
 from deepinfer_kernels.ops.kv_fp8 import dequantize_kv_fp8_ref, fp8_record_bytes
-from deepinfer_kernels.platform import select_backend
+from deepinfer_kernels.platform import tilelang_launcher
 
 
 def sparse_mla_attention_ref(q: torch.Tensor, kv_pool: torch.Tensor, indices: torch.Tensor,
@@ -57,5 +57,8 @@ def sparse_mla_attention(q: torch.Tensor, kv_pool: torch.Tensor, indices: torch.
     device = check_same_device(q=q, kv_pool=kv_pool, indices=indices)
     if host_checks(indices) and indices.numel() and int(indices.max()) >= kv_pool.shape[0]:
         raise ValueError(f"indices: max {int(indices.max())} out of range for {kv_pool.shape[0]} slots")
-    select_backend("sparse_mla_attention", device, has_kernel=False)
+    kernel = tilelang_launcher("sparse_mla_attention", device,
+                               supported=q.dtype == torch.bfloat16 and q.shape[2] % 64 == 0)
+    if kernel is not None:
+        return kernel(q, kv_pool, indices, sm_scale)
     return sparse_mla_attention_ref(q, kv_pool, indices, sm_scale)
