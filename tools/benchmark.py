@@ -36,20 +36,37 @@ def _engine(args, **overrides):
               max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
               num_speculative_tokens=args.nextn, enable_mtp_varlen=args.varlen, enable_prefix_caching=False)
     kw.update(overrides)
-    return LLM(args.model, **kw).engine
+    return LLM(None if args.model == "default" else args.model, **kw).engine
 
 
-def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+def _prompts(n: int, length: int, vocab: int, seed: int, code: bool = False) -> list[list[int]]:
+    if code:  # held-out stdlib function headers with their context (what the default model writes)
+        return _code_prompts(n, length)
     rng = np.random.default_rng(seed)
     return rng.integers(10, vocab, size=(n, length)).tolist()
 
 
-def bench_decode(args, batch: int, zos: bool) -> dict:
+def _code_prompts(n: int, length: int) -> list[list[int]]:
+    from default_model.data import load_corpus
+    from default_model.evaluation import function_prompts
+    from tokenizers import Tokenizer
+
+    corpus = load_corpus()
+    tok = Tokenizer.from_file(str(corpus.tokenizer_path))
+    funcs = function_prompts(corpus.held_out, n=max(n, 100))
+    ids = [tok.encode(f["context"] + f["header"], add_special_tokens=False).ids[-length:] for f in funcs]
+    return [ids[i % len(ids)] for i in range(n)]
+
+
+def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: bool | None = None) -> dict:
     from deepinfer_engine import SamplingParams
 
-    engine = _engine(args, zero_overhead_scheduling=zos, max_num_seqs=max(batch, 1))
+    extra = {} if nextn is None else {"num_speculative_tokens": nextn}
+    if varlen is not None:
+        extra["enable_mtp_varlen"] = varlen
+    engine = _engine(args, zero_overhead_scheduling=zos, max_num_seqs=max(batch, 1), **extra)
     params = SamplingParams(temperature=0, max_tokens=args.warmup_steps + args.steps + 16, ignore_eos=True)
-    for p in _prompts(batch, args.prompt_len, engine.vocab_size, seed=batch):
+    for p in _prompts(batch, args.prompt_len, engine.vocab_size, seed=batch, code=args.code_prompts):
         engine.add_request(prompt_token_ids=p, params=params)
     while engine.stats.num_decode_steps < 1:  # prefill everything
         engine.step()
@@ -66,7 +83,8 @@ def bench_decode(args, batch: int, zos: bool) -> dict:
     steps = engine.stats.num_decode_steps - steps0
     sps = steps / elapsed
     row = dict(kind="decode", engine="deepinfer", model=args.model, batch=batch, prompt_len=args.prompt_len,
-               nextn=engine.nextn, zos=zos, cuda_graphs=engine.runner.graphs is not None, avg_sps=sps,
+               nextn=engine.nextn, varlen=engine.budget.varlen, zos=zos,
+               cuda_graphs=engine.runner.graphs is not None, avg_sps=sps,
                tokens_per_s_full_acceptance=sps * batch * (1 + engine.nextn),
                tokens_per_s_real=(engine.stats.num_generated_tokens - tok0) / elapsed,
                mean_acceptance_length=engine.stats.mean_acceptance_length, step_ms=1e3 / sps)
@@ -119,6 +137,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--nextn", type=int, default=0)
     ap.add_argument("--varlen", action="store_true")
+    ap.add_argument("--nextn-list", default=None, help="comma-separated nextn values to run (e.g. 0,5)")
+    ap.add_argument("--code-prompts", action="store_true", help="held-out stdlib function prompts (default model)")
+    ap.add_argument("--varlen-compare", action="store_true", help="speculative rows also in the other varlen mode")
     ap.add_argument("--block-size", type=int, default=128)
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
@@ -133,7 +154,10 @@ def main() -> None:
     if args.device == "cuda":
         rows.append(dict(kind="ceilings", **measure_ceilings()))
     for b in (int(x) for x in args.decode_batch_sizes.split(",")):
-        rows.append(bench_decode(args, b, zos=True))
+        for nextn in (int(x) for x in (args.nextn_list or str(args.nextn)).split(",")):
+            rows.append(bench_decode(args, b, zos=True, nextn=nextn))
+            if args.varlen_compare and nextn > 0:  # the other verification-length mode, same run
+                rows.append(bench_decode(args, b, zos=True, nextn=nextn, varlen=not args.varlen))
         if args.zos_compare:
             rows.append(bench_decode(args, b, zos=False))
     if not args.no_prefill:

@@ -99,6 +99,9 @@ def routed_experts_ref(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
     return unperm.reshape(t, k, -1).sum(1).to(x.dtype)
 
 
+TILELANG_MOE_MAX_TOKENS = 256  # tokens per call above which routed_experts uses torch's grouped GEMM
+
+
 def grouped_mm_usable(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> bool:
     """Whether `routed_experts` takes the grouped-GEMM path for these operands.
 
@@ -186,7 +189,9 @@ def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
     if host_checks(ids) and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= w13.shape[0]):
         raise ValueError(f"ids: expert ids must lie in [0, {w13.shape[0]})")
     device = check_same_device(x=x, weights=weights, ids=ids, w13=w13, w2=w2)
-    kernel = tilelang_launcher("routed_experts", device, supported=x.dtype == torch.bfloat16)
+    # Decode sizes only: the prefill-size gate/up kernel hung in its GPU tests (2026-11-30 run).
+    kernel = tilelang_launcher("routed_experts", device,
+                               supported=x.dtype == torch.bfloat16 and x.shape[0] <= TILELANG_MOE_MAX_TOKENS)
     if kernel is not None:
         return kernel(x, weights, ids, w13, w2)
     if grouped_mm_usable(x, w13, w2):
