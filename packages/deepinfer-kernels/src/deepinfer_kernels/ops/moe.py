@@ -191,7 +191,8 @@ def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
     device = check_same_device(x=x, weights=weights, ids=ids, w13=w13, w2=w2)
     # Decode sizes only: the prefill-size gate/up kernel hung in its GPU tests (2026-11-30 run).
     kernel = tilelang_launcher("routed_experts", device,
-                               supported=x.dtype == torch.bfloat16 and x.shape[0] <= TILELANG_MOE_MAX_TOKENS)
+                               supported=x.dtype == torch.bfloat16 and x.shape[0] <= TILELANG_MOE_MAX_TOKENS
+                               and x.shape[1] % 128 == 0 and w2.shape[2] % 128 == 0)  # tile-aligned widths
     if kernel is not None:
         return kernel(x, weights, ids, w13, w2)
     if grouped_mm_usable(x, w13, w2):
