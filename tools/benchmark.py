@@ -65,7 +65,9 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
     if varlen is not None:
         extra["enable_mtp_varlen"] = varlen
     engine = _engine(args, zero_overhead_scheduling=zos, max_num_seqs=max(batch, 1), **extra)
-    params = SamplingParams(temperature=0, max_tokens=args.warmup_steps + args.steps + 16, ignore_eos=True)
+    # Enough tokens that no request finishes inside the window, even if every draft is accepted.
+    params = SamplingParams(temperature=0, max_tokens=(args.warmup_steps + args.steps + 16) * (1 + engine.nextn),
+                            ignore_eos=True)
     for p in _prompts(batch, args.prompt_len, engine.vocab_size, seed=batch, code=args.code_prompts):
         engine.add_request(prompt_token_ids=p, params=params)
     while engine.stats.num_decode_steps < 1:  # prefill everything
