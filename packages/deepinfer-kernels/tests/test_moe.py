@@ -10,6 +10,7 @@ from deepinfer_kernels.ops.moe import (
     permute_by_expert,
     routed_experts,
     routed_experts_grouped,
+    routed_experts_masked,
     routed_experts_ref,
 )
 
@@ -133,3 +134,15 @@ def test_grouped_path_captures_in_a_cuda_graph():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, routed_experts(x, weights, ids, w13, w2))
+
+
+@pytest.mark.parametrize("t", [1, 9])
+def test_masked_path_equals_reference_and_is_taken_when_grouped_gemm_cannot(t):
+    """Capturable fallback (fp32, or widths the grouped GEMM cannot take): every expert over every
+    token weighted by the combine weight; it must equal the reference up to fp32 summation order."""
+    args = _moe_inputs(t, 12, 8, 6, 2, torch.float32)              # hidden 12: grouped GEMM unusable
+    want = routed_experts_ref(*args)
+    torch.testing.assert_close(routed_experts_masked(*args), want, rtol=1e-5, atol=1e-5)
+    with force_capturable():
+        assert not grouped_mm_usable(args[0], args[3], args[4])
+        torch.testing.assert_close(routed_experts(*args), want, rtol=1e-5, atol=1e-5)

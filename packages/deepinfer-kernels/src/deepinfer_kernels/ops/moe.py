@@ -102,6 +102,23 @@ def routed_experts_ref(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
 TILELANG_MOE_MAX_TOKENS = 256  # tokens per call above which routed_experts uses torch's grouped GEMM
 
 
+def routed_experts_masked(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                          w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """Capturable routed experts without a grouped GEMM: every expert runs over every token and
+    its output is weighted by the token's combine weight for it (0 when not routed there).
+    E times the FLOPs of the reference, no host sync, static shapes: the fallback that keeps
+    decode graphs capturable where `torch._grouped_mm` does not apply (fp32, non-SM90)."""
+    num_experts, inter = w13.shape[0], w13.shape[1] // 2
+    combine = torch.zeros(x.shape[0], num_experts, dtype=torch.float32, device=x.device)
+    combine.scatter_add_(1, ids.long(), weights.float())                      # [T, E]
+    out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
+    for e in range(num_experts):
+        gu = (x @ w13[e].t()).float()
+        act = F.silu(gu[:, :inter]) * gu[:, inter:]
+        out += ((act.to(x.dtype) @ w2[e].t()).float()) * combine[:, e: e + 1]
+    return out.to(x.dtype)
+
+
 def grouped_mm_usable(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> bool:
     """Whether `routed_experts` takes the grouped-GEMM path for these operands.
 
@@ -197,4 +214,6 @@ def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
         return kernel(x, weights, ids, w13, w2)
     if grouped_mm_usable(x, w13, w2):
         return routed_experts_grouped(x, weights, ids, w13, w2)
+    if use_capturable(x):  # CUDA without the grouped GEMM (fp32, other GPUs): static shapes, no sync
+        return routed_experts_masked(x, weights, ids, w13, w2)
     return routed_experts_ref(x, weights, ids, w13, w2)
