@@ -45,6 +45,7 @@ fi
 # The GPU machine's interpreter gets xgrammar and pydantic from its prepared bundle.
 xgr_check="from deepinfer_engine.structured_output.xgrammar_compat import import_xgrammar; import_xgrammar()"
 if [ -n "$extras" ] && ! "$py" -c "$xgr_check" 2>/dev/null; then
-  "$py" -m pip install -q --no-deps "xgrammar>=0.2.8,<0.3" "apache-tvm-ffi>=0.1.11"
+  "$py" -m pip install -q --no-deps "xgrammar>=0.2.8,<0.3" "apache-tvm-ffi>=0.1.11" >> .deepinfer-setup.log 2>&1 \
+    || { tail -20 .deepinfer-setup.log >&2; exit 1; }
 fi
 echo "$py" > .deepinfer-python
