@@ -40,21 +40,7 @@ class LLM:
     ) -> list[GenerationOutput]:
         """One output per prompt, in input order. A request with invalid input gets an output with
         `finish_reason == "error"` and `error` naming the field; every other request runs normally."""
-        if (prompts is None) == (prompt_token_ids is None):
-            raise ValueError("generate: pass exactly one of prompts or prompt_token_ids")
-        if prompts is not None:
-            items: list[tuple[str | None, list[int] | None]] = [
-                (p, None) for p in ([prompts] if isinstance(prompts, str) else list(prompts))]
-        else:
-            ids = list(prompt_token_ids)
-            single = len(ids) > 0 and not isinstance(ids[0], (list, tuple))
-            items = [(None, list(x)) for x in ([ids] if single else ids)]
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params = [sampling_params or SamplingParams()] * len(items)
-        else:
-            params = list(sampling_params)
-            if len(params) != len(items):
-                raise ValueError(f"sampling_params: {len(params)} given for {len(items)} prompts")
+        items, params = _requests("generate", prompts, sampling_params, prompt_token_ids)
 
         results: list[GenerationOutput | None] = [None] * len(items)
         slot_of: dict[int, int] = {}
@@ -84,21 +70,7 @@ class LLM:
         text exactly: bytes of an unfinished UTF-8 character and text that could still become a
         stop string are held back until decided. Every request ends with one `finished` delta
         (a rejected request: at once, with `output.error` set)."""
-        if (prompts is None) == (prompt_token_ids is None):
-            raise ValueError("generate_stream: pass exactly one of prompts or prompt_token_ids")
-        if prompts is not None:
-            items: list[tuple[str | None, list[int] | None]] = [
-                (p, None) for p in ([prompts] if isinstance(prompts, str) else list(prompts))]
-        else:
-            ids = list(prompt_token_ids)
-            single = len(ids) > 0 and not isinstance(ids[0], (list, tuple))
-            items = [(None, list(x)) for x in ([ids] if single else ids)]
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params = [sampling_params or SamplingParams()] * len(items)
-        else:
-            params = list(sampling_params)
-            if len(params) != len(items):
-                raise ValueError(f"sampling_params: {len(params)} given for {len(items)} prompts")
+        items, params = _requests("generate_stream", prompts, sampling_params, prompt_token_ids)
         engine = self.engine
         index_of: dict[int, int] = {}
         rejected: list[StreamDelta] = []
@@ -119,3 +91,24 @@ class LLM:
                 yield from engine.pop_stream_deltas()
         finally:
             engine.stop_streaming()
+
+
+def _requests(caller: str, prompts, sampling_params, prompt_token_ids
+              ) -> tuple[list[tuple[str | None, list[int] | None]], list[SamplingParams]]:
+    """Normalise generate's inputs: one (text, token ids) pair and one SamplingParams per request."""
+    if (prompts is None) == (prompt_token_ids is None):
+        raise ValueError(f"{caller}: pass exactly one of prompts or prompt_token_ids")
+    if prompts is not None:
+        items: list[tuple[str | None, list[int] | None]] = [
+            (p, None) for p in ([prompts] if isinstance(prompts, str) else list(prompts))]
+    else:
+        ids = list(prompt_token_ids)
+        single = len(ids) > 0 and not isinstance(ids[0], (list, tuple))
+        items = [(None, list(x)) for x in ([ids] if single else ids)]
+    if sampling_params is None or isinstance(sampling_params, SamplingParams):
+        params = [sampling_params or SamplingParams()] * len(items)
+    else:
+        params = list(sampling_params)
+        if len(params) != len(items):
+            raise ValueError(f"sampling_params: {len(params)} given for {len(items)} prompts")
+    return items, params

@@ -1,0 +1,204 @@
+"""The output half of the engine: the ledger's pooled RequestOutputs -> per-request outputs.
+
+Token-level facts (tokens, logprobs, EOS / max_tokens / stop ids) come from the C++ ledger; the
+text level is decided here: the incremental detokenizer, stop strings, structured-output
+matchers (advance, roll back rejected drafts, admit requests once their grammar compiled) and
+streaming deltas. `LLMEngine` inherits these methods; they share its state (`_requests`,
+`scheduler`, `tokenizer`, `stats`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from deepinfer_engine.model_runner import StepResult
+from deepinfer_engine.outputs import GenerationOutput, StreamDelta
+from deepinfer_engine.request_state import FINISH_REASON_ERROR, RequestState
+from deepinfer_sched import FinishReason, RequestParams
+
+# The ledger's finish codes (RequestOutputPool.gather's int8 column) as user-facing strings.
+FINISH_REASONS = {int(r): (None if r == FinishReason.NONE else r.name.lower())
+                  for r in FinishReason.__members__.values()}
+# Finish reasons whose output carries no generated token.
+NON_TOKEN_FINISHES = ("prompt_length_exceeded", "abort")
+
+
+class OutputPath:
+    def _consume(self, request_ids: np.ndarray, res: StepResult, cols: dict[str, np.ndarray]) -> list[GenerationOutput]:
+        """Pooled RequestOutputs -> per-request outputs. Token-level facts come from the ledger; the
+        text level is decided here, per request, over the tokens the step emitted: the grammar
+        advances (rolling back rejected drafts), the detokenizer and stop strings run token by
+        token (a stop string cuts ids, logprobs and text at the token that completes it, even
+        inside an accepted draft block), and a request finished on this side is aborted in the
+        ledger (its "abort" echo next step is dropped)."""
+        index_of = {int(r): i for i, r in enumerate(request_ids)}
+        emitted: dict[int, int] = {}
+        ledger_finish: dict[int, tuple[str | None, int]] = {}
+        first_new: dict[int, int] = {}
+        order: list[int] = []
+        for j in range(len(cols["request_id"])):
+            rid = int(cols["request_id"][j])
+            state = self._requests.get(rid)
+            if state is None:
+                if rid in self._finished_here:  # the ledger's echo of a request finished on this side
+                    self._finished_here.discard(rid)
+                    continue
+                raise KeyError(f"request {rid}: output for an unknown request")
+            if rid not in first_new:
+                first_new[rid] = len(state.output.token_ids)
+                order.append(rid)
+            reason = FINISH_REASONS[int(cols["finish_reason"][j])]
+            if reason not in NON_TOKEN_FINISHES:
+                k = emitted.get(rid, 0)
+                emitted[rid] = k + 1
+                top_rows = res.top_logprobs[index_of[rid]] if rid in index_of else None
+                self.stats.num_generated_tokens += 1
+                draft_tok = int(cols["draft_tok"][j])
+                if draft_tok > 0:  # step statistics ride on the request's last output of a decode step
+                    state.output.num_draft_tokens += draft_tok - 1
+                    state.output.num_accepted_tokens += int(cols["accept_tok"][j]) - 1
+                    self.stats.num_accepted_tokens += int(cols["accept_tok"][j]) - 1
+                state.append(int(cols["token_id"][j]), float(cols["token_logprob"][j]),
+                             top_rows[k] if top_rows and k < len(top_rows) else None)
+            if bool(cols["finished"][j]):
+                ledger_finish[rid] = (reason, int(cols["stop_token_id"][j]))
+        finished: list[GenerationOutput] = []
+        for rid in order:
+            out = self._advance_output(self._requests[rid], first_new[rid], ledger_finish.get(rid))
+            if out is not None:
+                finished.append(out)
+        return finished
+
+    # ------------------------------------------------------------------ output path (issue 9)
+    def _init_output_path(self) -> None:
+        """State of the output path: grammar manager (created on the first grammar request), requests
+        held while their grammar compiles, requests finished on the Python side, streaming deltas,
+        and the batch-invariant forward (DEEPINFER_BATCH_INVARIANT=1)."""
+        self._token_table = None
+        self._structured = None
+        self._held: dict[int, list[int]] = {}          # request id -> prompt ids, waiting for a grammar
+        self._finished_here: set[int] = set()          # aborted in the ledger after a Python-side finish
+        self._stream_deltas: list[StreamDelta] | None = None  # collected only while streaming
+        self._stream_index: dict[int, int] = {}
+        self.runner.mask_provider = None
+        if self.envs.batch_invariant:
+            from deepinfer_engine import batch_invariant
+            batch_invariant.install(self.model)
+            # The confidence-scheduled budget splits drafts across the batch, and a sampled request's
+            # tokens depend on which drafts it verified (residual sampling): fixed draft counts.
+            self.budget.varlen = False
+
+    def _admit(self, request_id: int, token_ids: list[int]) -> None:
+        params = self._requests[request_id].params
+        self.scheduler.add_request(request_id, token_ids, RequestParams(
+            max_tokens=params.max_tokens, min_tokens=params.min_tokens,
+            stop_token_ids=tuple(params.stop_token_ids), ignore_eos=params.ignore_eos))
+
+    def _new_detokenizer(self):
+        from deepinfer_engine.detokenizer import TokenTable, make_detokenizer
+        if self._token_table is None:
+            self._token_table = TokenTable.from_tokenizer(self.tokenizer, self.vocab_size)
+        return make_detokenizer(self.tokenizer, self._token_table)
+
+    def _structured_output(self):
+        if self._structured is None:
+            from deepinfer_engine.detokenizer import TokenTable
+            from deepinfer_engine.structured_output.manager import StructuredOutputManager
+            if self._token_table is None:
+                self._token_table = TokenTable.from_tokenizer(self.tokenizer, self.vocab_size)
+            cfg = self.config
+            self._structured = StructuredOutputManager(
+                self._token_table.token_bytes, self.vocab_size, list(self.tokenizer.eos_token_ids), self.nextn,
+                compile_timeout_s=cfg.structured_output_compile_timeout_s,
+                cache_bytes=cfg.structured_output_cache_bytes, max_workers=cfg.structured_output_compile_threads)
+            self.runner.mask_provider = self._structured.step_masks
+        return self._structured
+
+    def _admit_compiled(self) -> list[GenerationOutput]:
+        """Requests whose grammar finished compiling enter the scheduler; failed ones finish with an
+        error. When nothing else can run, waits briefly for a compilation instead of spinning."""
+        if not self._held:
+            return []
+        idle = not self.scheduler.has_unfinished()
+        ready, failed = self._structured.poll(wait_s=0.05 if idle else 0.0)
+        for rid in ready:
+            self._admit(rid, self._held.pop(rid))
+        outs = []
+        for rid, message in failed:
+            self._held.pop(rid, None)
+            state = self._requests.pop(rid)
+            out = state.output
+            out.finish_reason, out.error = FINISH_REASON_ERROR, f"structured_output: {message}"
+            self._emit_delta(state, finished=True)
+            outs.append(out)
+        return outs
+
+    def _advance_output(self, state: RequestState, first_new: int,
+                        ledger_finish: tuple[str | None, int] | None) -> GenerationOutput | None:
+        """Text-level processing of one request's new tokens; returns its output if it finished."""
+        out, rid, params = state.output, state.request_id, state.params
+        if params.prompt_logprobs is not None and out.prompt_logprobs is None:
+            from deepinfer_engine.prompt_logprobs import compute_prompt_logprobs
+            out.prompt_logprobs, out.prompt_top_logprobs = compute_prompt_logprobs(
+                self.model, out.prompt_token_ids, params.prompt_logprobs)
+        reason, stop_id = ledger_finish if ledger_finish is not None else (None, -1)
+        error = None
+        grammar = None
+        if self._structured is not None and rid in self._structured.grammars:
+            from deepinfer_engine.structured_output.matcher import GrammarStateError
+            try:
+                grammar = self._structured.commit(rid, out.token_ids[first_new:])
+            except GrammarStateError as err:
+                error = f"structured_output: {err}"
+        keep = state.push_text(first_new)
+        if keep is not None:  # a stop string: cut after the token that completed it
+            self.stats.num_generated_tokens -= state.truncate(keep)
+            reason, stop_id = "stop", -1
+            out.stop_str = state.stop_match.stop
+        elif error is not None:
+            reason = FINISH_REASON_ERROR
+        elif reason is None and grammar is not None and grammar.is_terminated:
+            reason, stop_id = "stop", out.token_ids[-1]  # grammar complete and its stop token emitted
+        if reason is None:
+            self._emit_delta(state, finished=False)
+            return None
+        if ledger_finish is None:  # finished here, still live in the ledger: free it there now
+            if self.scheduler.abort_request(rid):
+                self._finished_here.add(rid)
+        out.finish_reason = reason
+        out.error = error
+        out.stop_token_id = stop_id if stop_id is not None and stop_id >= 0 else None
+        if state.detokenizer is not None:
+            out.text = state.final_text()
+        del self._requests[rid]
+        self._prefill_started.discard(rid)
+        if self._structured is not None:
+            self._structured.drop(rid)
+        self._emit_delta(state, finished=True)
+        return out
+
+    def _emit_delta(self, state: RequestState, finished: bool) -> None:
+        if self._stream_deltas is None:
+            return
+        out = state.output
+        text = (out.text or "") if finished else state.visible_text()
+        new_text = text[state.text_sent:] if len(text) > state.text_sent else ""
+        new_tokens = out.token_ids[state.tokens_sent:]
+        state.text_sent = max(state.text_sent, len(text))
+        state.tokens_sent = len(out.token_ids)
+        if new_text or new_tokens or finished:
+            self._stream_deltas.append(StreamDelta(self._stream_index.get(state.request_id, -1), state.request_id,
+                                                   new_text, list(new_tokens), finished, out))
+
+    def start_streaming(self, index_of: dict[int, int] | None = None) -> None:
+        """Collect StreamDeltas from now on (`pop_stream_deltas` after each step)."""
+        self._stream_deltas = []
+        self._stream_index = dict(index_of or {})
+
+    def pop_stream_deltas(self) -> list[StreamDelta]:
+        deltas, self._stream_deltas = self._stream_deltas or [], []
+        return deltas
+
+    def stop_streaming(self) -> None:
+        self._stream_deltas = None
+        self._stream_index = {}
