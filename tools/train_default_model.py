@@ -193,24 +193,8 @@ def held_out_val_windows(corpus, tok, cfg, ctx, max_windows=64):
     return ws[:max_windows], firsts[:max_windows]
 
 
-@torch.no_grad()
 def val_loss(model, windows, firsts, device, batch=32) -> float:
-    nll, n = 0.0, 0
-    for s in range(0, len(windows), batch):
-        ws, fs = windows[s: s + batch], firsts[s: s + batch]
-        width = max(len(w) for w in ws)
-        toks = torch.zeros(len(ws), width, dtype=torch.long)
-        m = torch.zeros(len(ws), width, dtype=torch.bool)
-        for i, (w, f) in enumerate(zip(ws, fs, strict=True)):
-            toks[i, : len(w)] = torch.from_numpy(w)
-            m[i, f: len(w)] = True
-        toks, m = toks.to(device), m.to(device)
-        with autocast(device):
-            logits = batched_forward(model, toks).logits
-        lp = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), toks[:, 1:].reshape(-1), reduction="none")
-        mm = m[:, 1:].reshape(-1)
-        nll += float(lp[mm].sum())
-        n += int(mm.sum())
+    nll, n = modeling.teacher_forced_nll(model, windows, firsts, device, batch)
     return nll / max(1, n)
 
 

@@ -36,11 +36,10 @@ import time
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from deepinfer_model.training import batched_draft, batched_forward
 from default_model.data import held_out_token_chunks
-from default_model.modeling import autocast, greedy_generate
+from default_model.modeling import autocast, greedy_generate, teacher_forced_nll
 
 # ------------------------------------------------------------------------------------ 1. PPL
 
@@ -49,23 +48,7 @@ def held_out_ppl(model, texts: list[str], tokenizer, device, ctx: int = 512, ove
                  batch: int = 32) -> dict:
     cfg = model.config
     windows, first = held_out_token_chunks(texts, tokenizer, cfg.bos_token_id, cfg.eos_token_id, ctx, overlap)
-    nll, n = 0.0, 0
-    for s in range(0, len(windows), batch):
-        ws, fs = windows[s: s + batch], first[s: s + batch]
-        width = max(len(w) for w in ws)
-        toks = torch.zeros(len(ws), width, dtype=torch.long)
-        scored = torch.zeros(len(ws), width, dtype=torch.bool)
-        for i, (w, f) in enumerate(zip(ws, fs, strict=True)):
-            toks[i, : len(w)] = torch.from_numpy(w)
-            scored[i, f: len(w)] = True
-        toks, scored = toks.to(device), scored.to(device)
-        with autocast(device):
-            logits = batched_forward(model, toks).logits
-        lp = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), toks[:, 1:].reshape(-1),
-                             reduction="none").reshape(len(ws), width - 1)
-        m = scored[:, 1:]
-        nll += float(lp[m].double().sum())
-        n += int(m.sum())
+    nll, n = teacher_forced_nll(model, windows, first, device, batch)
     n_bytes = sum(len(t.encode("utf-8")) for t in texts)
     return {"files": len(texts), "tokens": n, "bytes": n_bytes, "nats_per_token": nll / n,
             "ppl": math.exp(nll / n), "bits_per_byte": nll / math.log(2) / n_bytes, "context": ctx,

@@ -158,3 +158,29 @@ def draft_loss(model, features, tokens, anchors, labels, prev, valid):
         stats = {"top1_by_pos": per_pos, "accept_len": float(accept_len[full].mean()) if bool(full.any()) else None,
                  "rows": int(valid.sum())}
     return ce, bce, stats
+
+
+@torch.no_grad()
+def teacher_forced_nll(model, windows, firsts, device, batch: int = 32) -> tuple[float, int]:
+    """Sum of next-token NLL (nats) over the scored positions of token windows, and their count.
+
+    windows: list of 1-D int arrays; firsts[i]: first position of window i whose token is scored
+    (earlier ones are context shared with the previous window)."""
+    nll, n = 0.0, 0
+    for s in range(0, len(windows), batch):
+        ws, fs = windows[s: s + batch], firsts[s: s + batch]
+        width = max(len(w) for w in ws)
+        toks = torch.zeros(len(ws), width, dtype=torch.long)
+        scored = torch.zeros(len(ws), width, dtype=torch.bool)
+        for i, (w, f) in enumerate(zip(ws, fs, strict=True)):
+            toks[i, : len(w)] = torch.from_numpy(w)
+            scored[i, f: len(w)] = True
+        toks, scored = toks.to(device), scored.to(device)
+        with autocast(device):
+            logits = batched_forward(model, toks).logits
+        lp = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), toks[:, 1:].reshape(-1),
+                             reduction="none").reshape(len(ws), width - 1)
+        m = scored[:, 1:]
+        nll += float(lp[m].double().sum())
+        n += int(m.sum())
+    return nll, n

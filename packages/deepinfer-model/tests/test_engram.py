@@ -7,6 +7,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from deepinfer_model.byte_level import bytes_to_unicode
 from deepinfer_model.engram_vocab import build_compressed_vocab, padded_vocab_map
 from deepinfer_model.modules.engram import PAD_ID, dense_windows, ngram_buckets
 from deepinfer_model.testing import Driver, Seq, tiny_model
@@ -16,20 +17,7 @@ CORPUS = [" ".join(WORDS)] * 60 + ["hello\t\tworld\n  x"] * 5
 SPECIALS = ["<s>", "</s>", "<noise>"]
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character table (the ByteLevel pre-tokenizer's spelling)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs), strict=False))
-
-
-B2U = _bytes_to_unicode()
+B2U = bytes_to_unicode()
 
 
 @pytest.fixture(scope="module")

@@ -16,21 +16,8 @@ For tokenizers whose decoder is not ByteLevel, `GenericDetokenizer` re-decodes t
 from __future__ import annotations
 
 import codecs
-import functools
 
-
-@functools.lru_cache(maxsize=1)
-def _unicode_to_byte() -> dict[str, int]:
-    """Inverse of GPT-2's bytes_to_unicode (the ByteLevel pre-tokenizer's alphabet)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
+from deepinfer_model.byte_level import unicode_to_bytes
 
 
 class TokenTable:
@@ -47,7 +34,7 @@ class TokenTable:
         decoder = backend.decoder
         byte_level = decoder is not None and type(decoder).__name__ == "ByteLevel"
         special = {i for i, t in backend.get_added_tokens_decoder().items() if t.special}
-        u2b = _unicode_to_byte()
+        u2b = unicode_to_bytes()
         table: list[bytes] = []
         for i in range(vocab_size):
             piece = backend.id_to_token(i) if i < backend.get_vocab_size() else None
