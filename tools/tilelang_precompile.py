@@ -47,7 +47,7 @@ def _specs():
              (24, 16, 512, 320, None), (200, 16, 512, 192, None), (4, 16, 512, 192, None), (5, 16, 512, 160, None),
              (132, 16, 512, 2048, None), (384, 16, 512, 2048, None), (16, 16, 512, 2048, None),
              (4096, 16, 512, 384, None)]
-    for variant in ("auto", "ws2", "ws", "pipelined"):
+    for variant in ("ws", "pipelined"):
         for rows, heads, d, width, ns in calls:
             add("sparse_mla", "sparse_mla", sparse_mla.precompile_specs(rows, heads, d, width, variant, ns))
 

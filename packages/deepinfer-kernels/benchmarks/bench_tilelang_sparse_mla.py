@@ -31,7 +31,7 @@ def _case(name):
     raise KeyError(name)
 
 
-@pytest.mark.parametrize("variant", [pytest.param("ws2", id="warpspec2"), pytest.param("ws", id="warpspec1"),
+@pytest.mark.parametrize("variant", [pytest.param("ws", id="warpspec1"),
                                      pytest.param("pipelined", id="pipelined")])
 @pytest.mark.parametrize("name", ["decode_132x16_w2048", "verify_64req_x6_w2048", "decode_16x16_w2048_splitkv",
                                   "prefill_4096x16_w384"])
@@ -46,7 +46,7 @@ def test_bench_sparse_mla_tilelang(benchmark, name, variant):
 
     rows, width = c.indices.shape
     ref_fn = None
-    if rows * width * 512 * 4 < 1.5e9 and variant == "ws2":
+    if rows * width * 512 * 4 < 1.5e9 and variant == "ws":
         def ref_fn():
             return sparse_mla_attention_ref(c.q, c.pool, c.indices, c.sm_scale)
     gathered, unique = c.gathered_bytes(), c.unique_bytes()

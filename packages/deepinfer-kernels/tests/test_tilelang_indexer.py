@@ -30,7 +30,7 @@ def test_candidate_block_max_exact(block_size):
     g = torch.Generator().manual_seed(block_size)
     rows, n = 6, 333
     logits = torch.randn(rows, n, generator=g)
-    logits[0, 5] = 3e39 if block_size > 1 else 1.0         # clamps to the bf16 max
+    logits[0, 5] = 3.4e38 if block_size > 1 else 1.0       # finite in fp32, above the bf16 max: clamps
     logits[1, :40] = float("-inf")
     logits = logits.cuda()
     vlen = torch.tensor([n, 0, 1, 100, 332, 57], dtype=torch.int32, device="cuda")

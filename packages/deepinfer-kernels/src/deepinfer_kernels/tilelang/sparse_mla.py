@@ -15,17 +15,14 @@ walks the row's index list in blocks of 64 tokens. Tokens are the MMA M dimensio
     S^T[64 tok, HB]  = K[64 tok, D] . Q^T          (wgmma, K bf16 tile in shared memory)
     O^T[D, HB]      += V^T[D, 64 tok] . P^T        (wgmma, the same tile read transposed)
 
-Three variants share that math:
+Two variants share that math:
 
-* ``"ws2"`` (the default for <= 16 heads per CTA or D < 512, see ``resolve_variant``),
-  warp-specialized, 384 threads. Warpgroup 0 (consumer) runs both wgmmas
-  and the online softmax; producer warpgroups 1 and 2 own bf16 tile stages 0 and 1 and the
-  blocks of matching parity. A producer gathers its FP8 records with 128-bit loads straight into
-  registers, prefetching its next block while it dequantizes the current one into its stage, so
-  two blocks (66 KB) of loads are in flight per SM. mbarriers hand the stages back and forth.
-  Each FP8 byte crosses shared memory once, as bf16.
-* ``"ws"``: the same with a single producer warpgroup (256 threads, one block in flight); the
-  default for 32 heads per CTA at D = 512, whose O accumulator needs more than ws2's registers.
+* ``"ws"`` (the default, ``"auto"``), warp-specialized, 256 threads. Warpgroup 0 (consumer) runs
+  both wgmmas and the online softmax; producer warpgroup 1 gathers the FP8 records with 128-bit
+  loads straight into registers, prefetching the next block while it dequantizes the current one
+  into the bf16 stage; mbarriers hand the stage back and forth. Each FP8 byte crosses shared
+  memory once, as bf16. (A two-producer version, "ws2", hung in its H200 tests on 2026-11-30;
+  ``_build_ws(producers=2)`` still builds it for debugging, nothing dispatches to it.)
 * ``"pipelined"``: 128 threads, ``T.Pipelined`` cp.async gathers of the FP8 records into a
   two-stage FP8 tile, then dequantize -> QK -> softmax -> PV in program order. Simpler; kept as
   the fallback and as a cross-check of the warp-specialized one.
@@ -51,15 +48,14 @@ from deepinfer_kernels.tilelang._cuda import DEQUANT_SRC
 BLOCK_TOKENS = 64           # tokens per block (the wgmma M)
 LOG2E = 1.4426950408889634
 NEG_INIT = -(2.0 ** 30)     # running-max start: finite, so exp2(m_prev - m) never sees inf - inf
-VARIANTS = ("auto", "ws", "ws2", "pipelined")
+VARIANTS = ("auto", "ws", "pipelined")   # "ws2" hung on the H200 (2026-11-30): not selectable
 
 
 def resolve_variant(variant: str, heads: int, d: int) -> str:
-    """"auto": ws2 unless its 160-register consumer cannot hold the O accumulator (D x heads per
-    CTA / 128 threads > 64 fp32, e.g. 32 heads per CTA at D = 512), then ws."""
+    """"auto" = "ws" (the one-producer warp-specialized kernel, every shape)."""
     if variant != "auto":
         return variant
-    return "ws2" if d * _heads_per_cta(heads) // 128 <= 64 else "ws"
+    return "ws"
 
 
 def _record_bytes(d: int) -> int:
