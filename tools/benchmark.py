@@ -58,13 +58,18 @@ def _code_prompts(n: int, length: int) -> list[list[int]]:
     return [ids[i % len(ids)] for i in range(n)]
 
 
-def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: bool | None = None) -> dict:
+def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: bool | None = None,
+                 compile_decode: bool | None = None) -> dict:
     from deepinfer_engine import SamplingParams
 
     extra = {} if nextn is None else {"num_speculative_tokens": nextn}
     if varlen is not None:
         extra["enable_mtp_varlen"] = varlen
+    if compile_decode is not None:
+        extra["compile_decode"] = compile_decode
+    t_start = time.perf_counter()
     engine = _engine(args, zero_overhead_scheduling=zos, max_num_seqs=max(batch, 1), **extra)
+    startup_s = time.perf_counter() - t_start   # weights, KV pool, graph capture (and compile)
     # Enough tokens that no request finishes inside the window, even if every draft is accepted.
     params = SamplingParams(temperature=0, max_tokens=(args.warmup_steps + args.steps + 16) * (1 + engine.nextn),
                             ignore_eos=True)
@@ -86,7 +91,9 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
     sps = steps / elapsed
     row = dict(kind="decode", engine="deepinfer", model=args.model, batch=batch, prompt_len=args.prompt_len,
                nextn=engine.nextn, varlen=engine.budget.varlen, zos=zos,
-               cuda_graphs=engine.runner.graphs is not None, avg_sps=sps,
+               cuda_graphs=engine.runner.graphs is not None,
+               compiled=engine.runner.graphs is not None and engine.runner.graphs.compile,
+               startup_s=startup_s, avg_sps=sps,
                tokens_per_s_full_acceptance=sps * batch * (1 + engine.nextn),
                tokens_per_s_real=(engine.stats.num_generated_tokens - tok0) / elapsed,
                mean_acceptance_length=engine.stats.mean_acceptance_length, step_ms=1e3 / sps)
@@ -106,7 +113,7 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
 def bench_prefill(args) -> dict:
     from deepinfer_engine import SamplingParams
 
-    engine = _engine(args, max_num_seqs=args.prefill_batch, zero_overhead_scheduling=False)
+    engine = _engine(args, max_num_seqs=args.prefill_batch, zero_overhead_scheduling=False, cuda_graphs=False)
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     times, tokens, round_id = [], [], 0
     while len(times) < 15:
@@ -147,6 +154,8 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--zos-compare", action="store_true", help="also run decode with ZOS off")
+    ap.add_argument("--compile-compare", action="store_true",
+                    help="also run decode with the graphed step not compiled (compile_decode=False)")
     ap.add_argument("--no-prefill", action="store_true")
     ap.add_argument("--peer", action="store_true", help="run the HF transformers peer in the same process")
     ap.add_argument("--result-jsonl", type=Path, default=None)
@@ -162,13 +171,15 @@ def main() -> None:
                 rows.append(bench_decode(args, b, zos=True, nextn=nextn, varlen=not args.varlen))
         if args.zos_compare:
             rows.append(bench_decode(args, b, zos=False))
+        if args.compile_compare:
+            rows.append(bench_decode(args, b, zos=True, compile_decode=False))
     if not args.no_prefill:
         rows.append(bench_prefill(args))
     if args.peer:
         from peer_hf import bench_peer
         rows.extend(bench_peer(args))
     for row in rows:
-        print(json.dumps(row))
+        print(json.dumps(row), flush=True)
     if args.result_jsonl:
         with args.result_jsonl.open("a") as f:
             for row in rows:

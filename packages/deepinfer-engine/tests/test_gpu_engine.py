@@ -15,8 +15,8 @@ def _prompts(n: int = 12) -> list[list[int]]:
     return [rng.integers(7, 8000, size=int(rng.integers(3, 150))).tolist() for _ in range(n)]
 
 
-def _run(device: str, dtype: str | None = None, **kw) -> list[list[int]]:
-    llm = LLM(device=device, dtype=dtype, block_size=16, max_num_batched_tokens=256, max_num_seqs=16,
+def _run(device: str, dtype: str | None = None, model: str | None = None, **kw) -> list[list[int]]:
+    llm = LLM(model=model, device=device, dtype=dtype, block_size=16, max_num_batched_tokens=256, max_num_seqs=16,
               max_model_len=512, enable_mtp_varlen=False, **kw)
     greedy = SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True)
     return [o.token_ids for o in llm.generate(prompt_token_ids=_prompts(), sampling_params=greedy, use_tqdm=False)]
@@ -24,25 +24,30 @@ def _run(device: str, dtype: str | None = None, **kw) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def cpu_tokens():
-    return _run("cpu", num_speculative_tokens=0, zero_overhead_scheduling=False)
+    return _run("cpu", model="preset:tiny", num_speculative_tokens=0, zero_overhead_scheduling=False)
 
 
+@pytest.mark.parametrize("compile_decode", [False, True])
 @pytest.mark.parametrize("nextn", [0, 5])
-def test_graphs_and_zos_on_gpu_match_cpu_reference(cpu_tokens, nextn):
+def test_graphs_and_zos_on_gpu_match_cpu_reference(cpu_tokens, nextn, compile_decode):
+    """`tiny` (random weights: wide logit margins, so fp32 summation-order noise cannot flip an
+    argmax, unlike the trained default model where a near-tie flipped 1 of 12 prompts at step 28)."""
     torch.backends.cuda.matmul.allow_tf32 = False
-    gpu = _run("cuda", "float32", cuda_graphs=True, zero_overhead_scheduling=True, num_speculative_tokens=nextn)
+    gpu = _run("cuda", "float32", model="preset:tiny", cuda_graphs=True, zero_overhead_scheduling=True,
+               num_speculative_tokens=nextn, compile_decode=compile_decode)
     assert gpu == cpu_tokens
 
 
 @pytest.mark.parametrize("graphs, zos", [(False, False), (True, False), (False, True), (True, True)])
 def test_graphs_and_zos_each_on_and_off_agree_in_bf16(graphs, zos):
     base = _run("cuda", None, cuda_graphs=False, zero_overhead_scheduling=False, num_speculative_tokens=0)
-    assert _run("cuda", None, cuda_graphs=graphs, zero_overhead_scheduling=zos, num_speculative_tokens=0) == base
+    assert _run("cuda", None, cuda_graphs=graphs, zero_overhead_scheduling=zos, num_speculative_tokens=0,
+                compile_decode=False) == base
 
 
 def test_graph_buckets_cover_decode_steps():
     llm = LLM(device="cuda", block_size=16, max_num_batched_tokens=256, max_num_seqs=16, max_model_len=512,
-              num_speculative_tokens=3)
+              num_speculative_tokens=3, compile_decode=False)
     graphs = llm.engine.runner.graphs
     assert graphs is not None and graphs.max_rows == 16 * 4
     assert graphs.bucket(1) == 1 and graphs.bucket(9) == 16 and graphs.bucket(64) == 64 and graphs.bucket(65) is None

@@ -24,6 +24,7 @@ class EngineConfig:
     enable_mtp_varlen: bool | None = None  # confidence-scheduled draft lengths; None = DEEPINFER_ENABLE_MTP_VARLEN
     zero_overhead_scheduling: bool | None = None  # CPU one step ahead of the device; None = env (default on)
     cuda_graphs: bool = True               # replay decode steps as CUDA graphs (CUDA only)
+    compile_decode: bool | None = None     # torch.compile the graphed decode step; None = DEEPINFER_COMPILE_DECODE
     seed: int = 0                          # engine seed: draws per-request seeds when none is given
     random_init_seed: int = 0              # weights seed when no checkpoint exists (tiny preset)
     # Structured output (issue 9): grammar compilation off the engine loop.

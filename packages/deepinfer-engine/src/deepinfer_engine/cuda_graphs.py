@@ -11,9 +11,22 @@ the largest decode step the scheduler can emit. Every graph reads fixed-address 
               [R, G)              empty requests (seqlen 0)
               G                   the padding request (seqlen G - total_q, block table all -1)
 
-so the graph of G has G rows and G + 1 requests whatever the batch. What a graph replays is the
-target forward and the DFlash main-key write (with speculation); the sampler and the draft head
-run eagerly after it. Steps larger than the largest bucket, and prefill steps, run eagerly.
+so the graph of G has G rows and G + 1 requests whatever the batch. Two graphs per bucket:
+
+- the *step* graph (captured up front): the whole decode step of decode_step.py, target forward,
+  sampler and draft head, for steps with plain temperature / greedy sampling;
+- the *forward* graph (captured on first use): the target forward and the DFlash main-key write
+  only, for steps whose sampling runs eagerly (grammar masks, top-n logprobs, top-k / top-p).
+
+`compile=True` compiles the step function with `torch.compile` (inductor) before capture: it
+fuses the hundreds of small elementwise and indexing ops of a step into a few dozen kernels; the
+TileLang kernels enter the compiled graph as opaque custom ops (deepinfer_kernels.tilelang.torch_ops).
+The smallest bucket is 2 rows when compiling, so that one dynamic-shape compile serves every
+bucket (a 1-row bucket would be compiled again, specialised). Steps larger than the largest
+bucket, and prefill steps, run eagerly.
+
+On the CPU nothing is captured: a "replay" runs the same function eagerly on the padded buffers,
+so the CPU tests exercise exactly the padded layout the graphs see.
 """
 
 from __future__ import annotations
@@ -23,13 +36,16 @@ from dataclasses import dataclass
 
 import torch
 
+from deepinfer_engine.decode_step import DecodeStepInputs, DecodeStepOutputs, run_decode_step
+from deepinfer_engine.sampler import Sampler, SamplingBatch
 from deepinfer_model.metadata import ForwardMetadata, ForwardOutput
 
 logger = logging.getLogger("deepinfer")
 
 
-def graph_sizes(max_rows: int, interval: int) -> list[int]:
-    sizes = [s for s in (1, 2, 4) if s < max_rows]
+def graph_sizes(max_rows: int, interval: int, min_rows: int = 1) -> list[int]:
+    max_rows = max(max_rows, min_rows)
+    sizes = [s for s in (1, 2, 4) if min_rows <= s < max_rows]
     sizes += list(range(interval, max_rows, interval))
     sizes.append(max_rows)
     return sorted(set(sizes))
@@ -38,17 +54,18 @@ def graph_sizes(max_rows: int, interval: int) -> list[int]:
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
-    meta: ForwardMetadata          # views of the static buffers for this bucket
-    out: ForwardOutput             # outputs written by replays
+    out: ForwardOutput | DecodeStepOutputs   # outputs written by replays
 
 
 class DecodeGraphRunner:
     def __init__(self, model, kv_cache, max_rows: int, max_blocks: int, block_size: int, interval: int,
-                 write_main_keys: bool):
-        self.model, self.kv_cache = model, kv_cache
+                 spec=None, compile: bool = False):
+        self.model, self.kv_cache, self.spec = model, kv_cache, spec
         self.block_size, self.max_blocks = block_size, max_blocks
-        self.write_main_keys = write_main_keys
-        self.sizes = graph_sizes(max_rows, interval)
+        self.write_main_keys = spec is not None
+        self.compile = compile
+        self.sampler = Sampler()
+        self.sizes = graph_sizes(max_rows, interval, min_rows=2 if compile else 1)
         dev = model.device
         g, r = self.sizes[-1], self.sizes[-1] + 1
         self.input_ids = torch.zeros(g, dtype=torch.int64, device=dev)
@@ -60,7 +77,19 @@ class DecodeGraphRunner:
         self.context_lens = torch.zeros(r, dtype=torch.int32, device=dev)
         self.block_tables = torch.full((r, max_blocks), -1, dtype=torch.int32, device=dev)
         self.is_last_chunk = torch.ones(r, dtype=torch.bool, device=dev)
-        self.graphs: dict[int, _Graph] = {}
+        # whole-step inputs per request: sampling parameters and MTP slots
+        self.temperature = torch.zeros(r, dtype=torch.float32, device=dev)
+        self.top_k = torch.full((r,), -1, dtype=torch.int32, device=dev)
+        self.top_p = torch.ones(r, dtype=torch.float32, device=dev)
+        self.seeds = torch.zeros(r, dtype=torch.int64, device=dev)
+        self.mtp_slots = torch.zeros(r, dtype=torch.int32, device=dev)
+        self.use_graphs = dev.type == "cuda"   # the CPU runs the padded functions eagerly (tests)
+        self.step_graphs: dict[int, _Graph] = {}
+        self.forward_graphs: dict[int, _Graph] = {}
+        self._pool = None
+        self._step_fn = run_decode_step
+        if compile:
+            self._step_fn = torch.compile(run_decode_step, fullgraph=True)
 
     @property
     def max_rows(self) -> int:
@@ -74,11 +103,35 @@ class DecodeGraphRunner:
             is_prefill=False, is_last_chunk=self.is_last_chunk[: g + 1], logit_rows=self.logit_rows[:g],
             return_dspark_features=self.write_main_keys, max_context_len=self.max_blocks * self.block_size)
 
-    def _run(self, meta: ForwardMetadata) -> ForwardOutput:
+    def _inputs(self, g: int) -> DecodeStepInputs:
+        batch = SamplingBatch(self.temperature[: g + 1], self.top_k[: g + 1], self.top_p[: g + 1],
+                              self.seeds[: g + 1], [], all_greedy=False, filters=False)  # [] = no top-n
+        return DecodeStepInputs(self._meta(g), batch, self.mtp_slots[: g + 1])
+
+    def _run_forward(self, meta: ForwardMetadata) -> ForwardOutput:
         out = self.model.forward(meta, self.kv_cache)
         if self.write_main_keys:
             self.model.dspark_write_main_keys(meta, out, self.kv_cache)
         return out
+
+    def _run_step(self, inputs: DecodeStepInputs) -> DecodeStepOutputs:
+        if self.compile:   # one dynamic-shape compile for every bucket: rows and requests vary
+            m, b = inputs.meta, inputs.batch
+            for t in (m.input_ids, m.positions, m.slot_mapping, m.logit_rows, m.seqlens_q, m.first_token_pos,
+                      m.context_lens, m.block_tables, m.is_last_chunk, b.temperature, b.top_k, b.top_p, b.seeds,
+                      inputs.mtp_slots):
+                torch._dynamo.maybe_mark_dynamic(t, 0)
+        return self._step_fn(self.model, self.kv_cache, self.spec, self.sampler, inputs)
+
+    def _fill_sampling(self, g: int, batch: SamplingBatch, mtp_slots: torch.Tensor | None) -> None:
+        r = batch.temperature.shape[0]
+        self.temperature[:r].copy_(batch.temperature)
+        self.seeds[:r].copy_(batch.seeds)
+        self.temperature[r:g + 1].zero_()
+        self.seeds[r:g + 1].zero_()
+        if mtp_slots is not None:
+            self.mtp_slots[:r].copy_(mtp_slots)
+        self.mtp_slots[r:g + 1].zero_()
 
     def _fill(self, g: int, meta: ForwardMetadata | None) -> None:
         """Copy a step's metadata into the static buffers, padded to bucket g (device copies only)."""
@@ -105,23 +158,36 @@ class DecodeGraphRunner:
         self.seqlens[g] = pad
         self.context_lens[g] = pad
 
+    def _capture(self, g: int, fn, arg) -> _Graph:
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        self._fill(g, None)
+        self._fill_sampling(g, SamplingBatch(self.temperature[:0], self.top_k[:0], self.top_p[:0], self.seeds[:0], []),
+                            None)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn(arg)  # warm-up outside the graph (allocator, lazy inits, kernel and inductor compiles)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = fn(arg)
+        return _Graph(graph, out)
+
     @torch.no_grad()
     def capture(self) -> None:
-        pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream()
-        for g in reversed(self.sizes):  # largest first: later graphs reuse its pool memory
-            meta = self._meta(g)
-            self._fill(g, None)
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                self._run(meta)  # warm-up outside the graph (allocator, lazy inits, kernel compiles)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                out = self._run(meta)
-            self.graphs[g] = _Graph(graph, meta, out)
+        """The step graph of every bucket, largest first (later graphs reuse its pool memory)."""
+        if not self.use_graphs:
+            return
+        # every engine's model is a new guard target for the one compiled function: lift the limit
+        cfg = torch._dynamo.config
+        limit = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+        with cfg.patch(**{limit: max(getattr(cfg, limit), 256)}):
+            for g in reversed(self.sizes):
+                self.step_graphs[g] = self._capture(g, self._run_step, self._inputs(g))
         torch.cuda.synchronize()
-        logger.info("captured %d decode graphs (sizes %s)", len(self.graphs), self.sizes)
+        logger.info("captured %d decode step graphs (sizes %s, compiled: %s)", len(self.sizes), self.sizes,
+                    self.compile)
 
     def bucket(self, total_q: int) -> int | None:
         for g in self.sizes:
@@ -129,15 +195,43 @@ class DecodeGraphRunner:
                 return g
         return None
 
+    def fits(self, meta: ForwardMetadata) -> bool:
+        return self.bucket(meta.total_q) is not None and meta.block_tables.shape[1] <= self.max_blocks
+
+    @torch.no_grad()
     def run(self, meta: ForwardMetadata) -> ForwardOutput | None:
-        """Replay the bucket's graph for this decode step; None when no bucket fits."""
-        g = self.bucket(meta.total_q)
-        if g is None or meta.block_tables.shape[1] > self.max_blocks:
+        """Replay the bucket's forward graph for this decode step; None when no bucket fits."""
+        if not self.fits(meta):
             return None
-        entry = self.graphs[g]
+        g = self.bucket(meta.total_q)
+        if self.use_graphs and g not in self.forward_graphs:   # first piecewise step of this bucket
+            self.forward_graphs[g] = self._capture(g, self._run_forward, self._meta(g))
         self._fill(g, meta)
-        entry.graph.replay()
+        if self.use_graphs:
+            entry = self.forward_graphs[g]
+            entry.graph.replay()
+            res = entry.out
+        else:
+            res = self._run_forward(self._meta(g))
         t = meta.total_q
-        feats = entry.out.dspark_features
-        return ForwardOutput(logits=entry.out.logits[:t], full_rows=torch.arange(t, device=self.input_ids.device),
+        feats = res.dspark_features
+        return ForwardOutput(logits=res.logits[:t], full_rows=torch.arange(t, device=self.input_ids.device),
                              dspark_features=None if feats is None else feats[:t])
+
+    def run_step(self, meta: ForwardMetadata, batch: SamplingBatch,
+                 mtp_slots: torch.Tensor | None) -> DecodeStepOutputs | None:
+        """Replay the bucket's whole-step graph; outputs cut to the step's rows and requests."""
+        if not self.fits(meta):
+            return None
+        g, t, r = self.bucket(meta.total_q), meta.total_q, meta.num_reqs
+        self._fill(g, meta)
+        self._fill_sampling(g, batch, mtp_slots)
+        if self.use_graphs:
+            entry = self.step_graphs[g]
+            entry.graph.replay()
+            o = entry.out
+        else:
+            o = self._run_step(self._inputs(g))
+        return DecodeStepOutputs(o.token_ids[:r], o.token_logprobs[:r], o.verified_token_ids[:t],
+                                 o.verified_logprobs[:t], o.num_accepted[:r],
+                                 None if o.confidence is None else o.confidence[:r])

@@ -78,7 +78,9 @@ class LLMEngine(OutputPath):
         self.runner = ModelRunner(self.model, blocks, config.block_size, config.max_num_seqs, self.nextn)
         if config.cuda_graphs and self.device.type == "cuda":
             max_rows = min(config.max_num_batched_tokens, config.max_num_seqs * (self.nextn + 1))
-            self.runner.enable_cuda_graphs(max_rows, self.max_model_len, self.envs.cudagraph_batch_size_interval)
+            compile_decode = self.envs.compile_decode if config.compile_decode is None else config.compile_decode
+            self.runner.enable_cuda_graphs(max_rows, self.max_model_len, self.envs.cudagraph_batch_size_interval,
+                                           compile=compile_decode)
         self.pool = RequestOutputPool()
         self._requests: dict[int, RequestState] = {}
         self._next_request_id = 0
@@ -167,6 +169,8 @@ class LLMEngine(OutputPath):
             seeds=torch.tensor([_as_int64_bits(s.seed) for s in states], dtype=torch.int64, device=dev),
             num_top_logprobs=[s.num_top_logprobs for s in states],
             all_greedy=all(s.params.is_greedy for s in states),
+            filters=any(s.params.top_k != -1 or s.params.top_p < 1.0 for s in states),
+            needs_masks=self._has_grammar(request_ids),
         )
 
     def step(self) -> list[GenerationOutput]:
@@ -209,8 +213,11 @@ class LLMEngine(OutputPath):
 
     def _needs_synchronous_step(self, out) -> bool:
         """A step with a structured-output request cannot run ahead of the previous step's ledger."""
+        return self._has_grammar(out.request_ids)
+
+    def _has_grammar(self, request_ids) -> bool:
         grammars = self._structured.grammars if self._structured is not None else ()
-        return bool(grammars) and any(int(r) in grammars for r in out.request_ids)
+        return bool(grammars) and any(int(r) in grammars for r in request_ids)
 
     def _schedule(self):
         out = self.scheduler.schedule()

@@ -74,12 +74,13 @@ class ModelRunner:
         self.graphs: DecodeGraphRunner | None = None
         self.timeline: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None  # set to a list to record
 
-    def enable_cuda_graphs(self, max_rows: int, max_model_len: int, interval: int) -> None:
-        """Capture the decode forward for every graph-size bucket up to `max_rows` rows."""
+    def enable_cuda_graphs(self, max_rows: int, max_model_len: int, interval: int, compile: bool = False) -> None:
+        """Capture the whole decode step for every graph-size bucket up to `max_rows` rows
+        (`compile`: through torch.compile first, see cuda_graphs.py)."""
         headroom = 2 * (self.nextn + 1)  # ZOS upper-bound rows beyond max_model_len (scheduler)
         max_blocks = -(-(max_model_len + headroom) // self.block_size)
         self.graphs = DecodeGraphRunner(self.model, self.kv_cache, max_rows, max_blocks, self.block_size, interval,
-                                        write_main_keys=self.spec is not None)
+                                        spec=self.spec, compile=compile)
         self.graphs.capture()
         # Structured output: (SchedulerOutput, input_ids after draft filling) -> (vocab_mask, row_mask_ids)
         # | None, the masks of this step's logits rows (set by the engine on the first grammar).
@@ -149,6 +150,9 @@ class ModelRunner:
         meta = self.build_metadata(out)
         self.apply_zos_fixup(meta, out, prev)
         is_prefill = out.step_kind == StepKind.PREFILL
+        if (not is_prefill and self.graphs is not None and self.graphs.fits(meta) and not batch.needs_masks
+                and not batch.filters and not any(batch.num_top_logprobs)):
+            return self._launch_whole_step(out, meta, batch, started, cpu_start)
         read_rows = None
         if self.spec is not None and not is_prefill:
             read_rows = self.spec.draft_rows(meta, self._tensor(out.mtp_slots, torch.int32))
@@ -211,6 +215,20 @@ class ModelRunner:
 
         return self._finish_launch(out, host, started, cpu_start, list(sub.num_top_logprobs),
                                    DeviceStepState(token_ids, rejected))
+
+    def _launch_whole_step(self, out: SchedulerOutput, meta: ForwardMetadata, batch: SamplingBatch,
+                           started, cpu_start) -> InFlightStep:
+        """Decode with plain sampling: one replay of the bucket's whole-step graph (decode_step.py)."""
+        slots = self._tensor(out.mtp_slots, torch.int32) if self.spec is not None else None
+        res = self.graphs.run_step(meta, batch, slots)
+        host = {"token_ids": res.token_ids, "token_logprobs": res.token_logprobs,
+                "verified_token_ids": res.verified_token_ids, "verified_logprobs": res.verified_logprobs,
+                "num_accepted": res.num_accepted}
+        if res.confidence is not None:
+            host["confidence"] = res.confidence
+        rejected = meta.seqlens_q.long() - 1 - res.num_accepted.long()
+        return self._finish_launch(out, host, started, cpu_start, [0] * out.req_cnt,
+                                   DeviceStepState(res.token_ids, rejected))
 
     def _finish_launch(self, out, host, started, cpu_start, top_counts, state) -> InFlightStep:
         done = None

@@ -24,6 +24,7 @@ from deepinfer_kernels.ops.sampling.logprobs import compute_logprobs
 from deepinfer_kernels.ops.sampling.sampling_params import probs_from_logits
 from deepinfer_kernels.ops.sampling.vocab_mask import apply_vocab_mask_inplace
 from deepinfer_kernels.ops.verification import VERIFIED_END, verify_and_sample
+from deepinfer_kernels.ops.verification.verify_and_sample import verify_and_sample_ref
 
 
 @dataclass
@@ -36,6 +37,8 @@ class SamplingBatch:
     seeds: torch.Tensor        # [req_cnt] int64 (uint64 bits)
     num_top_logprobs: list[int]  # per request: 0 = none
     all_greedy: bool = False   # every request greedy (known on the host: no device sync to ask)
+    filters: bool = True       # some request uses top-k or top-p (host fact; False skips those passes)
+    needs_masks: bool = False  # some request is grammar-constrained (structured output)
 
     @property
     def is_greedy(self) -> torch.Tensor:  # [req_cnt] bool
@@ -44,7 +47,8 @@ class SamplingBatch:
     def select(self, idx: torch.Tensor, host_idx) -> SamplingBatch:
         """The sub-batch of requests `idx` (device tensor) / `host_idx` (the same, on the host)."""
         return SamplingBatch(self.temperature[idx], self.top_k[idx], self.top_p[idx], self.seeds[idx],
-                             [self.num_top_logprobs[int(i)] for i in host_idx], self.all_greedy)
+                             [self.num_top_logprobs[int(i)] for i in host_idx], self.all_greedy, self.filters,
+                             self.needs_masks)
 
 
 @dataclass
@@ -73,6 +77,7 @@ class Sampler:
         draft_token_ids: torch.Tensor | None = None,  # [num_rows] draft checked at each row
         draft_probs: torch.Tensor | None = None,      # [num_rows, vocab] q of each draft
         masks: tuple[torch.Tensor, torch.Tensor] | None = None,  # (vocab_mask, row_mask_ids): structured output
+        checked: bool = True,           # False: the padded graph layout (empty requests), no layout checks
     ) -> SampleResult:
         req_cnt = ftp.shape[0]
         rows = logits.shape[0]
@@ -81,10 +86,12 @@ class Sampler:
             apply_vocab_mask_inplace(logits, masks[0], masks[1])
         row_req = torch.repeat_interleave(torch.arange(req_cnt, device=logits.device), seqlens_q.long(),
                                           output_size=rows)
-        probs = probs_from_logits(logits, batch.temperature[row_req], batch.top_k[row_req], batch.top_p[row_req])
+        probs = probs_from_logits(logits, batch.temperature[row_req], batch.top_k[row_req], batch.top_p[row_req],
+                                  filters=batch.filters)
         if draft_token_ids is None:
             draft_token_ids = torch.zeros(rows, dtype=torch.int64, device=logits.device)
-        result = verify_and_sample(probs, draft_token_ids, draft_probs, batch.seeds, positions, ftp, seqlens_q,
+        verify = verify_and_sample if checked else verify_and_sample_ref
+        result = verify(probs, draft_token_ids, draft_probs, batch.seeds, positions, ftp, seqlens_q,
                                    batch.is_greedy)
         final_row = result.final_row.long()
         token_logprobs = raw[final_row, result.token_ids.long()]

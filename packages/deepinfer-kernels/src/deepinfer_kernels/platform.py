@@ -92,14 +92,23 @@ def forced_backend() -> Backend | None:
         raise ValueError(f"DEEPINFER_KERNEL_BACKEND={value!r}: expected one of {choices}") from None
 
 
+# ops whose TileLang kernel is wrapped as a torch custom op (tilelang/torch_ops.py): the only ones
+# that stay TileLang under torch.compile; inductor generates the code of every other op.
+CUSTOM_OP_KERNELS = frozenset({"sparse_mla_attention", "store_kv_fp8", "store_index_k_fp4", "indexer_scores",
+                               "routed_experts"})
+
+
 def select_backend(op_name: str, device: torch.device, has_kernel: bool = True) -> Backend:
     """Backend for one call of ``op_name`` on tensors living on ``device``.
 
     TileLang is chosen only for CUDA tensors on SM90 with TileLang installed and an existing
-    kernel for the op (``has_kernel``); everything else runs the torch reference.
+    kernel for the op (``has_kernel``); everything else runs the torch reference. While dynamo
+    traces, only the ops of ``CUSTOM_OP_KERNELS`` keep their kernel.
     """
     forced = forced_backend()
     if forced is Backend.TORCH or device.type != "cuda":
+        return Backend.TORCH
+    if torch.compiler.is_compiling() and op_name not in CUSTOM_OP_KERNELS:
         return Backend.TORCH
     plat = current_platform()
     usable = has_kernel and plat.has_tilelang and plat.is_sm90
@@ -121,6 +130,13 @@ def tilelang_launcher(op_name: str, device: torch.device, supported: bool = True
     from deepinfer_kernels.tilelang import LAUNCHERS, get_launcher
 
     has_kernel = supported and op_name in LAUNCHERS
-    if select_backend(op_name, device, has_kernel=has_kernel) is Backend.TILELANG:
-        return get_launcher(op_name)
-    return None
+    if select_backend(op_name, device, has_kernel=has_kernel) is not Backend.TILELANG:
+        return None
+    if torch.compiler.is_compiling():  # dynamo traces: the kernel as an opaque custom op
+        from deepinfer_kernels.tilelang.torch_ops import COMPILED_LAUNCHERS
+
+        if op_name not in COMPILED_LAUNCHERS:
+            raise RuntimeError(f"{op_name}: no torch custom op wraps its TileLang launcher "
+                               "(deepinfer_kernels.tilelang.torch_ops); it cannot run under torch.compile")
+        return COMPILED_LAUNCHERS[op_name]
+    return get_launcher(op_name)

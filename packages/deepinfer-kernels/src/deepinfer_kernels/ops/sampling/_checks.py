@@ -43,8 +43,9 @@ def check_tensor(
 
 
 def is_host(t: torch.Tensor) -> bool:
-    """Value checks run only where they cost no device synchronisation."""
-    return t.device.type == "cpu"
+    """Value checks run only where they cost no device synchronisation (CPU tensors, not while
+    dynamo traces: a traced graph cannot branch on values)."""
+    return t.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 def may_be_true(mask: torch.Tensor) -> bool:

@@ -114,11 +114,14 @@ def apply_sampling_params_ref(
     temperature: torch.Tensor,  # [rows] float32
     top_k: torch.Tensor,        # [rows] int32
     top_p: torch.Tensor,        # [rows] float32
+    filters: bool = True,       # False: the caller knows every row has top-k and top-p off
 ) -> torch.Tensor:              # [rows, vocab] float32
+    """`filters=False` skips the top-k / top-p passes, whose "does any row filter?" tests read the
+    device (a sync): the engine knows the answer on the host, and a CUDA graph cannot sync."""
     logits = logits.to(torch.float32)
     greedy = temperature == GREEDY_TEMPERATURE
     out = logits / torch.where(greedy, 1.0, temperature).unsqueeze(1)
-    for keep_fn, param in ((_top_k_keep, top_k), (_top_p_keep, top_p)):  # top-k first, top-p on its result
+    for keep_fn, param in ((_top_k_keep, top_k), (_top_p_keep, top_p)) if filters else ():  # top-k, then top-p
         keep = keep_fn(out, param)
         if keep is not None:
             out = out.masked_fill(~keep, float("-inf"))
@@ -163,6 +166,7 @@ def probs_from_logits(
     temperature: torch.Tensor,  # [rows] float32, 0 = greedy
     top_k: torch.Tensor,        # [rows] int32, -1 = off
     top_p: torch.Tensor,        # [rows] float32, 1.0 = off
+    filters: bool = True,       # False: no row uses top-k or top-p (known on the host; no sync)
 ) -> torch.Tensor:              # [rows, vocab] float32, rows sum to 1, removed columns exactly 0
     """Sampling distribution of each row: ``softmax(apply_sampling_params(...))``.
 
@@ -172,4 +176,4 @@ def probs_from_logits(
     op = "probs_from_logits"
     _check_params(op, logits, temperature, top_k, top_p)
     select_backend(op, logits.device, has_kernel=False)
-    return torch.softmax(apply_sampling_params_ref(logits, temperature, top_k, top_p), dim=1)
+    return torch.softmax(apply_sampling_params_ref(logits, temperature, top_k, top_p, filters), dim=1)

@@ -1,0 +1,99 @@
+"""The whole decode step (decode_step.py): target forward, sampler and draft head in one function
+over the padded graph layout. On the CPU the graph runner "replays" it eagerly on the padded
+buffers, so these tests run exactly what a CUDA graph captures; tokens and logprobs must equal
+the piecewise path (no graph runner) in every mode."""
+
+import numpy as np
+import pytest
+
+from deepinfer_engine import LLM, SamplingParams
+from deepinfer_engine.cuda_graphs import DecodeGraphRunner
+
+
+def _prompts(n: int, seed: int = 2) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(7, 8000, size=int(rng.integers(2, 60))).tolist() for _ in range(n)]
+
+
+def _generate(padded_step: bool, nextn: int, varlen: bool, params, monkeypatch, prompts):
+    llm = LLM(device="cpu", block_size=16, max_num_batched_tokens=128, max_num_seqs=12, max_model_len=256,
+              num_speculative_tokens=nextn, enable_mtp_varlen=varlen, zero_overhead_scheduling=True)
+    calls = {"step": 0, "forward": 0}
+    if padded_step:
+        engine = llm.engine
+        max_rows = 12 * (nextn + 1)
+        engine.runner.enable_cuda_graphs(max_rows, engine.max_model_len, interval=8)
+        for name, key in (("run_step", "step"), ("run", "forward")):
+            original = getattr(DecodeGraphRunner, name)
+
+            def counted(self, *a, _original=original, _key=key, **kw):
+                calls[_key] += 1
+                return _original(self, *a, **kw)
+            monkeypatch.setattr(DecodeGraphRunner, name, counted)
+    outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    return outs, calls, llm.engine.stats
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=0)
+SEEDED = SamplingParams(temperature=0.9, max_tokens=16, seed=11, ignore_eos=True, logprobs=0)
+
+
+# Seeded + variable-length verification is left out: the draft counts follow the confidences,
+# which move with fp32 rounding, and a sampled token depends on the drafts it was verified against.
+@pytest.mark.parametrize("nextn,varlen,params", [
+    (0, False, GREEDY), (5, False, GREEDY), (5, True, GREEDY), (0, False, SEEDED), (5, False, SEEDED),
+], ids=["greedy-nextn0", "greedy-nextn5", "greedy-nextn5-varlen", "seeded-nextn0", "seeded-nextn5"])
+def test_padded_whole_step_matches_piecewise(nextn, varlen, params, monkeypatch):
+    prompts = _prompts(10)
+    want, _, _ = _generate(False, nextn, varlen, params, monkeypatch, prompts)
+    got, calls, stats = _generate(True, nextn, varlen, params, monkeypatch, prompts)
+    assert calls["step"] > 0 and calls["forward"] == 0          # every decode step ran as one padded step
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    # padding rows change the matmul row count, hence the BLAS blocking: fp32 rounding only
+    np.testing.assert_allclose(np.concatenate([o.token_logprobs for o in got]),
+                               np.concatenate([o.token_logprobs for o in want]), rtol=0, atol=1e-4)
+    if nextn:
+        assert stats.num_accepted_tokens > 0                    # drafts from the padded step were verified
+
+
+def test_steps_needing_eager_sampling_use_the_forward_graph(monkeypatch):
+    """top-k / top-p and top-n logprobs run the sampler eagerly after the bucket's forward graph."""
+    prompts = _prompts(6, seed=4)
+    params = SamplingParams(temperature=0.8, top_p=0.9, top_k=50, max_tokens=8, seed=3, ignore_eos=True, logprobs=2)
+    want, _, _ = _generate(False, 5, False, params, monkeypatch, prompts)
+    got, calls, _ = _generate(True, 5, False, params, monkeypatch, prompts)
+    assert calls["forward"] > 0 and calls["step"] == 0
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    for g, w in zip(got, want, strict=True):
+        assert [list(d) for d in g.top_logprobs] == [list(d) for d in w.top_logprobs]
+        np.testing.assert_allclose([v for d in g.top_logprobs for v in d.values()],
+                                   [v for d in w.top_logprobs for v in d.values()], rtol=0, atol=1e-4)
+
+
+def test_whole_step_traces_as_one_dynamic_graph(monkeypatch):
+    """What `compile_decode` does on CUDA, with dynamo's eager backend on the CPU: the whole step
+    traces with fullgraph=True (no graph break, no host sync) as one graph with dynamic row and
+    request counts, and gives the same tokens."""
+    import torch
+    import torch._dynamo as dynamo
+
+    from deepinfer_engine.decode_step import run_decode_step
+
+    prompts = _prompts(10, seed=5)
+    want, _, _ = _generate(False, 5, True, GREEDY, monkeypatch, prompts)
+    llm = LLM(device="cpu", block_size=16, max_num_batched_tokens=128, max_num_seqs=12, max_model_len=256,
+              num_speculative_tokens=5, enable_mtp_varlen=True, zero_overhead_scheduling=True)
+    runner = llm.engine.runner
+    runner.enable_cuda_graphs(12 * 6, llm.engine.max_model_len, interval=8)
+    dynamo.reset()
+    frames = []
+    with dynamo.config.patch(capture_scalar_outputs=False, capture_dynamic_output_shape_ops=False):
+        def backend(gm, example_inputs):
+            frames.append(gm)
+            return gm.forward
+        runner.graphs.compile = True
+        runner.graphs._step_fn = torch.compile(run_decode_step, fullgraph=True, backend=backend)
+        got = llm.generate(prompt_token_ids=prompts, sampling_params=GREEDY, use_tqdm=False)
+    dynamo.reset()
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert 1 <= len(frames) <= 2      # the dynamic graph (+ at most one specialisation)

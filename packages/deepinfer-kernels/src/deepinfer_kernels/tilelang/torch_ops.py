@@ -1,0 +1,120 @@
+"""The TileLang launchers as torch custom ops (`torch.ops.deepinfer.*`), for `torch.compile`.
+
+Dynamo cannot trace into a TileLang launch (a TVM FFI call). Registered as custom ops with fake
+(shape-only) implementations, the kernels enter a compiled graph as opaque nodes that inductor
+schedules around, and stay capturable in CUDA graphs. `platform.tilelang_launcher` hands out these
+wrappers while dynamo traces and the plain launchers otherwise (a custom-op call costs a few
+microseconds of dispatch in eager mode).
+
+The default implementation is the TileLang launcher (CUDA); the CPU implementation is the torch
+reference, so the registration and the compiled-graph plumbing (mutated pool views included) are
+tested on the CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer_kernels.tilelang import get_launcher
+
+
+def _ref(op_name: str):
+    from deepinfer_kernels.ops import indexer, kv_fp4, kv_fp8, moe, sparse_mla
+
+    module = {"sparse_mla_attention": sparse_mla, "store_kv_fp8": kv_fp8, "store_index_k_fp4": kv_fp4,
+              "indexer_scores": indexer, "routed_experts": moe}[op_name]
+    return getattr(module, op_name + "_ref")
+
+
+@torch.library.custom_op("deepinfer::sparse_mla_attention", mutates_args=())
+def sparse_mla_attention(q: torch.Tensor, kv_pool: torch.Tensor, indices: torch.Tensor, sm_scale: float,
+                         variant: str) -> tuple[torch.Tensor, torch.Tensor]:
+    out, lse = get_launcher("sparse_mla_attention")(q, kv_pool, indices, sm_scale, variant=variant)
+    return out.contiguous(), lse.contiguous()
+
+
+@sparse_mla_attention.register_kernel("cpu")
+def _(q, kv_pool, indices, sm_scale, variant):
+    out, lse = _ref("sparse_mla_attention")(q, kv_pool, indices, sm_scale)
+    return out.contiguous(), lse.contiguous()
+
+
+@sparse_mla_attention.register_fake
+def _(q, kv_pool, indices, sm_scale, variant):
+    return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
+
+
+@torch.library.custom_op("deepinfer::store_kv_fp8", mutates_args=("pool",))
+def store_kv_fp8(kv: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    get_launcher("store_kv_fp8")(kv, pool, slot_mapping)
+
+
+@store_kv_fp8.register_kernel("cpu")
+def _(kv, pool, slot_mapping):
+    _ref("store_kv_fp8")(kv, pool, slot_mapping)
+
+
+@store_kv_fp8.register_fake
+def _(kv, pool, slot_mapping):
+    return None
+
+
+@torch.library.custom_op("deepinfer::store_index_k_fp4", mutates_args=("pool",))
+def store_index_k_fp4(k: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    get_launcher("store_index_k_fp4")(k, pool, slot_mapping)
+
+
+@store_index_k_fp4.register_kernel("cpu")
+def _(k, pool, slot_mapping):
+    _ref("store_index_k_fp4")(k, pool, slot_mapping)
+
+
+@store_index_k_fp4.register_fake
+def _(k, pool, slot_mapping):
+    return None
+
+
+@torch.library.custom_op("deepinfer::indexer_scores", mutates_args=())
+def indexer_scores(q: torch.Tensor, weights: torch.Tensor, k_pool: torch.Tensor,
+                   indices: torch.Tensor) -> torch.Tensor:
+    return get_launcher("indexer_scores")(q, weights, k_pool, indices).contiguous()
+
+
+@indexer_scores.register_kernel("cpu")
+def _(q, weights, k_pool, indices):
+    return _ref("indexer_scores")(q, weights, k_pool, indices).contiguous()
+
+
+@indexer_scores.register_fake
+def _(q, weights, k_pool, indices):
+    return q.new_empty(indices.shape, dtype=torch.float32)
+
+
+@torch.library.custom_op("deepinfer::routed_experts", mutates_args=())
+def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor,
+                   w2: torch.Tensor) -> torch.Tensor:
+    return get_launcher("routed_experts")(x, weights, ids, w13, w2).contiguous()
+
+
+@routed_experts.register_kernel("cpu")
+def _(x, weights, ids, w13, w2):
+    return _ref("routed_experts")(x, weights, ids, w13, w2).contiguous()
+
+
+@routed_experts.register_fake
+def _(x, weights, ids, w13, w2):
+    return torch.empty_like(x)
+
+
+def _sparse_mla_launcher(q, kv_pool, indices, sm_scale, variant="auto"):
+    return sparse_mla_attention(q, kv_pool, indices, float(sm_scale), variant)
+
+
+# reference op name -> a callable with the launcher's signature that goes through the custom op
+COMPILED_LAUNCHERS = {
+    "sparse_mla_attention": _sparse_mla_launcher,
+    "store_kv_fp8": store_kv_fp8,
+    "store_index_k_fp4": store_index_k_fp4,
+    "indexer_scores": indexer_scores,
+    "routed_experts": routed_experts,
+}
