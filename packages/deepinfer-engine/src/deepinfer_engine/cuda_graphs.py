@@ -38,6 +38,7 @@ import torch
 
 from deepinfer_engine.decode_step import DecodeStepInputs, DecodeStepOutputs, run_decode_step
 from deepinfer_engine.sampler import Sampler, SamplingBatch
+from deepinfer_kernels.platform import current_platform
 from deepinfer_model.metadata import ForwardMetadata, ForwardOutput
 
 logger = logging.getLogger("deepinfer")
@@ -89,6 +90,7 @@ class DecodeGraphRunner:
         self._pool = None
         self._step_fn = run_decode_step
         if compile:
+            current_platform()   # detect outside the trace (dynamo cannot trace the detection)
             self._step_fn = torch.compile(run_decode_step, fullgraph=True)
 
     @property

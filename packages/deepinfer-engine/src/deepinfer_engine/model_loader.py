@@ -58,8 +58,10 @@ def load_model(model: str | Path | None, device: torch.device, random_init_seed:
                dtype: str | None = None) -> LoadedModel:
     if isinstance(model, str) and model.startswith(PRESET_PREFIX):
         cfg = presets.get_preset(model[len(PRESET_PREFIX):])
+        # Generated on the CPU (the same weights on every device) unless large enough to be slow there.
+        large = cfg.hidden_size * cfg.num_hidden_layers >= 8192
         net = V41ForCausalLM(cfg, device=device, dtype=_dtype(dtype)).init_random_weights(
-            random_init_seed, on_device=device.type == "cuda")
+            random_init_seed, on_device=device.type == "cuda" and large)
         return LoadedModel(net, None, list(cfg.eos_token_ids), f"{model} (random weights, seed {random_init_seed})")
     model_dir = Path(model) if model is not None else DEFAULT_MODEL_DIR
     if model is not None and not model_dir.is_dir():

@@ -12,7 +12,6 @@ here, but nothing dispatches to code that does not exist.
 from __future__ import annotations
 
 import enum
-import functools
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -70,9 +69,18 @@ def _capability_from_torch() -> tuple[str, tuple[int, int]] | None:
     return torch.cuda.get_device_name(0), tuple(torch.cuda.get_device_capability(0))
 
 
-@functools.lru_cache(maxsize=1)
+_detected: Platform | None = None   # a plain global, not lru_cache: dynamo reads it without tracing detection
+
+
 def current_platform() -> Platform:
-    """Detect once per process."""
+    """Detect once per process (`detect_platform()`)."""
+    global _detected
+    if _detected is None:
+        _detected = detect_platform()
+    return _detected
+
+
+def detect_platform() -> Platform:
     found = _capability_from_cuda_python() or _capability_from_torch()
     has_tilelang = importlib.util.find_spec("tilelang") is not None
     if found is None or not torch.cuda.is_available():

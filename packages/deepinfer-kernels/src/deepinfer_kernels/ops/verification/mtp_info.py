@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from deepinfer_kernels.ops.capture import use_capturable
 from deepinfer_kernels.ops.sampling._checks import FLOAT_DTYPES, INDEX_DTYPES, check_tensor, is_host
 from deepinfer_kernels.ops.verification.metadata import check_layout_args, prepare_verification_metadata_ref
 from deepinfer_kernels.platform import select_backend
@@ -67,6 +68,19 @@ def store_mtp_info_ref(
         dst[rows] = src[live].reshape(rows.shape[0], *src.shape[2:]).to(dst.dtype)
 
 
+def store_mtp_info_capturable(
+    write_slots: torch.Tensor,                            # [req_cnt] int32
+    fields: list[tuple[torch.Tensor, torch.Tensor]],      # (src [req_cnt, nextn, *rest], dst [pool_rows, *rest])
+    nextn: int,
+) -> None:
+    """`store_mtp_info_ref` without the boolean mask (a sync): padding requests write slot 0 too.
+    Slot 0 is the padding slot, read only by final rows, whose draft and q are never used; its
+    content (the last of several racing writes) differs from the reference's, nothing else does."""
+    rows = _pool_rows(write_slots, nextn)
+    for src, dst in fields:
+        dst[rows] = src.reshape(rows.shape[0], *src.shape[2:]).to(dst.dtype)
+
+
 def store_mtp_info(
     write_slots: torch.Tensor,                    # [req_cnt] int32: pool slot of each request, 0 = skip
     draft_token_ids: torch.Tensor,                # [req_cnt, nextn] int32/int64
@@ -109,7 +123,10 @@ def store_mtp_info(
         if live.unique().numel() != live.numel():
             raise ValueError(f"{op}: two requests write the same slot: {sorted(live.tolist())}")
     select_backend(op, dev, has_kernel=False)
-    store_mtp_info_ref(write_slots, fields, nextn)
+    if use_capturable(write_slots):
+        store_mtp_info_capturable(write_slots, fields, nextn)
+    else:
+        store_mtp_info_ref(write_slots, fields, nextn)
 
 
 def mtp_info_read_rows_ref(
