@@ -66,7 +66,7 @@ class Envs:
             max_backtracking_tokens=max(_int("DEEPINFER_MAX_BACKTRACKING_TOKENS", nextn + 1, 0), nextn + 1),
             zero_overhead_scheduling=_bool("DEEPINFER_ZERO_OVERHEAD_SCHEDULING", True),
             cudagraph_batch_size_interval=_int("DEEPINFER_CUDAGRAPH_BATCH_SIZE_INTERVAL", 8, minimum=1),
-            compile_decode=_bool("DEEPINFER_COMPILE_DECODE", True),
+            compile_decode=_bool("DEEPINFER_COMPILE_DECODE", False),
             batch_invariant=_bool("DEEPINFER_BATCH_INVARIANT", False),
             confidence_head_temperature=_floats("DEEPINFER_DFLASH_CONFIDENCE_HEAD_TEMPERATURE"),
             prefill_attempt_interval=_int("DEEPINFER_PREFILL_ATTEMPT_INTERVAL", 70, minimum=1),

@@ -21,6 +21,7 @@ from deepinfer_kernels.ops.kv_fp8 import store_kv_fp8
 from deepinfer_kernels.ops.sparse_mla import sparse_mla_attention
 from deepinfer_model.engine.indexing import slots_of, to_flat, window_positions
 from deepinfer_model.metadata import DraftMetadata, DraftOutput, ForwardMetadata, ForwardOutput
+from deepinfer_model.modules.rope import rope_table
 
 
 def write_main_keys(model, meta: ForwardMetadata, out: ForwardOutput, cache) -> None:
@@ -29,8 +30,9 @@ def write_main_keys(model, meta: ForwardMetadata, out: ForwardOutput, cache) -> 
         raise ValueError("dspark_write_main_keys: needs a DSpark model and meta.return_dspark_features=True")
     pos = meta.positions.long()[out.full_rows]
     slots = meta.slot_mapping.long()[out.full_rows]
+    rope = rope_table(pos, model.config.qk_rope_head_dim, model.config.rope_theta)   # shared by the layers
     for k, layer in enumerate(ds.layers):
-        store_kv_fp8(layer.main_keys(out.dspark_features, pos), cache.kv_flat,
+        store_kv_fp8(layer.main_keys(out.dspark_features, rope), cache.kv_flat,
                      to_flat(slots, cache.layout.dflash_planes[k], cache.num_slots))
 
 
@@ -60,13 +62,14 @@ def draft_forward(model, meta: DraftMetadata, cache, uniforms: torch.Tensor | No
     j = torch.arange(n, device=p.device)
     bmask = (j.unsqueeze(0) <= j.unsqueeze(1)) & (j.unsqueeze(0) > j.unsqueeze(1) - w)   # [n(q), n(k)]
     h = ds.block_inputs(mains, model.model.embed_tokens).reshape(n_req * n, -1)
+    rope = rope_table(bpos, cfg.qk_rope_head_dim, cfg.rope_theta)   # shared by the DFlash layers
     for k, layer in enumerate(ds.layers):
         attn = layer.self_attn
         u = layer.input_layernorm(h)
-        q, _ = attn.query(u, bpos)
+        q, _ = attn.query(u, rope)
         idx = to_flat(main_slots, cache.layout.dflash_planes[k], cache.num_slots).to(torch.int32)
         o1, lse1 = sparse_mla_attention(q, cache.kv_flat, idx, attn.sm_scale)
-        bk = attn.latent(u, bpos).float().reshape(n_req, n, -1)                     # [R, n, D]
+        bk = attn.latent(u, rope).float().reshape(n_req, n, -1)                     # [R, n, D]
         qb = q.float().reshape(n_req, n, attn.num_heads, -1)
         s = torch.einsum("rjhd,rid->rjhi", qb, bk) * attn.sm_scale
         s = s.masked_fill(~bmask.unsqueeze(0).unsqueeze(2), float("-inf"))

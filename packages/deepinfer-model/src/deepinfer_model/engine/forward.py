@@ -44,18 +44,53 @@ from deepinfer_model.engine.indexing import (
 )
 from deepinfer_model.metadata import ForwardMetadata, ForwardOutput, MetadataError
 from deepinfer_model.modules.engram import PAD_ID
+from deepinfer_model.modules.rope import RopeTable, rope_table
 
 
 class _Rows:
-    """The rows a layer processes: positions, requests, slots, window lower bound (all [N])."""
+    """The rows a layer processes: positions, requests, slots, window lower bound (all [N]).
+
+    The index arithmetic that depends only on the rows (window slots, far-entry slots per
+    ratio) is computed once per forward and shared by every layer: it is the same for all of
+    them, and on the GPU each of its ~15 elementwise ops is a kernel launch per layer."""
 
     def __init__(self, positions, req, slots, lo, windows):
         self.positions, self.req, self.slots, self.lo, self.windows = positions, req, slots, lo, windows
+        self._memo: dict = {}
 
     def subset(self, idx, lo=None):
         w = None if self.windows is None else self.windows[idx]
         return _Rows(self.positions[idx], self.req[idx], self.slots[idx],
                      self.lo[idx] if lo is None else lo, w)
+
+    def rope(self, dim: int, theta: float) -> RopeTable:
+        """The rows' RoPE table (cos / sin of their positions), shared by every layer."""
+        key = ("rope", dim, theta)
+        if key not in self._memo:
+            self._memo[key] = rope_table(self.positions, dim, theta)
+        return self._memo[key]
+
+    def window_slots(self, meta: ForwardMetadata, width: int) -> torch.Tensor:
+        """[N, W] slots of each row's window positions (-1 = empty)."""
+        if "window" not in self._memo:
+            win = window_positions(self.positions, self.lo, width)
+            self._memo["window"] = slots_of(meta.block_tables, self.req, win, meta.block_size)
+        return self._memo["window"]
+
+    def far_entry_slots(self, meta: ForwardMetadata, width: int, ratio: int,
+                        max_far: int | None) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """-> (n_far [N], slots [N, max_far] of the far entries' positions, max_far)."""
+        key = ("far", ratio, max_far)
+        if key not in self._memo:
+            n_far = num_far_entries(self.positions, width, ratio)
+            if max_far is None:
+                width_far = int(n_far.max()) if n_far.numel() else 0
+            else:
+                width_far, n_far = max_far, n_far.clamp(max=max_far)
+            ent = None if width_far == 0 else slots_of(meta.block_tables, self.req,
+                                                       entry_positions(n_far, width_far, ratio), meta.block_size)
+            self._memo[key] = (n_far, ent, width_far)
+        return self._memo[key]
 
 
 def engram_windows(model, meta: ForwardMetadata, cache, rows: _Rows) -> torch.Tensor:
@@ -79,14 +114,9 @@ def far_indices(model, layer, q_lat, u, rows: _Rows, meta: ForwardMetadata, cach
     for padding rows); None = the batch's max, read on the host (prefill)."""
     cfg = model.config
     r, src, ns = layer.ratio, layer.source, cache.num_slots
-    n_far = num_far_entries(rows.positions, cfg.sliding_window, r)
-    if max_far is None:
-        max_far = int(n_far.max()) if n_far.numel() else 0
-    else:
-        n_far = n_far.clamp(max=max_far)
+    n_far, ent_slots, max_far = rows.far_entry_slots(meta, cfg.sliding_window, r, max_far)
     if max_far == 0:
         return None
-    ent_slots = slots_of(meta.block_tables, rows.req, entry_positions(n_far, max_far, r), meta.block_size)
     q_idx, w = layer.self_attn.indexer.query(q_lat, u)
     scores = indexer_scores(q_idx, w, cache.index_flat,
                             to_flat(ent_slots, cache.layout.index_planes[src], ns).to(torch.int32))
@@ -107,14 +137,14 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
     if layer.engram is not None:
         x = x + layer.engram(x, rows.windows)
     u = layer.input_layernorm(x)
-    q, q_lat = attn.query(u, rows.positions)
+    rope = rows.rope(attn.rope_dim, attn.theta)
+    q, q_lat = attn.query(u, rope)
     plane = cache.layout.window_planes[l]
-    store_kv_fp8(attn.latent(u, rows.positions), cache.kv_flat, to_flat(rows.slots, plane, ns))
+    store_kv_fp8(attn.latent(u, rope), cache.kv_flat, to_flat(rows.slots, plane, ns))
     if attn.compressor is not None and not layer.is_consumer:
         update_compressed_source(model, l, u, rows.positions, rows.req, rows.slots, meta.block_tables, cache,
                                  static=not meta.is_prefill)
-    win = window_positions(rows.positions, rows.lo, cfg.sliding_window)
-    idx = to_flat(slots_of(meta.block_tables, rows.req, win, meta.block_size), plane, ns)
+    idx = to_flat(rows.window_slots(meta, cfg.sliding_window), plane, ns)
     if layer.ratio > 0:
         max_far = None if meta.is_prefill else static_max_far(meta, cfg.sliding_window, layer.ratio)
         far = far_indices(model, layer, q_lat, u, rows, meta, cache, max_far)

@@ -33,8 +33,8 @@ class DFlashLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.dspark_intermediate_size)
 
-    def main_keys(self, f: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """f [N, H] target features -> this layer's main-token latents [N, D]."""
+    def main_keys(self, f: torch.Tensor, positions) -> torch.Tensor:
+        """f [N, H] target features, positions [N] (or their RopeTable) -> this layer's main-token latents [N, D]."""
         return self.self_attn.latent(self.input_layernorm(f), positions)
 
 

@@ -21,7 +21,7 @@ from torch import nn
 from deepinfer_model.modules.compressor import Compressor
 from deepinfer_model.modules.indexer import LightningIndexer
 from deepinfer_model.modules.norm import RMSNorm
-from deepinfer_model.modules.rope import apply_rope
+from deepinfer_model.modules.rope import RopeTable, apply_rope
 
 
 class MLAAttention(nn.Module):
@@ -44,15 +44,15 @@ class MLAAttention(nn.Module):
         self.indexer = LightningIndexer(cfg) if ratio > 0 else None
         self.compressor = Compressor(cfg, ratio) if has_compressor else None
 
-    def query(self, u: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """u [N, H], positions [N] -> (q [N, nh, D], q_latent [N, qr])."""
+    def query(self, u: torch.Tensor, positions: torch.Tensor | RopeTable) -> tuple[torch.Tensor, torch.Tensor]:
+        """u [N, H], positions [N] (or their RopeTable) -> (q [N, nh, D], q_latent [N, qr])."""
         q_lat = self.q_a_layernorm(self.q_a_proj(u))
         q = self.q_b_proj(q_lat).view(u.shape[0], self.num_heads, self.head_dim)
         q = torch.cat([q[..., : self.dc], apply_rope(q[..., self.dc:], positions, self.theta)], dim=-1)
         return q, q_lat
 
-    def latent(self, u: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """u [N, H], positions [N] -> KV latent [N, D] (key and value of the one KV head)."""
+    def latent(self, u: torch.Tensor, positions: torch.Tensor | RopeTable) -> torch.Tensor:
+        """u [N, H], positions [N] (or their RopeTable) -> KV latent [N, D] (key and value of the one KV head)."""
         kv = self.kv_a_proj_with_mqa(u)
         return torch.cat([self.kv_a_layernorm(kv[:, : self.dc]),
                           apply_rope(kv[:, self.dc:], positions, self.theta)], dim=-1)

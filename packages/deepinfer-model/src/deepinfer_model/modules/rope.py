@@ -6,17 +6,39 @@ pair i is `theta^(-2i/dr)`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """x [N, ..., dr], positions [N] -> same shape as x."""
+@dataclass(frozen=True)
+class RopeTable:
+    """cos / sin of the rotation angles of N positions, computed once and shared by every
+    projection that rotates the same positions (the engine path: all layers of one step)."""
+
+    cos: torch.Tensor  # [N, dr/2] float32
+    sin: torch.Tensor  # [N, dr/2] float32
+    dim: int           # dr
+    theta: float
+
+
+def rope_table(positions: torch.Tensor, dim: int, theta: float) -> RopeTable:
+    """positions [N] -> the table of `apply_rope(x [N, ..., dim], positions, theta)`."""
+    half = dim // 2
+    inv = theta ** (-torch.arange(half, device=positions.device, dtype=torch.float32) * 2 / dim)   # [half]
+    ang = positions.to(torch.float32).unsqueeze(-1) * inv                                       # [N, half]
+    return RopeTable(ang.cos(), ang.sin(), dim, theta)
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor | RopeTable, theta: float) -> torch.Tensor:
+    """x [N, ..., dr], positions [N] (or their `RopeTable`) -> same shape as x."""
     dr = x.shape[-1]
     half = dr // 2
-    inv = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) * 2 / dr)   # [half]
-    ang = positions.to(torch.float32).unsqueeze(-1) * inv                               # [N, half]
+    table = positions if isinstance(positions, RopeTable) else rope_table(positions, dr, theta)
+    if table.dim != dr or table.theta != theta:
+        raise ValueError(f"rope table for dim {table.dim}, theta {table.theta}; applied to dim {dr}, theta {theta}")
     shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (half,)
-    cos, sin = ang.cos().reshape(shape), ang.sin().reshape(shape)
+    cos, sin = table.cos.reshape(shape), table.sin.reshape(shape)
     xf = x.float()
     x1, x2 = xf[..., :half], xf[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
