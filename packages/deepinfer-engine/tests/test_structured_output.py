@@ -278,3 +278,31 @@ def test_grammar_completion_finishes_even_with_ignore_eos():
         temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, structured_output=SO.regex("(yes|no)")), use_tqdm=False)[0]
     assert out.finish_reason == "stop" and out.text in ("yes", "no") and out.token_ids[-1] == 2
     assert not llm.engine.has_unfinished() and llm.engine.scheduler.num_running() == 0
+
+
+def test_grammar_steps_take_the_piecewise_graph_path(monkeypatch):
+    """With the decode graph runner on (emulated on the CPU), steps holding a grammar request run
+    the forward graph + eager masked sampling, steps without one the whole-step graph; a batch mixing
+    constrained and free requests gives the same outputs as without the runner."""
+    from deepinfer_engine.cuda_graphs import DecodeGraphRunner
+
+    specs = [SPECS[0], None, SPECS[len(JSON_SCHEMAS)], None]
+    prompts = _prompts(len(specs), seed=3)
+    params = [SamplingParams(temperature=0, max_tokens=MAX_TOKENS if s else 24, ignore_eos=s is None,
+                             structured_output=s) for s in specs]
+    want = _llm(5).generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    llm = _llm(5)
+    llm.engine.runner.enable_cuda_graphs(64 * 6, llm.engine.max_model_len, interval=8)
+    calls = {"run": 0, "run_step": 0}
+    for name in calls:
+        original = getattr(DecodeGraphRunner, name)
+
+        def counted(self, *a, _original=original, _name=name, **kw):
+            calls[_name] += 1
+            return _original(self, *a, **kw)
+        monkeypatch.setattr(DecodeGraphRunner, name, counted)
+    got = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    assert calls["run"] > 0 and calls["run_step"] > 0          # masked steps piecewise, free ones whole
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    _check(0, got[0].text)
+    _check(len(JSON_SCHEMAS), got[2].text)
