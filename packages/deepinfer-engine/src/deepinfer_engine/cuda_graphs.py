@@ -125,10 +125,12 @@ class DecodeGraphRunner:
                 torch._dynamo.maybe_mark_dynamic(t, 0)
         return self._step_fn(self.model, self.kv_cache, self.spec, self.sampler, inputs)
 
-    def _fill_sampling(self, g: int, batch: SamplingBatch, mtp_slots: torch.Tensor | None) -> None:
-        r = batch.temperature.shape[0]
-        self.temperature[:r].copy_(batch.temperature)
-        self.seeds[:r].copy_(batch.seeds)
+    def _fill_sampling(self, g: int, batch: SamplingBatch | None, mtp_slots: torch.Tensor | None) -> None:
+        """Copy a step's sampling parameters and MTP slots into the static buffers (None: padding only)."""
+        r = 0 if batch is None else batch.temperature.shape[0]
+        if batch is not None:
+            self.temperature[:r].copy_(batch.temperature)
+            self.seeds[:r].copy_(batch.seeds)
         self.temperature[r:g + 1].zero_()
         self.seeds[r:g + 1].zero_()
         if mtp_slots is not None:
@@ -164,8 +166,7 @@ class DecodeGraphRunner:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         self._fill(g, None)
-        self._fill_sampling(g, SamplingBatch(self.temperature[:0], self.top_k[:0], self.top_p[:0], self.seeds[:0], []),
-                            None)
+        self._fill_sampling(g, None, None)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -197,15 +198,16 @@ class DecodeGraphRunner:
                 return g
         return None
 
-    def fits(self, meta: ForwardMetadata) -> bool:
-        return self.bucket(meta.total_q) is not None and meta.block_tables.shape[1] <= self.max_blocks
+    def bucket_for(self, meta: ForwardMetadata) -> int | None:
+        """The bucket whose graphs can run this decode step, None when none fits."""
+        return self.bucket(meta.total_q) if meta.block_tables.shape[1] <= self.max_blocks else None
 
     @torch.no_grad()
     def run(self, meta: ForwardMetadata) -> ForwardOutput | None:
         """Replay the bucket's forward graph for this decode step; None when no bucket fits."""
-        if not self.fits(meta):
+        g = self.bucket_for(meta)
+        if g is None:
             return None
-        g = self.bucket(meta.total_q)
         if self.use_graphs and g not in self.forward_graphs:   # first piecewise step of this bucket
             self.forward_graphs[g] = self._capture(g, self._run_forward, self._meta(g))
         self._fill(g, meta)
@@ -223,9 +225,9 @@ class DecodeGraphRunner:
     def run_step(self, meta: ForwardMetadata, batch: SamplingBatch,
                  mtp_slots: torch.Tensor | None) -> DecodeStepOutputs | None:
         """Replay the bucket's whole-step graph; outputs cut to the step's rows and requests."""
-        if not self.fits(meta):
+        g, t, r = self.bucket_for(meta), meta.total_q, meta.num_reqs
+        if g is None:
             return None
-        g, t, r = self.bucket(meta.total_q), meta.total_q, meta.num_reqs
         self._fill(g, meta)
         self._fill_sampling(g, batch, mtp_slots)
         if self.use_graphs:

@@ -157,7 +157,7 @@ class LLMEngine(OutputPath):
         return self.scheduler.has_unfinished() or self._inflight is not None or bool(self._held)
 
     # ------------------------------------------------------------------ the loop
-    def _sampling_batch(self, request_ids: np.ndarray) -> SamplingBatch:
+    def _sampling_batch(self, request_ids: np.ndarray, needs_masks: bool) -> SamplingBatch:
         # A request can finish (ledger stop under ZOS, text stop, grammar end) after it was scheduled
         # for this step: it still has rows, whose results the ledger discards (pushes 0). Greedy.
         states = [self._requests.get(int(r), _FINISHED_PLACEHOLDER) for r in request_ids]
@@ -170,7 +170,7 @@ class LLMEngine(OutputPath):
             num_top_logprobs=[s.num_top_logprobs for s in states],
             all_greedy=all(s.params.is_greedy for s in states),
             filters=any(s.params.top_k != -1 or s.params.top_p < 1.0 for s in states),
-            needs_masks=self._has_grammar(request_ids),
+            needs_masks=needs_masks,
         )
 
     def step(self) -> list[GenerationOutput]:
@@ -186,19 +186,21 @@ class LLMEngine(OutputPath):
             if self.scheduler.has_unfinished():
                 out = self._schedule()
                 res = StepResult.empty(out.req_cnt) if out.step_kind == StepKind.IDLE else self.runner.execute(
-                    out, self._sampling_batch(out.request_ids))
+                    out, self._sampling_batch(out.request_ids, self._has_grammar(out.request_ids)))
                 finished += self._finish_step(out, res)
             return finished
         launched = None
         if self.scheduler.has_unfinished():
             out = self._schedule()
             prev_state = None if self._inflight is None or self._inflight[1] is None else self._inflight[1].state
-            if self._needs_synchronous_step(out):
-                # Grammar masks of this step need the matchers advanced by the in-flight step:
-                # settle it first (the ledger already handles schedule(N+1) before process(N)).
+            constrained = self._has_grammar(out.request_ids)
+            if constrained:
+                # A step with a structured-output request cannot run ahead of the previous step's
+                # ledger: its grammar masks need the matchers advanced by the in-flight step. Settle
+                # it first (the ledger already handles schedule(N+1) before process(N)).
                 finished += self._finish_inflight()
             handle = None if out.step_kind == StepKind.IDLE else self.runner.launch(
-                out, self._sampling_batch(out.request_ids), prev_state)
+                out, self._sampling_batch(out.request_ids, constrained), prev_state)
             launched = (out, handle)
         finished += self._finish_inflight()
         self._inflight = launched
@@ -211,11 +213,8 @@ class LLMEngine(OutputPath):
         out, handle = prev
         return self._finish_step(out, StepResult.empty(out.req_cnt) if handle is None else self.runner.collect(handle))
 
-    def _needs_synchronous_step(self, out) -> bool:
-        """A step with a structured-output request cannot run ahead of the previous step's ledger."""
-        return self._has_grammar(out.request_ids)
-
     def _has_grammar(self, request_ids) -> bool:
+        """Some request of the step is grammar-constrained (structured output)."""
         grammars = self._structured.grammars if self._structured is not None else ()
         return bool(grammars) and any(int(r) in grammars for r in request_ids)
 

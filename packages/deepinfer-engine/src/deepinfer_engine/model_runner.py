@@ -150,7 +150,7 @@ class ModelRunner:
         meta = self.build_metadata(out)
         self.apply_zos_fixup(meta, out, prev)
         is_prefill = out.step_kind == StepKind.PREFILL
-        if (not is_prefill and self.graphs is not None and self.graphs.fits(meta) and not batch.needs_masks
+        if (not is_prefill and self.graphs is not None and self.graphs.bucket_for(meta) is not None and not batch.needs_masks
                 and not batch.filters and not any(batch.num_top_logprobs)):
             return self._launch_whole_step(out, meta, batch, started, cpu_start)
         read_rows = None
