@@ -78,3 +78,20 @@ def test_batch_invariant_cuda(monkeypatch):
 @pytest.mark.gpu
 def test_batch_invariant_cuda_with_speculation(monkeypatch):
     _check_invariant("cuda", monkeypatch, 64, nextn=5)
+
+
+@pytest.mark.gpu
+def test_cuda_last_dim_reductions_run_on_fixed_tiles():
+    """RMSNorm's mean (and sums, logsumexp) of a row are bit-identical at every row count in the mode."""
+    import torch
+
+    from deepinfer_engine.batch_invariant import BatchInvariantMode
+
+    x = torch.randn(384, 1024, device="cuda")
+    with BatchInvariantMode():
+        full = [x.pow(2).mean(-1, keepdim=True), torch.sum(x, dim=-1), torch.logsumexp(x, -1)]
+        for m in (1, 2, 3, 64, 200):
+            part = [x[:m].pow(2).mean(-1, keepdim=True), torch.sum(x[:m], dim=-1), torch.logsumexp(x[:m], -1)]
+            for got, want in zip(part, full, strict=True):
+                assert got.shape == want[:m].shape and torch.equal(got, want[:m])
+    torch.testing.assert_close(full[1], x.sum(-1))

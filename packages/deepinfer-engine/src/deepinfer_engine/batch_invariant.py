@@ -22,6 +22,12 @@ a flat copy padded to a multiple of VECTOR_PAD elements (CPU only; CUDA has no s
 Cost: the padding rows (< ROW_TILE per GEMM on the CPU), the elementwise copies, and, on CUDA,
 one GEMM launch per tile.
 
+CUDA reductions over the last dimension (the RMSNorm mean, sums, logsumexp): ATen picks how many
+warps (and CTAs) share one row's reduction from the number of rows, so they run on the same
+fixed 64-row tiles as the GEMMs. The TileLang kernels' row-count-dependent choices (sparse MLA
+split-KV, MoE kernel and tile shape) are fixed by `deepinfer_kernels.batch_invariant`, entered
+with this mode.
+
 `install(model)` wraps the model's entry points (forward, draft head, reference forward) so every
 forward of the engine runs in the mode.
 """
@@ -33,6 +39,8 @@ import functools
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+
+from deepinfer_kernels.batch_invariant import batch_invariant_kernels
 
 ROW_TILE = 8          # CPU: a multiple of the GEMM micro-kernel's row block
 CUDA_ROW_TILE = 64    # CUDA: every GEMM call has exactly this many rows
@@ -76,10 +84,33 @@ def _padded_elementwise(func, x: torch.Tensor, args, kwargs):
     return out[:n].reshape(x.shape)
 
 
+_REDUCTIONS = {"mean", "sum", "logsumexp"}
+
+
+def _last_dim_reduction(func, args, kwargs) -> torch.Tensor | None:
+    """A CUDA reduction over the last dim of x [..., N] on fixed 64-row tiles; None if not one."""
+    x = args[0]
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    if isinstance(dim, (list, tuple)) and len(dim) == 1:
+        dim = dim[0]
+    if not isinstance(dim, int) or x.dim() < 2 or dim not in (-1, x.dim() - 1) or not x.numel():
+        return None
+    keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+    extra = {k: v for k, v in kwargs.items() if k not in ("dim", "keepdim")}
+    lead = x.shape[:-1]
+    out = _tiled(x.reshape(-1, x.shape[-1]), lambda t: func(t, -1, True, **extra))   # [M, 1]
+    return out.reshape(*lead, 1) if keepdim else out.reshape(lead)
+
+
 class BatchInvariantMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
+        if name in _REDUCTIONS and args and isinstance(args[0], torch.Tensor) and args[0].is_cuda \
+                and args[0].is_floating_point() and "out" not in kwargs:
+            out = _last_dim_reduction(func, args, kwargs)
+            if out is not None:
+                return out
         if name in _ELEMENTWISE and args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point() \
                 and not args[0].is_cuda and args[0].numel() and not any(isinstance(a, torch.Tensor) for a in args[1:]) \
                 and "out" not in kwargs:
@@ -104,7 +135,7 @@ class BatchInvariantMode(TorchFunctionMode):
 def _wrap(fn):
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        with BatchInvariantMode():
+        with BatchInvariantMode(), batch_invariant_kernels():
             return fn(*args, **kwargs)
     run.__deepinfer_batch_invariant__ = True
     return run

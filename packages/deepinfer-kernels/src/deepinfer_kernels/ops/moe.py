@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from deepinfer_kernels.batch_invariant import batch_invariant_enabled
 from deepinfer_kernels.ops._checks import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
@@ -207,8 +208,10 @@ def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
         raise ValueError(f"ids: expert ids must lie in [0, {w13.shape[0]})")
     device = check_same_device(x=x, weights=weights, ids=ids, w13=w13, w2=w2)
     # Decode sizes only: the prefill-size gate/up kernel hung in its GPU tests (2026-11-30 run).
+    invariant = batch_invariant_enabled()   # one kernel and one tile shape whatever the token count
     kernel = tilelang_launcher("routed_experts", device,
-                               supported=x.dtype == torch.bfloat16 and x.shape[0] <= TILELANG_MOE_MAX_TOKENS
+                               supported=x.dtype == torch.bfloat16
+                               and (x.shape[0] <= TILELANG_MOE_MAX_TOKENS or invariant)
                                and x.shape[1] % 128 == 0 and w2.shape[2] % 128 == 0)  # tile-aligned widths
     if kernel is not None:
         return kernel(x, weights, ids, w13, w2)

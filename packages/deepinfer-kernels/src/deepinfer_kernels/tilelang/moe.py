@@ -31,6 +31,7 @@ import os
 
 import torch
 
+from deepinfer_kernels.batch_invariant import batch_invariant_enabled
 from deepinfer_kernels.tilelang._common import compile_cached, require, require_cuda
 
 # No `from __future__ import annotations` (TileLang evaluates prim_func annotations).
@@ -472,6 +473,8 @@ def routed_experts_tilelang(x: torch.Tensor, weights: torch.Tensor, ids: torch.T
     if t == 0:
         return out
     n = t * topk
+    if batch_invariant_enabled():   # the same tiles (so the same K blocking) at every token count
+        gate_up_config, down_config = gate_up_config or DECODE, down_config or DECODE
     cfg1 = gate_up_config or pick_config(n, e, swiglu=True, k=h)
     cfg2 = down_config or pick_config(n, e, swiglu=False)
     require(h % cfg1["bk"] == 0 and inter % cfg1["bn"] == 0 and inter % cfg2["bk"] == 0 and h % cfg2["bn"] == 0,

@@ -42,6 +42,7 @@ import math
 
 import torch
 
+from deepinfer_kernels.batch_invariant import batch_invariant_enabled
 from deepinfer_kernels.tilelang._common import compile_cached, num_sms, require, require_cuda
 from deepinfer_kernels.tilelang._cuda import DEQUANT_SRC
 
@@ -562,6 +563,8 @@ def sparse_mla_attention_tilelang(q: torch.Tensor, kv_pool: torch.Tensor, indice
         out.zero_()
         lse.fill_(float("-inf"))
         return out, lse
+    if num_splits is None and batch_invariant_enabled():
+        num_splits = 1    # split-KV changes the accumulation order with the row count
     p = plan(rows, heads, d, width, num_sms(device), num_splits)
     hb, ns, bps = p["hb"], p["num_splits"], p["bps"]
     scale = float(sm_scale) * LOG2E
