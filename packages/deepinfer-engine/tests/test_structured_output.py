@@ -280,20 +280,24 @@ def test_grammar_completion_finishes_even_with_ignore_eos():
     assert not llm.engine.has_unfinished() and llm.engine.scheduler.num_running() == 0
 
 
-def test_grammar_steps_take_the_piecewise_graph_path(monkeypatch):
+@pytest.mark.parametrize("zos", [True, False])
+@pytest.mark.parametrize("nextn", [0, 5])
+def test_grammar_steps_take_the_split_graph_path(monkeypatch, nextn, zos):
     """With the decode graph runner on (emulated on the CPU), steps holding a grammar request run
-    the forward graph + eager masked sampling, steps without one the whole-step graph; a batch mixing
-    constrained and free requests gives the same outputs as without the runner."""
+    the forward graph, then (after the previous step's ledger, with ZOS) the masks and the tail
+    graph; steps without one the whole-step graph. A batch mixing constrained and free requests
+    gives the same outputs as without the runner."""
     from deepinfer_engine.cuda_graphs import DecodeGraphRunner
 
     specs = [SPECS[0], None, SPECS[len(JSON_SCHEMAS)], None]
     prompts = _prompts(len(specs), seed=3)
     params = [SamplingParams(temperature=0, max_tokens=MAX_TOKENS if s else 24, ignore_eos=s is None,
                              structured_output=s) for s in specs]
-    want = _llm(5).generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
-    llm = _llm(5)
+    want = _llm(nextn, zero_overhead_scheduling=zos).generate(prompt_token_ids=prompts, sampling_params=params,
+                                                               use_tqdm=False)
+    llm = _llm(nextn, zero_overhead_scheduling=zos)
     llm.engine.runner.enable_cuda_graphs(64 * 6, llm.engine.max_model_len, interval=8)
-    calls = {"run": 0, "run_step": 0}
+    calls = {"run": 0, "run_step": 0, "run_tail": 0}
     for name in calls:
         original = getattr(DecodeGraphRunner, name)
 
@@ -302,7 +306,7 @@ def test_grammar_steps_take_the_piecewise_graph_path(monkeypatch):
             return _original(self, *a, **kw)
         monkeypatch.setattr(DecodeGraphRunner, name, counted)
     got = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
-    assert calls["run"] > 0 and calls["run_step"] > 0          # masked steps piecewise, free ones whole
+    assert calls["run"] == calls["run_tail"] > 0 and calls["run_step"] > 0   # masked steps split, free ones whole
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     _check(0, got[0].text)
     _check(len(JSON_SCHEMAS), got[2].text)

@@ -44,7 +44,11 @@ def test_unpack_roundtrip_including_sign_bit():
     assert unpack_vocab_mask(pack(allowed), 70).tolist() == allowed
 
 
-def test_rows_to_masks_oracle():
+@pytest.mark.parametrize("capturable", [False, True], ids=["reference", "capturable"])
+def test_rows_to_masks_oracle(capturable):
+    """Both variants: the reference (CPU) and the sync-free one CUDA graphs capture."""
+    from deepinfer_kernels.ops.capture import force_capturable
+
     g = torch.Generator().manual_seed(1)
     vocab, rows = 77, 9
     allowed = random_allowed(4, vocab, g)
@@ -57,7 +61,8 @@ def test_rows_to_masks_oracle():
             for t in range(vocab):
                 if not allowed[m][t]:
                     expected[r, t] = NEG
-    apply_vocab_mask_inplace(logits, mask, ids)
+    with force_capturable(capturable):
+        apply_vocab_mask_inplace(logits, mask, ids)
     assert torch.equal(logits, expected)
 
 

@@ -11,12 +11,14 @@ the largest decode step the scheduler can emit. Every graph reads fixed-address 
               [R, G)              empty requests (seqlen 0)
               G                   the padding request (seqlen G - total_q, block table all -1)
 
-so the graph of G has G rows and G + 1 requests whatever the batch. Two graphs per bucket:
+so the graph of G has G rows and G + 1 requests whatever the batch. Graphs per bucket:
 
 - the *step* graph (captured up front): the whole decode step of decode_step.py, target forward,
   sampler and draft head, for steps with plain temperature / greedy sampling;
 - the *forward* graph (captured on first use): the target forward and the DFlash main-key write
-  only, for steps whose sampling runs eagerly (grammar masks, top-n logprobs, top-k / top-p).
+  only, for steps whose sampling runs eagerly (top-n logprobs, top-k / top-p) and for grammar steps;
+- the *tail* graph (captured on first use): sampler with grammar masks + draft head
+  (`run_decode_tail`), replayed after the forward graph once the host has built the masks.
 
 `compile=True` compiles the step function with `torch.compile` (inductor) before capture: it
 fuses the hundreds of small elementwise and indexing ops of a step into a few dozen kernels; the
@@ -36,8 +38,10 @@ from dataclasses import dataclass
 
 import torch
 
-from deepinfer_engine.decode_step import DecodeStepInputs, DecodeStepOutputs, run_decode_step
+from deepinfer_engine.decode_step import DecodeStepInputs, DecodeStepOutputs, run_decode_step, run_decode_tail
 from deepinfer_engine.sampler import Sampler, SamplingBatch
+from deepinfer_kernels.ops.sampling import NO_VOCAB_MASK
+from deepinfer_kernels.ops.verification import MTP_PADDING_ROW
 from deepinfer_kernels.platform import current_platform
 from deepinfer_model.metadata import ForwardMetadata, ForwardOutput
 
@@ -84,6 +88,12 @@ class DecodeGraphRunner:
         self.top_p = torch.ones(r, dtype=torch.float32, device=dev)
         self.seeds = torch.zeros(r, dtype=torch.int64, device=dev)
         self.mtp_slots = torch.zeros(r, dtype=torch.int32, device=dev)
+        # tail graph inputs: the rows' MTP read rows and the grammar masks (allocated on first use)
+        self.read_rows = torch.full((g,), MTP_PADDING_ROW, dtype=torch.int64, device=dev)
+        self.row_mask_ids = torch.full((g,), NO_VOCAB_MASK, dtype=torch.int32, device=dev)
+        self.vocab_mask: torch.Tensor | None = None   # [max_rows, W] int32
+        self.tail_graphs: dict[int, _Graph] = {}
+        self._last_forward: ForwardOutput | None = None   # CPU: the eager forward the tail reads
         self.use_graphs = dev.type == "cuda"   # the CPU runs the padded functions eagerly (tests)
         self.step_graphs: dict[int, _Graph] = {}
         self.forward_graphs: dict[int, _Graph] = {}
@@ -216,7 +226,7 @@ class DecodeGraphRunner:
             entry.graph.replay()
             res = entry.out
         else:
-            res = self._run_forward(self._meta(g))
+            res = self._last_forward = self._run_forward(self._meta(g))
         t = meta.total_q
         feats = res.dspark_features
         return ForwardOutput(logits=res.logits[:t], full_rows=torch.arange(t, device=self.input_ids.device),
@@ -236,6 +246,50 @@ class DecodeGraphRunner:
             o = entry.out
         else:
             o = self._run_step(self._inputs(g))
+        return DecodeStepOutputs(o.token_ids[:r], o.token_logprobs[:r], o.verified_token_ids[:t],
+                                 o.verified_logprobs[:t], o.num_accepted[:r],
+                                 None if o.confidence is None else o.confidence[:r])
+
+    def _tail_inputs(self, g: int) -> DecodeStepInputs:
+        inputs = self._inputs(g)
+        inputs.masks = (self.vocab_mask, self.row_mask_ids[:g])
+        return inputs
+
+    def _run_tail(self, inputs: DecodeStepInputs) -> DecodeStepOutputs:
+        g = inputs.meta.total_q
+        fwd = self.forward_graphs[g].out if self.use_graphs else self._last_forward
+        read_rows = self.read_rows[:g] if self.spec is not None else None
+        return run_decode_tail(self.kv_cache, self.spec, self.sampler, inputs, fwd.logits, read_rows)
+
+    @torch.no_grad()
+    def run_tail(self, meta: ForwardMetadata, batch: SamplingBatch, mtp_slots: torch.Tensor | None,
+                 read_rows: torch.Tensor | None, masks: tuple[torch.Tensor, torch.Tensor] | None
+                 ) -> DecodeStepOutputs:
+        """After `run(meta)` of the same step: sampler with the grammar masks and the draft head,
+        replayed from the bucket's tail graph. read_rows [total_q]; masks (vocab_mask [n, W],
+        row_mask_ids [total_q]) or None (no row constrained)."""
+        g, t, r = self.bucket_for(meta), meta.total_q, meta.num_reqs
+        if self.vocab_mask is None or (masks is not None and masks[0].shape[1] != self.vocab_mask.shape[1]):
+            width = masks[0].shape[1] if masks is not None else 1
+            self.vocab_mask = torch.zeros(self.max_rows, width, dtype=torch.int32, device=self.input_ids.device)
+            self.tail_graphs.clear()
+        if self.use_graphs and g not in self.tail_graphs:   # first grammar step of this bucket
+            self.tail_graphs[g] = self._capture(g, self._run_tail, self._tail_inputs(g))
+            self._fill(g, meta)                               # capture reset the step's buffers
+        self._fill_sampling(g, batch, mtp_slots)
+        if read_rows is not None:
+            self.read_rows[:t].copy_(read_rows)
+            self.read_rows[t:g].fill_(MTP_PADDING_ROW)
+        self.row_mask_ids[:g].fill_(NO_VOCAB_MASK)
+        if masks is not None:
+            self.vocab_mask[: masks[0].shape[0]].copy_(masks[0], non_blocking=True)
+            self.row_mask_ids[:t].copy_(masks[1], non_blocking=True)
+        if self.use_graphs:
+            entry = self.tail_graphs[g]
+            entry.graph.replay()
+            o = entry.out
+        else:
+            o = self._run_tail(self._tail_inputs(g))
         return DecodeStepOutputs(o.token_ids[:r], o.token_logprobs[:r], o.verified_token_ids[:t],
                                  o.verified_logprobs[:t], o.num_accepted[:r],
                                  None if o.confidence is None else o.confidence[:r])

@@ -7,6 +7,8 @@
 - *whole step* (`run_decode_step`, replayed from the CUDA graph of the step's bucket): the common
   case of plain temperature / greedy sampling. One replay instead of hundreds of eager launches
   for the sampler and the DSpark draft head, which dominate a small-batch step otherwise.
+- *split step* (grammar masks): the bucket's forward graph, then the host builds the masks while
+  it runs, then the bucket's tail graph (`run_decode_tail`: sampler with the masks + draft head).
 
 Both compute the same tokens: the same ops in the same order, every random decision keyed by
 (seed, position). The function reads the padded layout of cuda_graphs.py (G rows, G + 1
@@ -39,8 +41,10 @@ class DecodeStepInputs:
     """Everything a whole decode step reads (static graph buffers, padded to bucket G)."""
 
     meta: ForwardMetadata    # decode metadata, G rows, G + 1 requests
-    batch: SamplingBatch     # [G + 1] per request; filters off, no masks, no top-n logprobs
+    batch: SamplingBatch     # [G + 1] per request; filters off, no top-n logprobs
     mtp_slots: torch.Tensor  # [G + 1] int32 MTP pool slot per request (0 = none: padding)
+    # structured output: (vocab_mask [num_masks, W] int32, row_mask_ids [G] int32, -1 = unconstrained)
+    masks: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass
@@ -55,22 +59,25 @@ class DecodeStepOutputs:
     confidence: torch.Tensor | None   # [G + 1, nextn] float32 next step's draft confidences
 
 
-def run_decode_step(model, cache, spec, sampler: Sampler, inputs: DecodeStepInputs) -> DecodeStepOutputs:
-    """The decode step of `inputs` (no host sync, shapes from G only)."""
-    meta = dataclasses.replace(inputs.meta)   # input_ids is replaced below: keep the buffers' own view
-    batch, rows = inputs.batch, meta.total_q
-    ftp, seqlens = meta.first_token_pos, meta.seqlens_q
-    read_rows = drafts = q = None
+def padded_read_rows(spec, inputs: DecodeStepInputs) -> torch.Tensor:
+    """[G] int64 MTP pool row whose draft each row verifies; rows past the step's: the padding row."""
+    meta = inputs.meta
+    ftp, rows = meta.first_token_pos, meta.total_q
+    step_row = torch.arange(rows, device=ftp.device) < ftp[-1].long()
+    read_rows = mtp_info_read_rows_ref(inputs.mtp_slots, ftp, meta.seqlens_q, rows, spec.nextn)
+    return torch.where(step_row, read_rows, MTP_PADDING_ROW)
+
+
+def run_decode_tail(cache, spec, sampler: Sampler, inputs: DecodeStepInputs, logits: torch.Tensor,
+                    read_rows: torch.Tensor | None) -> DecodeStepOutputs:
+    """After the target forward: sampler with verification (and grammar masks), then the draft head.
+    logits [G, vocab] (modified in place by the masks); read_rows [G] (None without speculation)."""
+    meta, batch = inputs.meta, inputs.batch
+    drafts = q = None
     if spec is not None:
-        step_row = torch.arange(rows, device=ftp.device) < ftp[-1].long()
-        read_rows = mtp_info_read_rows_ref(inputs.mtp_slots, ftp, seqlens, rows, spec.nextn)
-        read_rows = torch.where(step_row, read_rows, MTP_PADDING_ROW)
-        spec.fill_draft_inputs(meta, read_rows)
-    fwd = model.forward(meta, cache)
-    if spec is not None:
-        model.dspark_write_main_keys(meta, fwd, cache)
         drafts, q = spec.verify_inputs(read_rows, need_probs=True)
-    res = sampler.sample(fwd.logits, batch, ftp, seqlens, meta.positions, drafts, q, checked=False)
+    res = sampler.sample(logits, batch, meta.first_token_pos, meta.seqlens_q, meta.positions, drafts, q,
+                         masks=inputs.masks, checked=False)
     confidence = None
     if spec is not None:
         final_row = res.final_row.long()
@@ -79,3 +86,16 @@ def run_decode_step(model, cache, spec, sampler: Sampler, inputs: DecodeStepInpu
         confidence = proposal.confidence
     return DecodeStepOutputs(res.token_ids.long(), res.token_logprobs, res.verified_token_ids,
                              res.verified_logprobs, res.num_accepted, confidence)
+
+
+def run_decode_step(model, cache, spec, sampler: Sampler, inputs: DecodeStepInputs) -> DecodeStepOutputs:
+    """The decode step of `inputs` (no host sync, shapes from G only)."""
+    meta = dataclasses.replace(inputs.meta)   # input_ids is replaced below: keep the buffers' own view
+    read_rows = None
+    if spec is not None:
+        read_rows = padded_read_rows(spec, inputs)
+        spec.fill_draft_inputs(meta, read_rows)
+    fwd = model.forward(meta, cache)
+    if spec is not None:
+        model.dspark_write_main_keys(meta, fwd, cache)
+    return run_decode_tail(cache, spec, sampler, inputs, fwd.logits, read_rows)

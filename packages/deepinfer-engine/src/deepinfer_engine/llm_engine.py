@@ -194,13 +194,17 @@ class LLMEngine(OutputPath):
             out = self._schedule()
             prev_state = None if self._inflight is None or self._inflight[1] is None else self._inflight[1].state
             constrained = self._has_grammar(out.request_ids)
-            if constrained:
-                # A step with a structured-output request cannot run ahead of the previous step's
+            batch = self._sampling_batch(out.request_ids, constrained)
+            deferred = constrained and self.runner.defers_masks(out, batch)
+            if constrained and not deferred:
+                # A step with a structured-output request cannot sample ahead of the previous step's
                 # ledger: its grammar masks need the matchers advanced by the in-flight step. Settle
                 # it first (the ledger already handles schedule(N+1) before process(N)).
                 finished += self._finish_inflight()
-            handle = None if out.step_kind == StepKind.IDLE else self.runner.launch(
-                out, self._sampling_batch(out.request_ids, constrained), prev_state)
+            handle = None if out.step_kind == StepKind.IDLE else self.runner.launch(out, batch, prev_state)
+            if deferred:   # the forward of N+1 runs while the ledger of N advances the matchers
+                finished += self._finish_inflight()
+                handle = self.runner.complete(handle)
             launched = (out, handle)
         finished += self._finish_inflight()
         self._inflight = launched

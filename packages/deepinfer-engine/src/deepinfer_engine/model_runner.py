@@ -51,6 +51,19 @@ class DeviceStepState:
 
 
 @dataclass
+class PendingTail:
+    """A grammar step launched up to its target forward (graph): the sampler with the masks and the
+    draft head wait until the host has advanced the matchers and built the masks (`complete`)."""
+
+    meta: ForwardMetadata
+    batch: SamplingBatch
+    mtp_slots: torch.Tensor | None       # [req_cnt] int32
+    read_rows: torch.Tensor | None       # [total_q] MTP rows the drafts are verified against
+    input_ids_host: torch.Tensor | None  # [total_q] int64 input tokens incl. drafts, copied asynchronously
+    copied: torch.cuda.Event | None      # recorded after that copy (before the forward)
+
+
+@dataclass
 class InFlightStep:
     out: SchedulerOutput
     host: dict[str, torch.Tensor]   # host copies of the results (filled asynchronously on CUDA)
@@ -58,7 +71,8 @@ class InFlightStep:
     started: torch.cuda.Event | None
     cpu_ms: float
     top_counts: list[int]
-    state: DeviceStepState
+    state: DeviceStepState | None   # None while `pending`
+    pending: PendingTail | None = None
 
 
 class ModelRunner:
@@ -150,8 +164,9 @@ class ModelRunner:
         meta = self.build_metadata(out)
         self.apply_zos_fixup(meta, out, prev)
         is_prefill = out.step_kind == StepKind.PREFILL
-        if (not is_prefill and self.graphs is not None and self.graphs.bucket_for(meta) is not None and not batch.needs_masks
-                and not batch.filters and not any(batch.num_top_logprobs)):
+        if not is_prefill and self._graphed_sampling(batch) and self.graphs.bucket_for(meta) is not None:
+            if batch.needs_masks:
+                return self._launch_forward_for_masks(out, meta, batch, started, cpu_start)
             return self._launch_whole_step(out, meta, batch, started, cpu_start)
         read_rows = None
         if self.spec is not None and not is_prefill:
@@ -216,11 +231,55 @@ class ModelRunner:
         return self._finish_launch(out, host, started, cpu_start, list(sub.num_top_logprobs),
                                    DeviceStepState(token_ids, rejected))
 
+    def _graphed_sampling(self, batch: SamplingBatch) -> bool:
+        """The sampler runs inside a decode graph (no top-k / top-p pass, no top-n logprobs)."""
+        return self.graphs is not None and not batch.filters and not any(batch.num_top_logprobs)
+
+    def defers_masks(self, out: SchedulerOutput, batch: SamplingBatch) -> bool:
+        """`launch` of this grammar step stops after the forward graph and `complete` builds the masks
+        and samples: the engine may settle the previous step in between (its ledger advances the
+        matchers the masks start from)."""
+        return (batch.needs_masks and out.step_kind == StepKind.DECODE and self._graphed_sampling(batch)
+                and self.graphs.bucket(out.total_q) is not None
+                and np.asarray(out.block_tables).shape[1] <= self.graphs.max_blocks)
+
+    def _launch_forward_for_masks(self, out: SchedulerOutput, meta: ForwardMetadata, batch: SamplingBatch,
+                                  started, cpu_start) -> InFlightStep:
+        """Grammar step, first half: drafts into the inputs, their copy to the host (ordered before
+        the forward, so the host waits for the previous step only), then the bucket's forward graph."""
+        slots = read_rows = ids_host = copied = None
+        if self.spec is not None:
+            slots = self._tensor(out.mtp_slots, torch.int32)
+            read_rows = self.spec.draft_rows(meta, slots)
+            self.spec.fill_draft_inputs(meta, read_rows)
+            ids_host = meta.input_ids.to("cpu", non_blocking=True)
+            if self.device.type == "cuda":
+                copied = torch.cuda.Event()
+                copied.record()
+        self.graphs.run(meta)
+        pending = PendingTail(meta, batch, slots, read_rows, ids_host, copied)
+        return InFlightStep(out, {}, None, started, (time.perf_counter() - cpu_start) * 1e3, [0] * out.req_cnt,
+                            None, pending)
+
+    def complete(self, step: InFlightStep) -> InFlightStep:
+        """Grammar step, second half: masks from the matchers (advanced by the previous step's
+        ledger), built while the forward graph runs, then the bucket's tail graph."""
+        p, cpu_start = step.pending, time.perf_counter() - step.cpu_ms / 1e3
+        if p.copied is not None:
+            p.copied.synchronize()
+        input_ids = p.input_ids_host if p.input_ids_host is not None else p.meta.input_ids
+        masks = self.mask_provider(step.out, input_ids) if self.mask_provider is not None else None
+        res = self.graphs.run_tail(p.meta, p.batch, p.mtp_slots, p.read_rows, masks)
+        return self._whole_step_result(step.out, p.meta, res, step.started, cpu_start)
+
     def _launch_whole_step(self, out: SchedulerOutput, meta: ForwardMetadata, batch: SamplingBatch,
                            started, cpu_start) -> InFlightStep:
         """Decode with plain sampling: one replay of the bucket's whole-step graph (decode_step.py)."""
         slots = self._tensor(out.mtp_slots, torch.int32) if self.spec is not None else None
         res = self.graphs.run_step(meta, batch, slots)
+        return self._whole_step_result(out, meta, res, started, cpu_start)
+
+    def _whole_step_result(self, out: SchedulerOutput, meta: ForwardMetadata, res, started, cpu_start) -> InFlightStep:
         host = {"token_ids": res.token_ids, "token_logprobs": res.token_logprobs,
                 "verified_token_ids": res.verified_token_ids, "verified_logprobs": res.verified_logprobs,
                 "num_accepted": res.num_accepted}
@@ -269,4 +328,5 @@ class ModelRunner:
 
     def execute(self, out: SchedulerOutput, batch: SamplingBatch) -> StepResult:
         """One step, synchronously (no ZOS)."""
-        return self.collect(self.launch(out, batch))
+        step = self.launch(out, batch)
+        return self.collect(self.complete(step) if step.pending is not None else step)

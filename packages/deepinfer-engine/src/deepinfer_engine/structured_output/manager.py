@@ -3,9 +3,10 @@
 Engine side (between steps): `submit` at add_request, `poll` each step (compiled requests enter
 the scheduler, failed ones finish with an error), `commit` the emitted tokens in `_consume`.
 
-Runner side (inside a step, after the forward, before sampling): `step_masks(out, input_ids)`
-returns `(vocab_mask [num_masks, W] int32, row_mask_ids [rows] int32)` on the logits' device for
-`apply_vocab_mask_inplace`, or None when no scheduled request has a grammar. In a decode step
+Runner side (inside a step, before sampling): `step_masks(out, input_ids)` returns
+`(vocab_mask [num_masks, W] int32, row_mask_ids [rows] int32)` on input_ids' device for
+`apply_vocab_mask_inplace`, or None when no scheduled request has a grammar. Graphed grammar steps
+pass input_ids already copied to the host (model_runner's split step), so nothing syncs here. In a decode step
 request i owns rows ftp[i] .. ftp[i] + seqlen_q[i] - 1; its drafts are the input tokens of rows
 1.. (on the device, filled from the MTP pool): the one host sync of the mask path copies those
 draft tokens of grammar requests to the host (a [num_grammar_draft_rows] int64 gather).
@@ -109,7 +110,9 @@ class StructuredOutputManager:
         # The host sync: draft tokens (input rows 1.. of each grammar request) -> host.
         draft_rows = [np.arange(first_row[j] + 1, first_row[j] + seqlens[j]) for j, _ in owners if seqlens[j] > 1]
         drafts_host: list[int] = []
-        if draft_rows:
+        if draft_rows and input_ids.device.type == "cpu":   # already on the host
+            drafts_host = input_ids[torch.from_numpy(np.concatenate(draft_rows))].tolist()
+        elif draft_rows:
             idx = torch.from_numpy(np.concatenate(draft_rows)).to(input_ids.device)
             drafts_host = input_ids.index_select(0, idx).cpu().tolist()
         n_masks = int(sum(seqlens[j] for j, _ in owners))

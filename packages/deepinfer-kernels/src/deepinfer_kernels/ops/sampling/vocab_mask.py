@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer_kernels.ops.capture import use_capturable
 from deepinfer_kernels.ops.sampling._checks import FLOAT_DTYPES, check_tensor, is_host
 from deepinfer_kernels.platform import select_backend
 
@@ -48,6 +49,17 @@ def apply_vocab_mask_inplace_ref(
         return
     allowed = unpack_vocab_mask(vocab_mask[row_mask_ids[rows].to(torch.int64)], vocab)
     logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
+
+
+def apply_vocab_mask_inplace_capturable(logits: torch.Tensor, vocab_mask: torch.Tensor,
+                                        row_mask_ids: torch.Tensor) -> None:
+    """`apply_vocab_mask_inplace_ref` without the data-dependent row selection (no host sync, static
+    shapes: CUDA graphs): every row's mask is unpacked, unconstrained rows keep all tokens."""
+    if logits.shape[0] == 0 or vocab_mask.shape[0] == 0:
+        return
+    constrained = row_mask_ids != NO_VOCAB_MASK                                        # [rows]
+    allowed = unpack_vocab_mask(vocab_mask[row_mask_ids.clamp(min=0).long()], logits.shape[1])  # [rows, vocab]
+    logits.masked_fill_(constrained.unsqueeze(1) & ~allowed, float("-inf"))
 
 
 def by_step_row_mask_ids_ref(
@@ -94,7 +106,10 @@ def apply_vocab_mask_inplace(
     check_tensor(op, "row_mask_ids", row_mask_ids, [logits.shape[0]], "[rows]", [torch.int32], logits.device)
     _check_mask_ids(op, "row_mask_ids", row_mask_ids, vocab_mask.shape[0])
     select_backend(op, logits.device, has_kernel=False)
-    apply_vocab_mask_inplace_ref(logits, vocab_mask, row_mask_ids)
+    if use_capturable(logits):
+        apply_vocab_mask_inplace_capturable(logits, vocab_mask, row_mask_ids)
+    else:
+        apply_vocab_mask_inplace_ref(logits, vocab_mask, row_mask_ids)
 
 
 def apply_vocab_mask_by_step_inplace(
