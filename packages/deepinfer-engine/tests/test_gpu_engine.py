@@ -53,3 +53,36 @@ def test_graph_buckets_cover_decode_steps():
     graphs = llm.engine.runner.graphs
     assert graphs is not None and graphs.max_rows == 16 * 4
     assert graphs.bucket(1) == 1 and graphs.bucket(9) == 16 and graphs.bucket(64) == 64 and graphs.bucket(65) is None
+
+
+# Issue 7 on the GPU: the trained default model (real drafts, real acceptance) in bf16 with graphs
+# and ZOS. DEEPINFER_BATCH_INVARIANT=1 makes a verification row compute exactly what the same
+# position computes alone at nextn 0, so the check can be token-exact (without it, bf16 rounding
+# differs with the row count and can flip a near-tie).
+_NAMES = ["parse", "load", "merge", "split", "count", "find", "sort", "join", "read", "write", "check", "build",
+          "update", "format", "match", "scan"]
+CODE_PROMPTS = [f"def {n}_{kind}(self, {arg}):\n" for n in _NAMES
+                for kind, arg in (("items", "items"), ("path", "path"), ("value", "value"), ("data", "data"))]
+
+
+def _spec_run(nextn: int, varlen: bool):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DEEPINFER_BATCH_INVARIANT", "1")
+        llm = LLM(device="cuda", block_size=16, max_num_batched_tokens=512, max_num_seqs=64, max_model_len=256,
+                  num_speculative_tokens=nextn, enable_mtp_varlen=varlen, compile_decode=False)
+        greedy = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+        outs = llm.generate(CODE_PROMPTS, sampling_params=greedy, use_tqdm=False)
+    return [o.token_ids for o in outs], llm.engine.stats
+
+
+@pytest.fixture(scope="module")
+def no_speculation_tokens():
+    return _spec_run(0, False)[0]
+
+
+@pytest.mark.parametrize("nextn, varlen", [(1, False), (3, False), (5, False), (3, True), (5, True)])
+def test_greedy_speculation_identical_to_no_speculation_on_gpu(no_speculation_tokens, nextn, varlen):
+    assert len(CODE_PROMPTS) == 64
+    tokens, stats = _spec_run(nextn, varlen)
+    assert stats.num_accepted_tokens > 0 and stats.mean_acceptance_length > 1.2
+    assert tokens == no_speculation_tokens
