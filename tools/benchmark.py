@@ -17,7 +17,9 @@ Every row of --result-jsonl is one measurement with its configuration.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -58,9 +60,16 @@ def _code_prompts(n: int, length: int) -> list[list[int]]:
     return [ids[i % len(ids)] for i in range(n)]
 
 
+# --grammar-compare: a long free string keeps every request under the mask (in its costliest state,
+# most tokens allowed) for the whole window
+LONG_STRING_SCHEMA = {"type": "object", "properties": {"text": {"type": "string", "minLength": 3000}},
+                      "required": ["text"]}
+
+
 def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: bool | None = None,
-                 compile_decode: bool | None = None) -> dict:
+                 compile_decode: bool | None = None, grammar: bool = False, invariant: bool = False) -> dict:
     from deepinfer_engine import SamplingParams
+    from deepinfer_engine.structured_output import StructuredOutput
 
     extra = {} if nextn is None else {"num_speculative_tokens": nextn}
     if varlen is not None:
@@ -68,11 +77,20 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
     if compile_decode is not None:
         extra["compile_decode"] = compile_decode
     t_start = time.perf_counter()
-    engine = _engine(args, zero_overhead_scheduling=zos, max_num_seqs=max(batch, 1), **extra)
+    previous = os.environ.get("DEEPINFER_BATCH_INVARIANT")
+    os.environ["DEEPINFER_BATCH_INVARIANT"] = "1" if invariant else "0"   # read when the engine is built
+    try:
+        engine = _engine(args, zero_overhead_scheduling=zos, max_num_seqs=max(batch, 1), **extra)
+    finally:
+        if previous is None:
+            os.environ.pop("DEEPINFER_BATCH_INVARIANT")
+        else:
+            os.environ["DEEPINFER_BATCH_INVARIANT"] = previous
     startup_s = time.perf_counter() - t_start   # weights, KV pool, graph capture (and compile)
     # Enough tokens that no request finishes inside the window, even if every draft is accepted.
     params = SamplingParams(temperature=0, max_tokens=(args.warmup_steps + args.steps + 16) * (1 + engine.nextn),
-                            ignore_eos=True)
+                            ignore_eos=True,
+                            structured_output=StructuredOutput.json_schema(LONG_STRING_SCHEMA) if grammar else None)
     for p in _prompts(batch, args.prompt_len, engine.vocab_size, seed=batch, code=args.code_prompts):
         engine.add_request(prompt_token_ids=p, params=params)
     while engine.stats.num_decode_steps < 1:  # prefill everything
@@ -80,7 +98,7 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
     for _ in range(args.warmup_steps):
         engine.step()
     engine.runner.timeline = [] if engine.device.type == "cuda" else None
-    tok0, steps0 = engine.stats.num_generated_tokens, engine.stats.num_decode_steps
+    tok0, steps0, prefills0 = engine.stats.num_generated_tokens, engine.stats.num_decode_steps, engine.stats.num_prefill_steps
     start = time.perf_counter()
     for _ in range(args.steps):
         engine.step()
@@ -88,15 +106,19 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
     steps = engine.stats.num_decode_steps - steps0
+    running = len(engine._requests)   # finished requests leave the table
+    if running < batch:
+        raise RuntimeError(f"decode window: {batch - running} of {batch} requests finished early")
     sps = steps / elapsed
     row = dict(kind="decode", engine="deepinfer", model=args.model, batch=batch, prompt_len=args.prompt_len,
-               nextn=engine.nextn, varlen=engine.budget.varlen, zos=zos,
+               nextn=engine.nextn, varlen=engine.budget.varlen, zos=zos, grammar=grammar, batch_invariant=invariant,
                cuda_graphs=engine.runner.graphs is not None,
                compiled=engine.runner.graphs is not None and engine.runner.graphs.compile,
                startup_s=startup_s, avg_sps=sps,
                tokens_per_s_full_acceptance=sps * batch * (1 + engine.nextn),
                tokens_per_s_real=(engine.stats.num_generated_tokens - tok0) / elapsed,
-               mean_acceptance_length=engine.stats.mean_acceptance_length, step_ms=1e3 / sps)
+               mean_acceptance_length=engine.stats.mean_acceptance_length, step_ms=1e3 / sps,
+               prefill_steps_in_window=engine.stats.num_prefill_steps - prefills0)   # > 0: preemption recompute
     if engine.runner.timeline:
         spans = [(s.elapsed_time(d)) for s, d in engine.runner.timeline]
         gaps = [engine.runner.timeline[i][1].elapsed_time(engine.runner.timeline[i + 1][0])
@@ -107,6 +129,12 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
         for rid in list(engine._requests):
             engine.abort_request(rid)
         engine.step()
+    if engine._structured is not None:
+        engine._structured.shutdown()
+    del engine   # free the KV pool and graphs before the next engine sizes its pool from free memory
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     return row
 
 
@@ -156,6 +184,10 @@ def main() -> None:
     ap.add_argument("--zos-compare", action="store_true", help="also run decode with ZOS off")
     ap.add_argument("--compile-compare", action="store_true",
                     help="also run decode with the graphed step not compiled (compile_decode=False)")
+    ap.add_argument("--grammar-compare", action="store_true",
+                    help="also run decode with every request under a JSON schema (mask overhead; needs a tokenizer)")
+    ap.add_argument("--invariant-compare", action="store_true",
+                    help="also run decode with DEEPINFER_BATCH_INVARIANT=1 (cost of batch invariance)")
     ap.add_argument("--no-prefill", action="store_true")
     ap.add_argument("--peer", action="store_true", help="run the HF transformers peer in the same process")
     ap.add_argument("--result-jsonl", type=Path, default=None)
@@ -164,6 +196,7 @@ def main() -> None:
     rows = []
     if args.device == "cuda":
         rows.append(dict(kind="ceilings", **measure_ceilings()))
+    first_nextn = int((args.nextn_list or str(args.nextn)).split(",")[0])
     for b in (int(x) for x in args.decode_batch_sizes.split(",")):
         for nextn in (int(x) for x in (args.nextn_list or str(args.nextn)).split(",")):
             rows.append(bench_decode(args, b, zos=True, nextn=nextn))
@@ -171,6 +204,10 @@ def main() -> None:
                 rows.append(bench_decode(args, b, zos=True, nextn=nextn, varlen=not args.varlen))
         if args.zos_compare:
             rows.append(bench_decode(args, b, zos=False))
+        if args.grammar_compare:   # every request under a JSON schema, same nextn as the first row
+            rows.append(bench_decode(args, b, zos=True, nextn=first_nextn, grammar=True))
+        if args.invariant_compare:
+            rows.append(bench_decode(args, b, zos=True, nextn=first_nextn, invariant=True))
         if args.compile_compare:
             rows.append(bench_decode(args, b, zos=True, compile_decode=False))
     if not args.no_prefill:
