@@ -16,14 +16,12 @@ import torch
 
 from deepinfer_kernels.ops._checks import (
     FLOAT_DTYPES,
-    INDEX_DTYPES,
     check_dim,
-    check_same_device,
     check_tensor,
 )
-from deepinfer_kernels.ops.capture import use_capturable, write_rows_capturable
 from deepinfer_kernels.ops.kv_fp8 import GROUP, UE8M0_BIAS, ue8m0_exponent
-from deepinfer_kernels.platform import select_backend, tilelang_launcher
+from deepinfer_kernels.ops.paged_store import store_quantized, store_quantized_rows
+from deepinfer_kernels.platform import select_backend
 
 E2M1_MAX = 6.0
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -83,15 +81,13 @@ def dequantize_index_k_fp4_ref(records: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def store_index_k_fp4_ref(k: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    keep = slot_mapping >= 0
-    if not bool(keep.any()):
-        return
-    pool[slot_mapping[keep].long()] = quantize_index_k_fp4_ref(k[keep])
+    """pool[slot_mapping[i]] = quantize(k[i]) for every i with slot_mapping[i] >= 0 (in place)."""
+    store_quantized_rows(pool, slot_mapping, k, quantize_index_k_fp4_ref, capturable=False)
 
 
 def store_index_k_fp4_capturable(k: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """`store_index_k_fp4_ref` without a host sync: quantize every row, masked row write."""
-    write_rows_capturable(pool, slot_mapping, quantize_index_k_fp4_ref(k))
+    """`store_index_k_fp4_ref` without a host sync: quantize every row (static shape), masked row write."""
+    store_quantized_rows(pool, slot_mapping, k, quantize_index_k_fp4_ref, capturable=True)
 
 
 # ---------------------------------------------------------------- public wrappers
@@ -115,16 +111,4 @@ def dequantize_index_k_fp4(records: torch.Tensor, dim: int) -> torch.Tensor:
 
 def store_index_k_fp4(k: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Quantize k [n, D] and write row i to pool[slot_mapping[i]] (uint8 [slots, D/2 + D/32]); -1 = skip."""
-    check_tensor("k", k, 2, FLOAT_DTYPES)
-    check_tensor("pool", pool, 2, (torch.uint8,))
-    check_tensor("slot_mapping", slot_mapping, 1, INDEX_DTYPES)
-    check_dim("pool", pool, 1, fp4_record_bytes(k.shape[1]))
-    check_dim("slot_mapping", slot_mapping, 0, k.shape[0])
-    device = check_same_device(k=k, pool=pool, slot_mapping=slot_mapping)
-    kernel = tilelang_launcher("store_index_k_fp4", device, supported=k.dtype in (torch.bfloat16, torch.float16))
-    if kernel is not None:
-        kernel(k, pool, slot_mapping)
-    elif use_capturable(pool):
-        store_index_k_fp4_capturable(k, pool, slot_mapping)
-    else:
-        store_index_k_fp4_ref(k, pool, slot_mapping)
+    store_quantized("store_index_k_fp4", "k", k, pool, slot_mapping, fp4_record_bytes, quantize_index_k_fp4_ref)

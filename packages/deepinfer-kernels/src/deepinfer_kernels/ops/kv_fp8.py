@@ -17,13 +17,11 @@ import torch
 
 from deepinfer_kernels.ops._checks import (
     FLOAT_DTYPES,
-    INDEX_DTYPES,
     check_dim,
-    check_same_device,
     check_tensor,
 )
-from deepinfer_kernels.ops.capture import use_capturable, write_rows_capturable
-from deepinfer_kernels.platform import select_backend, tilelang_launcher
+from deepinfer_kernels.ops.paged_store import store_quantized, store_quantized_rows
+from deepinfer_kernels.platform import select_backend
 
 GROUP = 32            # values per ue8m0 scale
 E4M3_MAX = 448.0
@@ -66,15 +64,12 @@ def dequantize_kv_fp8_ref(records: torch.Tensor, dim: int) -> torch.Tensor:
 
 def store_kv_fp8_ref(kv: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """pool[slot_mapping[i]] = quantize(kv[i]) for every i with slot_mapping[i] >= 0 (in place)."""
-    keep = slot_mapping >= 0
-    if not bool(keep.any()):
-        return
-    pool[slot_mapping[keep].long()] = quantize_kv_fp8_ref(kv[keep])
+    store_quantized_rows(pool, slot_mapping, kv, quantize_kv_fp8_ref, capturable=False)
 
 
 def store_kv_fp8_capturable(kv: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """`store_kv_fp8_ref` without a host sync: quantize every row (static shape), masked row write."""
-    write_rows_capturable(pool, slot_mapping, quantize_kv_fp8_ref(kv))
+    store_quantized_rows(pool, slot_mapping, kv, quantize_kv_fp8_ref, capturable=True)
 
 
 # ---------------------------------------------------------------- public wrappers
@@ -98,16 +93,4 @@ def dequantize_kv_fp8(records: torch.Tensor, dim: int) -> torch.Tensor:
 
 def store_kv_fp8(kv: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Quantize kv [n, D] and write row i to pool[slot_mapping[i]] (uint8 [slots, D + D/32]); slot -1 = skip."""
-    check_tensor("kv", kv, 2, FLOAT_DTYPES)
-    check_tensor("pool", pool, 2, (torch.uint8,))
-    check_tensor("slot_mapping", slot_mapping, 1, INDEX_DTYPES)
-    check_dim("pool", pool, 1, fp8_record_bytes(kv.shape[1]))
-    check_dim("slot_mapping", slot_mapping, 0, kv.shape[0])
-    device = check_same_device(kv=kv, pool=pool, slot_mapping=slot_mapping)
-    kernel = tilelang_launcher("store_kv_fp8", device, supported=kv.dtype in (torch.bfloat16, torch.float16))
-    if kernel is not None:
-        kernel(kv, pool, slot_mapping)
-    elif use_capturable(pool):
-        store_kv_fp8_capturable(kv, pool, slot_mapping)
-    else:
-        store_kv_fp8_ref(kv, pool, slot_mapping)
+    store_quantized("store_kv_fp8", "kv", kv, pool, slot_mapping, fp8_record_bytes, quantize_kv_fp8_ref)
