@@ -56,6 +56,13 @@ def graph_sizes(max_rows: int, interval: int, min_rows: int = 1) -> list[int]:
     return sorted(set(sizes))
 
 
+def _cut(o: DecodeStepOutputs, rows: int, requests: int) -> DecodeStepOutputs:
+    """A padded step's outputs cut to the step's own rows and requests."""
+    return DecodeStepOutputs(o.token_ids[:requests], o.token_logprobs[:requests], o.verified_token_ids[:rows],
+                             o.verified_logprobs[:rows], o.num_accepted[:requests],
+                             None if o.confidence is None else o.confidence[:requests])
+
+
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
@@ -221,12 +228,9 @@ class DecodeGraphRunner:
         if self.use_graphs and g not in self.forward_graphs:   # first piecewise step of this bucket
             self.forward_graphs[g] = self._capture(g, self._run_forward, self._meta(g))
         self._fill(g, meta)
-        if self.use_graphs:
-            entry = self.forward_graphs[g]
-            entry.graph.replay()
-            res = entry.out
-        else:
-            res = self._last_forward = self._run_forward(self._meta(g))
+        res = self._replay_or_run(self.forward_graphs, g, self._run_forward, self._meta)
+        if not self.use_graphs:
+            self._last_forward = res   # what the CPU's tail reads
         t = meta.total_q
         feats = res.dspark_features
         return ForwardOutput(logits=res.logits[:t], full_rows=torch.arange(t, device=self.input_ids.device),
@@ -240,15 +244,7 @@ class DecodeGraphRunner:
             return None
         self._fill(g, meta)
         self._fill_sampling(g, batch, mtp_slots)
-        if self.use_graphs:
-            entry = self.step_graphs[g]
-            entry.graph.replay()
-            o = entry.out
-        else:
-            o = self._run_step(self._inputs(g))
-        return DecodeStepOutputs(o.token_ids[:r], o.token_logprobs[:r], o.verified_token_ids[:t],
-                                 o.verified_logprobs[:t], o.num_accepted[:r],
-                                 None if o.confidence is None else o.confidence[:r])
+        return _cut(self._replay_or_run(self.step_graphs, g, self._run_step, self._inputs), t, r)
 
     def _tail_inputs(self, g: int) -> DecodeStepInputs:
         inputs = self._inputs(g)
@@ -273,6 +269,7 @@ class DecodeGraphRunner:
             width = masks[0].shape[1] if masks is not None else 1
             self.vocab_mask = torch.zeros(self.max_rows, width, dtype=torch.int32, device=self.input_ids.device)
             self.tail_graphs.clear()
+        self.row_mask_ids.fill_(NO_VOCAB_MASK)   # a capture's warm-up run must not mask this step's logits
         if self.use_graphs and g not in self.tail_graphs:   # first grammar step of this bucket
             self.tail_graphs[g] = self._capture(g, self._run_tail, self._tail_inputs(g))
             self._fill(g, meta)                               # capture reset the step's buffers
@@ -280,16 +277,15 @@ class DecodeGraphRunner:
         if read_rows is not None:
             self.read_rows[:t].copy_(read_rows)
             self.read_rows[t:g].fill_(MTP_PADDING_ROW)
-        self.row_mask_ids[:g].fill_(NO_VOCAB_MASK)
         if masks is not None:
             self.vocab_mask[: masks[0].shape[0]].copy_(masks[0], non_blocking=True)
             self.row_mask_ids[:t].copy_(masks[1], non_blocking=True)
-        if self.use_graphs:
-            entry = self.tail_graphs[g]
-            entry.graph.replay()
-            o = entry.out
-        else:
-            o = self._run_tail(self._tail_inputs(g))
-        return DecodeStepOutputs(o.token_ids[:r], o.token_logprobs[:r], o.verified_token_ids[:t],
-                                 o.verified_logprobs[:t], o.num_accepted[:r],
-                                 None if o.confidence is None else o.confidence[:r])
+        return _cut(self._replay_or_run(self.tail_graphs, g, self._run_tail, self._tail_inputs), t, r)
+
+    def _replay_or_run(self, graphs: dict[int, _Graph], g: int, fn, inputs_of):
+        """Replay bucket g's graph from `graphs` (its outputs), or on the CPU run fn(inputs_of(g))."""
+        if not self.use_graphs:
+            return fn(inputs_of(g))
+        entry = graphs[g]
+        entry.graph.replay()
+        return entry.out
