@@ -85,6 +85,30 @@ def test_stop_string_spanning_two_tokens_cuts_exactly(llm0, free_runs):
     assert llm0.engine.scheduler.num_running() == 0 and not llm0.engine.has_unfinished()
 
 
+def test_text_stop_keeps_the_finished_request_blocks_in_the_prefix_cache(free_runs):
+    """A text stop ends the request with `abort_request`; the blocks its committed tokens filled were
+    hashed step by step, so they stay in the prefix cache: a follow-up prompt that extends the
+    stopped output (a chat turn) is served from the cache up to the last full block."""
+    llm = LLM(device="cpu", block_size=16, max_num_batched_tokens=128, max_num_seqs=4, max_model_len=256,
+              num_speculative_tokens=0, enable_prefix_caching=True)
+    tok = llm.tokenizer
+    prompt = np.random.default_rng(5).integers(7, 8000, size=40).tolist()
+    free = llm.generate(prompt_token_ids=[prompt], sampling_params=SamplingParams(
+        temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True), use_tqdm=False)[0]
+    found = _boundary_stop(tok, free.token_ids, free.text, min_k=12)
+    assert found is not None
+    stop, _, k = found
+    out = llm.generate(prompt_token_ids=[prompt], sampling_params=SamplingParams(
+        temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, stop=[stop]), use_tqdm=False)[0]
+    assert out.finish_reason == "stop" and out.token_ids == free.token_ids[: k + 1]
+    follow_up = prompt + out.token_ids + list(range(100, 164))   # long enough that the final-chunk floor does not bind
+    before = llm.engine.stats.num_prefix_cached_tokens
+    llm.generate(prompt_token_ids=[follow_up], sampling_params=SamplingParams(temperature=0, max_tokens=1),
+                 use_tqdm=False)
+    committed = len(prompt) + len(out.token_ids) - 1     # the last emitted token's KV was never written
+    assert llm.engine.stats.num_prefix_cached_tokens - before == committed // 16 * 16 > len(prompt) // 16 * 16
+
+
 def test_stop_string_inside_accepted_draft_block(llm0, free_runs, make_oracle):
     """Prefill emits token 0; the first decode step accepts drafts for tokens 1..5 (oracle) and
     samples token 6. A stop string completed by token k in 1..4 ends the request there: tokens
