@@ -240,6 +240,39 @@ def test_matcher_walks_drafts_and_rolls_back(manager):
         g.commit([a, a])
 
 
+def test_batched_walk_equals_one_request_at_a_time(manager):
+    """fill_rows_batch (one batched xgrammar fill per draft position) gives every request the rows
+    its own fill_rows gives: accepted, grammar-rejected and past-the-end drafts, a terminated grammar."""
+    from deepinfer_engine.structured_output.matcher import fill_rows_batch
+
+    llm, mgr = manager
+    compiled = mgr.compiler.submit(SO.regex(r"(ab|cd){1,4}")).wait()
+    a, b, c, d = (llm.tokenizer.token_to_id(x) for x in "abcd")
+    histories = [[], [a], [a, b], [c, d, a, b, c, d, 2], [c]]       # the 4th has completed (EOS accepted)
+    drafts = [[a, b, c, d, a], [b], [c, c, a], [], [d, a, b]]
+
+    def fresh():
+        out = []
+        for h in histories:
+            g = RequestGrammar(compiled, max_rollback=mgr.max_rollback, eos_token_ids=[2])
+            g.commit(h)
+            out.append(g)
+        return out
+
+    rows = [len(ds) + 1 for ds in drafts]
+    first = list(np.cumsum([0] + rows[:-1]))
+    one_by_one = torch.zeros((sum(rows), mgr.width), dtype=torch.int32)
+    singles = fresh()
+    for g, f, ds in zip(singles, first, drafts, strict=True):
+        g.fill_rows(one_by_one, int(f), ds)
+    batched = torch.zeros_like(one_by_one)
+    together = fresh()
+    assert together[3].is_terminated
+    fill_rows_batch(together, batched, [int(f) for f in first], drafts)
+    assert torch.equal(batched, one_by_one)
+    assert [g.pending for g in together] == [g.pending for g in singles] == [[a, b, c, d, a], [b], [c], [], [d, a, b]]
+
+
 def test_step_masks_rows_follow_drafts(manager):
     """step_masks on a decode-shaped step: row k of a grammar request = state after drafts 0..k-1,
     the unconstrained request's rows untouched."""

@@ -26,7 +26,7 @@ from deepinfer_engine.structured_output.compiler import (
     GrammarCompileError,
     GrammarCompilerService,
 )
-from deepinfer_engine.structured_output.matcher import RequestGrammar
+from deepinfer_engine.structured_output.matcher import RequestGrammar, fill_rows_batch
 from deepinfer_engine.structured_output.spec import StructuredOutput
 from deepinfer_engine.structured_output.xgrammar_compat import import_xgrammar
 from deepinfer_kernels.ops.sampling import NO_VOCAB_MASK
@@ -119,12 +119,15 @@ class StructuredOutputManager:
         bitmask = torch.empty((n_masks, self.width), dtype=torch.int32)
         row_mask_ids = np.full(num_rows, NO_VOCAB_MASK, np.int32)
         m = d = 0
-        for j, grammar in owners:
+        mask_rows, request_drafts = [], []
+        for j, _ in owners:
             n = int(seqlens[j])
-            grammar.fill_rows(bitmask, m, drafts_host[d: d + n - 1])
+            mask_rows.append(m)
+            request_drafts.append(drafts_host[d: d + n - 1])
             row_mask_ids[first_row[j]: first_row[j] + n] = np.arange(m, m + n, dtype=np.int32)
             m += n
             d += n - 1
+        fill_rows_batch([g for _, g in owners], bitmask, mask_rows, request_drafts)
         dev = input_ids.device
         result = (bitmask.to(dev, non_blocking=True), torch.from_numpy(row_mask_ids).to(dev, non_blocking=True))
         self.mask_build_s += time.perf_counter() - start

@@ -45,27 +45,13 @@ class RequestGrammar:
 
     def fill_rows(self, bitmask: torch.Tensor, first_row: int, drafts: list[int]) -> None:
         """Masks of rows first_row .. first_row + len(drafts): row j = state after drafts[:j]."""
-        if self.pending:  # the last step emitted nothing for this request (pushed 0): none was emitted
-            self.commit([])
-        m = self.matcher
-        self._fill(bitmask, first_row)
-        last = first_row
-        for j, d in enumerate(drafts):
-            if m.is_terminated() or not m.accept_token(int(d)):
-                break
-            self.pending.append(int(d))
-            last = first_row + j + 1
-            self._fill(bitmask, last)
-        for r in range(last + 1, first_row + len(drafts) + 1):  # after a grammar-rejected draft: unused rows
-            bitmask[r] = bitmask[last]
+        fill_rows_batch([self], bitmask, [first_row], [drafts])
 
-    def _fill(self, bitmask: torch.Tensor, row: int) -> None:
-        if self.matcher.is_terminated():  # only a stop token can follow (its row is never sampled anyway)
-            bitmask[row] = 0
-            for t in self.eos_token_ids:
-                set_bit(bitmask, row, t)
-            return
-        self.matcher.fill_next_token_bitmask(bitmask, row)
+    def _fill_eos_only(self, bitmask: torch.Tensor, row: int) -> None:
+        """A terminated grammar: only a stop token can follow (its row is never sampled anyway)."""
+        bitmask[row] = 0
+        for t in self.eos_token_ids:
+            set_bit(bitmask, row, t)
 
     def commit(self, emitted: list[int]) -> None:
         """The tokens the ledger emitted this step (accepted drafts, then the main token)."""
@@ -83,3 +69,47 @@ class RequestGrammar:
                 raise GrammarStateError(f"token {t} is not accepted by the grammar after {self.num_committed + common} tokens")
             common += 1
         self.num_committed += len(emitted)
+
+
+_batch_matcher = None   # xgrammar's multi-threaded batch filler, made on first use
+
+
+def _fill_batch(grammars: list[RequestGrammar], bitmask: torch.Tensor, rows: list[int]) -> None:
+    """Row rows[i] of bitmask = the next-token mask of grammars[i] (one call for the live ones)."""
+    global _batch_matcher
+    live = []
+    for g, r in zip(grammars, rows, strict=True):
+        if g.matcher.is_terminated():
+            g._fill_eos_only(bitmask, r)
+        else:
+            live.append((g, r))
+    if len(live) == 1:
+        live[0][0].matcher.fill_next_token_bitmask(bitmask, live[0][1])
+    elif live:
+        if _batch_matcher is None:
+            _batch_matcher = import_xgrammar().BatchGrammarMatcher()
+        _batch_matcher.batch_fill_next_token_bitmask([g.matcher for g, _ in live], bitmask, [r for _, r in live])
+
+
+def fill_rows_batch(grammars: list[RequestGrammar], bitmask: torch.Tensor, first_rows: list[int],
+                    drafts: list[list[int]]) -> None:
+    """`RequestGrammar.fill_rows` for many requests at once: request i owns rows first_rows[i] ..
+    first_rows[i] + len(drafts[i]). The walk goes draft position by draft position, each round one
+    batched fill (xgrammar's threads) instead of one Python call per row."""
+    for g in grammars:
+        if g.pending:  # the last step emitted nothing for this request (pushed 0): none was emitted
+            g.commit([])
+    last = list(first_rows)                      # each request's last filled row
+    _fill_batch(grammars, bitmask, last)
+    walking = list(range(len(grammars)))
+    for j in range(max((len(d) for d in drafts), default=0)):
+        walking = [i for i in walking if j < len(drafts[i]) and not grammars[i].matcher.is_terminated()]
+        walking = [i for i in walking if grammars[i].matcher.accept_token(int(drafts[i][j]))]
+        for i in walking:
+            grammars[i].pending.append(int(drafts[i][j]))
+            last[i] = first_rows[i] + j + 1
+        _fill_batch([grammars[i] for i in walking], bitmask, [last[i] for i in walking])
+    for i in range(len(grammars)):   # after a grammar-rejected draft: unused rows repeat the last mask
+        end = first_rows[i] + len(drafts[i]) + 1
+        if last[i] + 1 < end:
+            bitmask[last[i] + 1: end] = bitmask[last[i]]
