@@ -1,0 +1,250 @@
+"""TileLang builders of the sparse MLA kernels (launched by ``sparse_mla.py``).
+
+Kernel layout ("transposed" MQA): one CTA owns one query row and ``HB`` (16 or 32) heads, and
+walks the row's index list in blocks of 64 tokens. Tokens are the MMA M dimension, so a wgmma
+``m64 n{HB} k16`` serves 16 heads without padding them to 64:
+
+    S^T[64 tok, HB]  = K[64 tok, D] . Q^T          (wgmma, K bf16 tile in shared memory)
+    O^T[D, HB]      += V^T[D, 64 tok] . P^T        (wgmma, the same tile read transposed)
+
+Two variants share that math:
+
+* ``"ws"`` (the default, ``"auto"``), warp-specialized, 256 threads. Warpgroup 0 (consumer) runs
+  both wgmmas and the online softmax; producer warpgroup 1 gathers the FP8 records with 128-bit
+  loads straight into registers, prefetching the next block while it dequantizes the current one
+  into the bf16 stage; mbarriers hand the stage back and forth. Each FP8 byte crosses shared
+  memory once, as bf16. (A two-producer version, "ws2", hung in its H200 tests on 2026-11-30;
+  ``_build_ws(producers=2)`` still builds it for debugging, nothing dispatches to it.)
+* ``"pipelined"``: 128 threads, ``T.Pipelined`` cp.async gathers of the FP8 records into a
+  two-stage FP8 tile, then dequantize -> QK -> softmax -> PV in program order. Simpler; kept as
+  the fallback and as a cross-check of the warp-specialized one.
+
+Dequantization is exact (``_cuda.DEQUANT_SRC``), the QK dot products are bf16 x bf16 with fp32
+accumulation (as exact as the reference's fp32 math), P is rounded to bf16 for the PV product.
+
+Split-KV: when there are too few (row, head-group) CTAs to fill the GPU, the index list is cut
+into ``num_splits`` contiguous ranges whose partial (normalized out, lse) are merged by a small
+second kernel.
+"""
+
+# No `from __future__ import annotations`: TileLang evaluates the prim_func annotations at
+# decoration time against the builder locals.
+
+from deepinfer_kernels.tilelang._cuda import DEQUANT_SRC
+
+BLOCK_TOKENS = 64           # tokens per block (the wgmma M)
+LOG2E = 1.4426950408889634
+NEG_INIT = -(2.0 ** 30)     # running-max start: finite, so exp2(m_prev - m) never sees inf - inf
+
+
+def _record_bytes(d: int) -> int:
+    return d + d // 32
+
+
+def _vec_bytes(rec: int) -> int:
+    """Widest power-of-two vector (<= 16 bytes) that keeps every record start aligned."""
+    v = 16
+    while rec % v:
+        v //= 2
+    return v
+
+
+def _softmax_macros(T, hb: int, d: int, H: int, split: bool):
+    """Macros shared by both variants (128 "consumer" threads ``t`` in 0..127).
+
+    Online softmax in a column-per-thread-group layout: the 64 x hb score tile goes through
+    shared memory (fp32), thread t owns head column ``t // TPC`` and tokens ``k * TPC + t % TPC``;
+    the column max and sum are reduced with warp shuffles only (a column's TPC threads are
+    adjacent lanes). Each thread keeps the running (max, sum) of its column in registers, so no
+    cross-warp reduction is needed per block.
+    """
+    BI = BLOCK_TOKENS
+    TPC = 128 // hb           # threads per head column
+    TOK = BI // TPC           # tokens per thread
+    LOGT = TPC.bit_length() - 1
+
+    @T.macro
+    def block_softmax(t, S_sm, vm, vs, P_s, alpha_s, st, scale):
+        # st: [m_run, l_run, tmp_max, tmp_sum] of column t // TPC
+        st[2] = -T.infinity(T.float32)
+        for k in T.serial(TOK):
+            st[2] = T.max(st[2], S_sm[k * TPC + t % TPC, t // TPC] + vm[vs, k * TPC + t % TPC])
+        for o in T.unroll(LOGT):
+            st[2] = T.max(st[2], T.shfl_xor(st[2], 1 << o))
+        st[2] = T.max(st[2], st[0])                                   # new running max
+        st[3] = 0.0
+        for k in T.serial(TOK):
+            pv = T.exp2((S_sm[k * TPC + t % TPC, t // TPC] + vm[vs, k * TPC + t % TPC]) * scale - st[2] * scale)
+            P_s[k * TPC + t % TPC, t // TPC] = T.cast(pv, T.bfloat16)
+            st[3] = st[3] + pv
+        for o in T.unroll(LOGT):
+            st[3] = st[3] + T.shfl_xor(st[3], 1 << o)
+        if t % TPC == 0:
+            alpha_s[t // TPC] = T.exp2((st[0] - st[2]) * scale)
+        st[1] = st[1] * T.exp2((st[0] - st[2]) * scale) + st[3]
+        st[0] = st[2]
+
+    @T.macro
+    def finish(t, r, hg, sp, st, inv_s, acc_o, Out, Lse, Opart, Lpart, scale):
+        c = t // TPC
+        if t % TPC == 0:
+            inv_s[c] = T.if_then_else(st[1] > 0, 1.0 / st[1], 0.0)
+            if hg * hb + c < H:
+                if split:
+                    Lpart[sp, r, hg * hb + c] = T.if_then_else(st[1] > 0, T.log2(st[1]) + st[0] * scale,
+                                                               -T.infinity(T.float32))
+                else:
+                    Lse[r, hg * hb + c] = T.if_then_else(st[1] > 0, (T.log2(st[1]) + st[0] * scale) / LOG2E,
+                                                         -T.infinity(T.float32))
+        if split:
+            for k, h in T.Parallel(d, hb):
+                if hg * hb + h < H:
+                    Opart[sp, r, hg * hb + h, k] = acc_o[k, h] * inv_s[h]
+        else:
+            for k, h in T.Parallel(d, hb):
+                if hg * hb + h < H:
+                    Out[r, hg * hb + h, k] = T.cast(acc_o[k, h] * inv_s[h], T.bfloat16)
+
+    return block_softmax, finish
+
+
+def _build_pipelined(heads: int, d: int, hb: int, split: bool, nblk: int):
+    """cp.async-pipelined kernel, 128 threads, same signature as the ws kernel. The block loop
+    count ``nblk`` is static (T.Pipelined needs it): the launcher passes ``bps`` rounded up to a
+    power of two and the extra blocks are masked."""
+    import tilelang.language as T
+
+    BI = BLOCK_TOKENS
+    REC = _record_bytes(d)
+    NG = d // 32
+    CH = d // 16
+    NT = 128
+    NCH = BI * CH // NT
+    H = heads
+    HG = (H + hb - 1) // hb
+    assert BI * CH % NT == 0
+    block_softmax, finish = _softmax_macros(T, hb, d, H, split)
+
+    R = T.dynamic("R")
+    W = T.dynamic("W")
+    S = T.dynamic("S")
+    NS = T.dynamic("NS")
+    RP = T.dynamic("RP")
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor((R, H, d), T.bfloat16),
+        Pool: T.Tensor((S, REC), T.uint8),
+        Idx: T.Tensor((R, W), T.int32),
+        Out: T.Tensor((R, H, d), T.bfloat16),
+        Lse: T.Tensor((R, H), T.float32),
+        Opart: T.Tensor((NS, RP, H, d), T.float32),
+        Lpart: T.Tensor((NS, RP, H), T.float32),
+        scale: T.float32,
+        bps: T.int32,
+    ):
+        with T.Kernel(R * HG, NS, threads=NT) as (bx, sp):
+            r = bx // HG
+            hg = bx % HG
+            T.import_source(DEQUANT_SRC)
+            Q_s = T.alloc_shared((hb, d), T.bfloat16)
+            Kq = T.alloc_shared((BI, d), T.uint8)
+            Ks = T.alloc_shared((BI, NG), T.uint8)
+            Kb = T.alloc_shared((BI, d), T.bfloat16)
+            vm = T.alloc_shared((1, BI), T.float32)
+            S_sm = T.alloc_shared((BI, hb + 1), T.float32)
+            P_s = T.alloc_shared((BI, hb), T.bfloat16)
+            alpha_s = T.alloc_shared((hb,), T.float32)
+            inv_s = T.alloc_shared((hb,), T.float32)
+            acc_s = T.alloc_fragment((BI, hb), T.float32)
+            acc_o = T.alloc_fragment((d, hb), T.float32)
+            st = T.alloc_local((4,), T.float32)
+            qv = T.alloc_local((16,), T.uint8)
+            bv = T.alloc_local((16,), T.bfloat16)
+            tx = T.get_thread_binding()
+            b0 = sp * bps
+            for h, k in T.Parallel(hb, d):
+                Q_s[h, k] = T.if_then_else(hg * hb + h < H, Q[r, T.min(hg * hb + h, H - 1), k], T.bfloat16(0))
+            T.fill(acc_o, 0)
+            st[0] = NEG_INIT
+            st[1] = 0.0
+            for it in T.Pipelined(nblk, num_stages=2):
+                # Invalid (-1) slots gather slot 0 here (always a valid address); the dequant
+                # below writes zeros for them and the scores are masked, so its contents never
+                # matter (even NaN bytes).
+                for bi, k in T.Parallel(BI, d):
+                    Kq[bi, k] = Pool[T.max(Idx[r, T.min((b0 + it) * BI + bi, W - 1)], 0), k]
+                for bi, g in T.Parallel(BI, NG):
+                    Ks[bi, g] = Pool[T.max(Idx[r, T.min((b0 + it) * BI + bi, W - 1)], 0), d + g]
+                for i in T.unroll(NCH):
+                    c = i * NT + tx
+                    col = (b0 + it) * BI + c // CH
+                    if (col < W) and (it < bps) and (Idx[r, T.min(col, W - 1)] >= 0):
+                        for v in T.vectorized(16):
+                            qv[v] = Kq[c // CH, (c % CH) * 16 + v]
+                        T.call_extern("handle", "di_dequant16", T.access_ptr(qv, "r"), T.access_ptr(bv, "w"),
+                                      Ks[c // CH, (c % CH) // 2])
+                        if c % CH == 0:
+                            vm[0, c // CH] = 0.0
+                    else:
+                        for v in T.vectorized(16):
+                            bv[v] = T.bfloat16(0)
+                        if c % CH == 0:
+                            vm[0, c // CH] = -T.infinity(T.float32)
+                    for v in T.vectorized(16):
+                        Kb[c // CH, (c % CH) * 16 + v] = bv[v]
+                T.clear(acc_s)
+                T.gemm(Kb, Q_s, acc_s, transpose_B=True)
+                T.copy(acc_s, S_sm[:, 0:hb])
+                block_softmax(tx, S_sm, vm, 0, P_s, alpha_s, st, scale)
+                for k, h in T.Parallel(d, hb):
+                    acc_o[k, h] *= alpha_s[h]
+                T.gemm(Kb, P_s, acc_o, transpose_A=True)
+            finish(tx, r, hg, sp, st, inv_s, acc_o, Out, Lse, Opart, Lpart, scale)
+
+    return main
+
+
+def _build_combine(heads: int, d: int):
+    """Merge split partials: out = sum_s 2^(L_s - L) O_s, lse = L / log2(e), L = log2 sum_s 2^L_s."""
+    import tilelang.language as T
+
+    H = heads
+    R = T.dynamic("R")
+    NS = T.dynamic("NS")
+    NT = min(128, d // 4)
+    PER = d // NT
+
+    @T.prim_func
+    def main(
+        Opart: T.Tensor((NS, R, H, d), T.float32),
+        Lpart: T.Tensor((NS, R, H), T.float32),
+        Out: T.Tensor((R, H, d), T.bfloat16),
+        Lse: T.Tensor((R, H), T.float32),
+    ):
+        with T.Kernel(R, H, threads=NT) as (r, h):
+            tx = T.get_thread_binding()
+            mx = T.alloc_var(T.float32)
+            tot = T.alloc_var(T.float32)
+            acc = T.alloc_local((PER,), T.float32)
+            ov = T.alloc_local((PER,), T.float32)
+            mx = -T.infinity(T.float32)
+            for s in T.serial(NS):
+                mx = T.max(mx, Lpart[s, r, h])
+            tot = 0.0
+            for v in T.vectorized(PER):
+                acc[v] = 0.0
+            if mx > -T.infinity(T.float32):
+                for s in T.serial(NS):
+                    wgt = T.exp2(Lpart[s, r, h] - mx)
+                    tot = tot + wgt
+                    for v in T.vectorized(PER):
+                        ov[v] = Opart[s, r, h, tx * PER + v]
+                    for v in T.vectorized(PER):
+                        acc[v] = acc[v] + wgt * ov[v]
+            for v in T.vectorized(PER):
+                Out[r, h, tx * PER + v] = T.cast(T.if_then_else(tot > 0, acc[v] / tot, 0.0), T.bfloat16)
+            if tx == 0:
+                Lse[r, h] = T.if_then_else(tot > 0, (T.log2(tot) + mx) / LOG2E, -T.infinity(T.float32))
+
+    return main

@@ -1,0 +1,202 @@
+"""TileLang builder of the warp-specialized sparse MLA kernel ("ws", the default; see
+``sparse_mla_builders.py`` for the layout and the other variants)."""
+
+# No `from __future__ import annotations`: TileLang evaluates the prim_func annotations at
+# decoration time against the builder locals.
+
+from deepinfer_kernels.tilelang._cuda import DEQUANT_SRC
+from deepinfer_kernels.tilelang.sparse_mla_builders import (
+    BLOCK_TOKENS,
+    NEG_INIT,
+    _record_bytes,
+    _softmax_macros,
+    _vec_bytes,
+)
+
+
+def _build_ws(heads: int, d: int, hb: int, split: bool, producers: int = 1):
+    """Warp-specialized kernel. Dynamic: rows R, width W, slots S, splits NS; ``bps`` (blocks per
+    split) is even.
+
+    producers = 1 ("ws"): one producer warpgroup walks all blocks, loading block i+1 into one
+    register buffer while it dequantizes block i from the other (one block, 33 KB per SM, of loads
+    in flight). producers = 2 ("ws2"): producer warpgroup p owns bf16 stage p and the blocks of
+    parity p, so two blocks are in flight per SM; 384 threads, registers rebalanced with setmaxnreg.
+    """
+    import tilelang.language as T
+
+    BI = BLOCK_TOKENS
+    REC = _record_bytes(d)
+    CH = d // 16                      # 16-byte chunks per record body
+    PT = 128                          # threads per producer warpgroup
+    NCH = BI * CH // PT               # chunks per producer thread per block
+    VW = _vec_bytes(REC)
+    H = heads
+    HG = (H + hb - 1) // hb
+    assert BI * CH % PT == 0 and d % 64 == 0 and producers in (1, 2)
+    block_softmax, finish = _softmax_macros(T, hb, d, H, split)
+
+    # Producer thread layout: a thread owns RPT records x CPR consecutive 16-byte chunks of each
+    # (one contiguous run of the record body, so its scale bytes are SB consecutive bytes loaded
+    # at once). Lane L of warp w takes row L % RW and part L // RW: the 8 lanes of a quarter-warp
+    # write 8 different rows of the swizzled bf16 tile, so the 16-byte shared stores do not
+    # conflict.
+    CPR = min(8, NCH)
+    RPT = NCH // CPR
+    P = CH // CPR                      # parts per record
+    RW = 32 // P                       # rows per warp and per k
+    SB = CPR // 2                      # scale bytes per thread-part (CPR chunks = CPR/2 groups)
+    SV = min(SB, VW)
+    assert RPT * CPR == NCH and P * CPR == CH and RW * P == 32 and SB >= 1
+
+    @T.macro
+    def load_block(Idx, Pool, r, W, blk, ok_blk, tp, qbuf, sbuf, ibuf):
+        for k in T.unroll(RPT):
+            rec = k * (PT // P) + (tp // 32) * RW + (tp % 32) % RW
+            part = (tp % 32) // RW
+            col = blk * BI + rec
+            ibuf[k] = T.if_then_else(ok_blk & (col < W), Idx[r, T.min(col, W - 1)], -1)
+            if ibuf[k] >= 0:
+                for jj in T.unroll(CPR):
+                    for u in T.unroll(16 // VW):
+                        for v in T.vectorized(VW):
+                            qbuf[(k * CPR + jj) * 16 + u * VW + v] = Pool[ibuf[k], (part * CPR + jj) * 16 + u * VW + v]
+                for u in T.unroll(SB // SV):
+                    for v in T.vectorized(SV):
+                        sbuf[k * SB + u * SV + v] = Pool[ibuf[k], d + part * SB + u * SV + v]
+
+    @T.macro
+    def store_block(Kb, vm, stage, tp, qbuf, sbuf, ibuf, bv):
+        for k in T.unroll(RPT):
+            rec = k * (PT // P) + (tp // 32) * RW + (tp % 32) % RW
+            part = (tp % 32) // RW
+            for jj in T.unroll(CPR):
+                if ibuf[k] >= 0:
+                    T.call_extern("handle", "di_dequant16", T.access_ptr(qbuf[(k * CPR + jj) * 16], "r"),
+                                  T.access_ptr(bv, "w"), sbuf[k * SB + jj // 2])
+                else:
+                    for v in T.vectorized(16):
+                        bv[v] = T.bfloat16(0)
+                for v in T.vectorized(16):
+                    Kb[stage, rec, (part * CPR + jj) * 16 + v] = bv[v]
+            if part == 0:
+                vm[stage, rec] = T.if_then_else(ibuf[k] >= 0, 0.0, -T.infinity(T.float32))
+
+    @T.macro
+    def produce(Idx, Pool, Kb, vm, bar_full, bar_empty, r, W, b0, bps, nj, tp, pid):
+        # pid is a Python constant: one code path per producer warpgroup (own named barriers)
+        qa = T.alloc_local((NCH * 16,), T.uint8)
+        qb = T.alloc_local((NCH * 16,), T.uint8)
+        sa = T.alloc_local((RPT * SB,), T.uint8)
+        sb = T.alloc_local((RPT * SB,), T.uint8)
+        ia = T.alloc_local((RPT,), T.int32)
+        ib = T.alloc_local((RPT,), T.int32)
+        bv = T.alloc_local((16,), T.bfloat16)
+        if producers == 1:
+            # block 2j+s goes to register buffer s (a/b) one step before it is dequantized into
+            # bf16 stage s
+            for j in T.serial(nj + 1):
+                for s in T.unroll(2):
+                    if s == 0:
+                        load_block(Idx, Pool, r, W, b0 + 2 * j, 2 * j < bps, tp, qa, sa, ia)
+                    else:
+                        load_block(Idx, Pool, r, W, b0 + 2 * j + 1, 2 * j + 1 < bps, tp, qb, sb, ib)
+                    pj = 2 * j + s - 1       # block dequantized now, into stage 1 - s
+                    if (pj >= 0) and (pj < bps):
+                        T.barrier_wait(bar_empty[1 - s], ((pj // 2) & 1) ^ 1)
+                        if s == 0:
+                            store_block(Kb, vm, 1, tp, qb, sb, ib, bv)
+                        else:
+                            store_block(Kb, vm, 0, tp, qa, sa, ia, bv)
+                        T.fence_proxy_async()
+                        T.barrier_arrive(bar_full[1 - s])
+        else:
+            # producer pid owns stage pid; its m-th block is block 2m+pid, loaded into buffer
+            # m % 2 one step before it is dequantized
+            for mm in T.serial(nj // 2 + 1):
+                for u in T.unroll(2):
+                    m = 2 * mm + u
+                    if u == 0:
+                        load_block(Idx, Pool, r, W, b0 + 2 * m + pid, m < nj, tp, qa, sa, ia)
+                    else:
+                        load_block(Idx, Pool, r, W, b0 + 2 * m + pid, m < nj, tp, qb, sb, ib)
+                    if (m >= 1) and (m <= nj):
+                        T.barrier_wait(bar_empty[pid], ((m - 1) & 1) ^ 1)
+                        if u == 0:
+                            store_block(Kb, vm, pid, tp, qb, sb, ib, bv)
+                        else:
+                            store_block(Kb, vm, pid, tp, qa, sa, ia, bv)
+                        T.fence_proxy_async()
+                        T.barrier_arrive(bar_full[pid])
+
+    R = T.dynamic("R")
+    W = T.dynamic("W")
+    S = T.dynamic("S")
+    NS = T.dynamic("NS")
+    RP = T.dynamic("RP")          # rows of the split partials (1 when not splitting)
+    NTH = 128 + PT * producers
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor((R, H, d), T.bfloat16),
+        Pool: T.Tensor((S, REC), T.uint8),
+        Idx: T.Tensor((R, W), T.int32),
+        Out: T.Tensor((R, H, d), T.bfloat16),
+        Lse: T.Tensor((R, H), T.float32),
+        Opart: T.Tensor((NS, RP, H, d), T.float32),
+        Lpart: T.Tensor((NS, RP, H), T.float32),
+        scale: T.float32,          # sm_scale * log2(e)
+        bps: T.int32,              # blocks per split (even)
+    ):
+        # head groups of one row are adjacent CTAs, so the second group's gathers hit L2
+        with T.Kernel(R * HG, NS, threads=NTH) as (bx, sp):
+            r = bx // HG
+            hg = bx % HG
+            T.import_source(DEQUANT_SRC)
+            Q_s = T.alloc_shared((hb, d), T.bfloat16)
+            Kb = T.alloc_shared((2, BI, d), T.bfloat16)
+            vm = T.alloc_shared((2, BI), T.float32)
+            S_sm = T.alloc_shared((BI, hb + 1), T.float32)
+            P_s = T.alloc_shared((BI, hb), T.bfloat16)
+            alpha_s = T.alloc_shared((hb,), T.float32)
+            inv_s = T.alloc_shared((hb,), T.float32)
+            bar_full = T.alloc_barrier(arrive_count=[PT, PT])
+            bar_empty = T.alloc_barrier(arrive_count=[128, 128])
+            tx = T.get_thread_binding()
+            b0 = sp * bps                 # first block of this split
+            nj = bps // 2
+            if tx < 128:
+                # ---------------------------------------------------------------- consumer
+                if producers == 2:
+                    T.set_max_nreg(160, 0)
+                acc_s = T.alloc_fragment((BI, hb), T.float32)
+                acc_o = T.alloc_fragment((d, hb), T.float32)
+                st = T.alloc_local((4,), T.float32)
+                for h, k in T.Parallel(hb, d):
+                    Q_s[h, k] = T.if_then_else(hg * hb + h < H, Q[r, T.min(hg * hb + h, H - 1), k], T.bfloat16(0))
+                T.fill(acc_o, 0)
+                st[0] = NEG_INIT
+                st[1] = 0.0
+                for j in T.serial(nj):
+                    for s in T.unroll(2):
+                        T.barrier_wait(bar_full[s], j & 1)
+                        T.clear(acc_s)
+                        T.gemm(Kb[s, :, :], Q_s, acc_s, transpose_B=True)
+                        T.copy(acc_s, S_sm[:, 0:hb])
+                        block_softmax(tx, S_sm, vm, s, P_s, alpha_s, st, scale)
+                        for k, h in T.Parallel(d, hb):
+                            acc_o[k, h] *= alpha_s[h]
+                        T.gemm(Kb[s, :, :], P_s, acc_o, transpose_A=True)
+                        T.barrier_arrive(bar_empty[s])
+                finish(tx, r, hg, sp, st, inv_s, acc_o, Out, Lse, Opart, Lpart, scale)
+            elif (producers == 1) or (tx < 256):
+                # ---------------------------------------------------------------- producer 0
+                if producers == 2:
+                    T.set_max_nreg(176, 1)
+                produce(Idx, Pool, Kb, vm, bar_full, bar_empty, r, W, b0, bps, nj, tx - 128, 0)
+            else:
+                # ---------------------------------------------------------------- producer 1
+                T.set_max_nreg(176, 1)
+                produce(Idx, Pool, Kb, vm, bar_full, bar_empty, r, W, b0, bps, nj, tx - 256, 1)
+
+    return main
