@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Device runner for the engine: GPU tests and the end-to-end benchmarks of docs/benchmarks.md,
+# each mode sized to fit one device call (<= 600 s on a warm H200; compile_decode off).
+#
+#   OUT=/some/dir tools/gpu_engine_check.sh MODE
+#
+#   tests      pytest -m "gpu and not slow": batch invariance (CUDA), model graph test, CUDA PPL
+#              baseline, engine graphs/ZOS/speculation tests (~7 min: run it alone)
+#   dspark     default model, batch 1, nextn 0 vs 5 (issue 7's 2.5x)
+#   batch64    default model, 64 sequences: nextn 5 varlen vs fixed, grammar masks and batch
+#              invariance beside plain decode; then the same at nextn 0 (issues 7 and 9)
+#   mini       `mini` vs HF transformers: decode batch 1 / 64 (ZOS on and off), prefill 64 x 512
+#
+# Uses the installed packages (pip install -e the four of them first). Writes under $OUT:
+# <mode>.log, bench.jsonl (one JSON row per measurement, with the copy / matmul ceilings of the
+# run) and summary.txt (rc and seconds of every stage).
+set -uo pipefail
+
+MODE=${1:?usage: $0 tests|dspark|batch64|mini}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+OUT=${OUT:-$ROOT/out}
+mkdir -p "$OUT"
+PY=${PY:-python3}
+export PYTHONUNBUFFERED=1 DEEPINFER_COMPILE_DECODE=0
+SUMMARY="$OUT/summary.txt"
+DEADLINE=${DEADLINE:-570}
+# shellcheck source=tools/_stage.sh
+source "$ROOT/tools/_stage.sh"
+
+BENCH=("$PY" tools/benchmark.py --device cuda --result-jsonl "$OUT/bench.jsonl")
+CODE=(--model default --code-prompts --prompt-len 256 --max-model-len 1536 --no-prefill --warmup-steps 20 --steps 30)
+
+case "$MODE" in
+  tests)
+    stage tests 560 "$PY" -m pytest -p no:cacheprovider -m "gpu and not slow" --benchmark-skip -v -rf \
+      -o faulthandler_timeout=150 packages/deepinfer-engine/tests/test_batch_invariance.py packages/deepinfer-model/tests \
+      tests packages/deepinfer-engine/tests/test_gpu_engine.py > "$OUT/tests.log" 2>&1 ;;
+  dspark)
+    stage dspark 200 "${BENCH[@]}" "${CODE[@]}" --decode-batch-sizes 1 --nextn-list 0,5 > "$OUT/dspark.log" 2>&1 ;;
+  batch64)
+    stage batch64_nextn5 300 "${BENCH[@]}" "${CODE[@]}" --decode-batch-sizes 64 --nextn-list 5 --varlen --varlen-compare \
+      --grammar-compare --invariant-compare > "$OUT/batch64_nextn5.log" 2>&1
+    stage batch64_nextn0 200 "${BENCH[@]}" "${CODE[@]}" --decode-batch-sizes 64 --nextn-list 0 --grammar-compare \
+      --invariant-compare > "$OUT/batch64_nextn0.log" 2>&1 ;;
+  mini)
+    stage mini 560 "${BENCH[@]}" --model preset:mini --decode-batch-sizes 1,64 --prompt-len 512 --prefill-batch 64 \
+      --peer --zos-compare --warmup-steps 30 --steps 40 > "$OUT/mini.log" 2>&1 ;;
+  *) echo "usage: $0 tests|dspark|batch64|mini" >&2; exit 2 ;;
+esac
+cat "$SUMMARY"
