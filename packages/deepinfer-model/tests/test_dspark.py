@@ -2,6 +2,7 @@
 Markov and confidence heads (greedy and with given uniforms)."""
 
 
+import pytest
 import torch
 
 from deepinfer_model.testing import Driver, Seq, tiny_model
@@ -73,3 +74,25 @@ def test_sampling_with_uniforms_follows_the_cdf():
         for r in range(2):
             cdf = out.probs[r, 0].cumsum(-1)
             assert int(out.token_ids[r, 0]) == int((cdf > u * cdf[-1]).nonzero()[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_main_keys_of_all_layers_at_once_are_bit_identical(dtype):
+    """`main_keys_all` (the engine's write of every DFlash layer's main key in a few kernels) equals
+    each layer's `main_keys` bit for bit, with the model's parameters as loaded and with the
+    float32 copies the engine keeps (`keep_float32_params`)."""
+    from deepinfer_model import presets
+    from deepinfer_model.model import V41ForCausalLM
+    from deepinfer_model.modules.rope import rope_table
+
+    model = V41ForCausalLM(presets.default(), dtype=dtype).init_random_weights(3)
+    f = torch.randn(37, model.config.hidden_size).to(dtype)
+    rope = rope_table(torch.randint(0, 1000, (37,)), model.config.qk_rope_head_dim, model.config.rope_theta)
+    ds = model.model.dspark
+    want = torch.stack([layer.main_keys(f, rope) for layer in ds.layers])
+    assert torch.equal(ds.main_keys_all(f, rope), want)
+    model.keep_float32_params()
+    assert ds.layers[0].input_layernorm.weight.dtype == torch.float32
+    assert model.model.dspark.confidence_head.weight.dtype == torch.float32
+    assert model.lm_head.weight.dtype == dtype                        # the matmul weights keep theirs
+    assert torch.equal(ds.main_keys_all(f, rope), want)

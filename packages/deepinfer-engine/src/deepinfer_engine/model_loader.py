@@ -61,7 +61,7 @@ def load_model(model: str | Path | None, device: torch.device, random_init_seed:
         # Generated on the CPU (the same weights on every device) unless large enough to be slow there.
         large = cfg.hidden_size * cfg.num_hidden_layers >= 8192
         net = V41ForCausalLM(cfg, device=device, dtype=_dtype(dtype)).init_random_weights(
-            random_init_seed, on_device=device.type == "cuda" and large)
+            random_init_seed, on_device=device.type == "cuda" and large).keep_float32_params()
         return LoadedModel(net, None, list(cfg.eos_token_ids), f"{model} (random weights, seed {random_init_seed})")
     model_dir = Path(model) if model is not None else DEFAULT_MODEL_DIR
     if model is not None and not model_dir.is_dir():
@@ -72,6 +72,7 @@ def load_model(model: str | Path | None, device: torch.device, random_init_seed:
     else:  # no trained default shipped yet: random tiny weights + the shipped tokenizer
         net = V41ForCausalLM(presets.tiny(), device=device, dtype=_dtype(dtype)).init_random_weights(random_init_seed)
         source = f"random tiny (seed {random_init_seed})"
+    net.keep_float32_params()
     cfg = net.config
     eos_ids = list(cfg.eos_token_ids)
     tok = _tokenizer(model_dir, eos_ids, cfg.bos_token_id)

@@ -31,9 +31,15 @@ def write_main_keys(model, meta: ForwardMetadata, out: ForwardOutput, cache) -> 
     pos = meta.positions.long()[out.full_rows]
     slots = meta.slot_mapping.long()[out.full_rows]
     rope = rope_table(pos, model.config.qk_rope_head_dim, model.config.rope_theta)   # shared by the layers
-    for k, layer in enumerate(ds.layers):
-        store_kv_fp8(layer.main_keys(out.dspark_features, rope), cache.kv_flat,
-                     to_flat(slots, cache.layout.dflash_planes[k], cache.num_slots))
+    latents = ds.main_keys_all(out.dspark_features, rope)                                 # [K, N, D]
+    k = latents.shape[0]
+    planes = cache.layout.dflash_planes
+    if planes != tuple(range(planes[0], planes[0] + k)):
+        raise ValueError(f"dspark_write_main_keys: DFlash planes {planes} are not consecutive")
+    first = to_flat(slots, planes[0], cache.num_slots)                                  # [N] layer 0's rows
+    layer_offset = torch.arange(k, device=slots.device).unsqueeze(1) * cache.num_slots  # [K, 1]
+    rows = torch.where(first >= 0, first + layer_offset, -1)                            # [K, N]
+    store_kv_fp8(latents.reshape(-1, latents.shape[-1]), cache.kv_flat, rows.reshape(-1))   # one store, all layers
 
 
 def merge_attention(o1, lse1, o2, lse2) -> torch.Tensor:

@@ -22,7 +22,8 @@ from torch import nn
 from deepinfer_model.metadata import DraftOutput
 from deepinfer_model.modules.ffn import SwiGLU
 from deepinfer_model.modules.mla import MLAAttention
-from deepinfer_model.modules.norm import RMSNorm
+from deepinfer_model.modules.norm import RMSNorm, rms_norm
+from deepinfer_model.modules.rope import apply_rope
 
 
 class DFlashLayer(nn.Module):
@@ -55,6 +56,21 @@ class DSparkDraft(nn.Module):
             self.markov_embed = nn.Embedding(cfg.vocab_size, self.markov_rank)
             self.markov_proj = nn.Linear(self.markov_rank, cfg.vocab_size, bias=False)
         self.confidence_head = nn.Linear(h + self.markov_rank, 1, bias=False)
+
+    def main_keys_all(self, f: torch.Tensor, positions) -> torch.Tensor:
+        """f [N, H] target features, positions [N] (or their RopeTable) -> every DFlash layer's
+        main-token latent [nextn, N, D]: `DFlashLayer.main_keys` of each layer, bit for bit, with the
+        norms and the RoPE of all layers done together (a few kernels instead of ~30 per layer)."""
+        attns = [layer.self_attn for layer in self.layers]
+        norms = [layer.input_layernorm for layer in self.layers]
+        eps = norms[0].eps
+        if any(n.eps != eps or a.kv_a_layernorm.eps != eps for n, a in zip(norms, attns, strict=True)):
+            raise ValueError("main_keys_all: the DFlash layers' norms must share one eps")
+        k, dc, theta = len(attns), attns[0].dc, attns[0].theta
+        u = rms_norm(f.unsqueeze(0).expand(k, -1, -1), torch.stack([n.weight for n in norms]).unsqueeze(1), eps)
+        kv = torch.stack([a.kv_a_proj_with_mqa(u[i]) for i, a in enumerate(attns)], dim=1)   # [N, K, dc + r]
+        lat = rms_norm(kv[..., :dc], torch.stack([a.kv_a_layernorm.weight for a in attns]), eps)
+        return torch.cat([lat, apply_rope(kv[..., dc:], positions, theta)], dim=-1).transpose(0, 1)
 
     def features(self, hiddens: list[torch.Tensor]) -> torch.Tensor:
         """residual streams after the target layers, each [N, H] -> f [N, H]."""
