@@ -96,3 +96,20 @@ def test_main_keys_of_all_layers_at_once_are_bit_identical(dtype):
     assert model.model.dspark.confidence_head.weight.dtype == torch.float32
     assert model.lm_head.weight.dtype == dtype                        # the matmul weights keep theirs
     assert torch.equal(ds.main_keys_all(f, rope), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_query_and_latent_with_one_rope_are_bit_identical(dtype):
+    """`MLAAttention.query_and_latent` (one RoPE for the query heads and the KV head) equals `query`
+    and `latent` called separately, bit for bit."""
+    from deepinfer_model import presets
+    from deepinfer_model.model import V41ForCausalLM
+    from deepinfer_model.modules.rope import rope_table
+
+    model = V41ForCausalLM(presets.default(), dtype=dtype).init_random_weights(4)
+    attn = model.model.layers[2].self_attn
+    u = torch.randn(23, model.config.hidden_size).to(dtype)
+    rope = rope_table(torch.randint(0, 3000, (23,)), attn.rope_dim, attn.theta)
+    q, q_lat, latent = attn.query_and_latent(u, rope)
+    want_q, want_lat = attn.query(u, rope)
+    assert torch.equal(q, want_q) and torch.equal(q_lat, want_lat) and torch.equal(latent, attn.latent(u, rope))

@@ -33,13 +33,18 @@ def write_main_keys(model, meta: ForwardMetadata, out: ForwardOutput, cache) -> 
     rope = rope_table(pos, model.config.qk_rope_head_dim, model.config.rope_theta)   # shared by the layers
     latents = ds.main_keys_all(out.dspark_features, rope)                                 # [K, N, D]
     k = latents.shape[0]
-    planes = cache.layout.dflash_planes
-    if planes != tuple(range(planes[0], planes[0] + k)):
-        raise ValueError(f"dspark_write_main_keys: DFlash planes {planes} are not consecutive")
-    first = to_flat(slots, planes[0], cache.num_slots)                                  # [N] layer 0's rows
-    layer_offset = torch.arange(k, device=slots.device).unsqueeze(1) * cache.num_slots  # [K, 1]
-    rows = torch.where(first >= 0, first + layer_offset, -1)                            # [K, N]
+    rows = _plane_rows(slots, cache, k)                                                 # [K, N]
     store_kv_fp8(latents.reshape(-1, latents.shape[-1]), cache.kv_flat, rows.reshape(-1))   # one store, all layers
+
+
+def _plane_rows(slots: torch.Tensor, cache, num_layers: int) -> torch.Tensor:
+    """slots [...] (-1 = empty) -> flat pool rows [num_layers, ...] of each DFlash layer's plane."""
+    planes = cache.layout.dflash_planes
+    if planes != tuple(range(planes[0], planes[0] + num_layers)):
+        raise ValueError(f"DFlash planes {planes} are not consecutive")
+    first = to_flat(slots, planes[0], cache.num_slots)                                  # layer 0's rows
+    offset = (torch.arange(num_layers, device=slots.device) * cache.num_slots).reshape((num_layers,) + (1,) * slots.dim())
+    return torch.where(first >= 0, first + offset, -1)
 
 
 def merge_attention(o1, lse1, o2, lse2) -> torch.Tensor:
@@ -69,13 +74,13 @@ def draft_forward(model, meta: DraftMetadata, cache, uniforms: torch.Tensor | No
     bmask = (j.unsqueeze(0) <= j.unsqueeze(1)) & (j.unsqueeze(0) > j.unsqueeze(1) - w)   # [n(q), n(k)]
     h = ds.block_inputs(mains, model.model.embed_tokens).reshape(n_req * n, -1)
     rope = rope_table(bpos, cfg.qk_rope_head_dim, cfg.rope_theta)   # shared by the DFlash layers
+    main_rows = _plane_rows(main_slots, cache, len(ds.layers)).to(torch.int32)      # [K, R*n, W]
     for k, layer in enumerate(ds.layers):
         attn = layer.self_attn
         u = layer.input_layernorm(h)
-        q, _ = attn.query(u, rope)
-        idx = to_flat(main_slots, cache.layout.dflash_planes[k], cache.num_slots).to(torch.int32)
-        o1, lse1 = sparse_mla_attention(q, cache.kv_flat, idx, attn.sm_scale)
-        bk = attn.latent(u, rope).float().reshape(n_req, n, -1)                     # [R, n, D]
+        q, _, latent = attn.query_and_latent(u, rope)
+        o1, lse1 = sparse_mla_attention(q, cache.kv_flat, main_rows[k], attn.sm_scale)
+        bk = latent.float().reshape(n_req, n, -1)                                   # [R, n, D]
         qb = q.float().reshape(n_req, n, attn.num_heads, -1)
         s = torch.einsum("rjhd,rid->rjhi", qb, bk) * attn.sm_scale
         s = s.masked_fill(~bmask.unsqueeze(0).unsqueeze(2), float("-inf"))

@@ -138,9 +138,9 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
         x = x + layer.engram(x, rows.windows)
     u = layer.input_layernorm(x)
     rope = rows.rope(attn.rope_dim, attn.theta)
-    q, q_lat = attn.query(u, rope)
+    q, q_lat, latent = attn.query_and_latent(u, rope)
     plane = cache.layout.window_planes[l]
-    store_kv_fp8(attn.latent(u, rope), cache.kv_flat, to_flat(rows.slots, plane, ns))
+    store_kv_fp8(latent, cache.kv_flat, to_flat(rows.slots, plane, ns))
     if attn.compressor is not None and not layer.is_consumer:
         update_compressed_source(model, l, u, rows.positions, rows.req, rows.slots, meta.block_tables, cache,
                                  static=not meta.is_prefill)

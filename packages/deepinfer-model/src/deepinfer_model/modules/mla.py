@@ -57,6 +57,19 @@ class MLAAttention(nn.Module):
         return torch.cat([self.kv_a_layernorm(kv[:, : self.dc]),
                           apply_rope(kv[:, self.dc:], positions, self.theta)], dim=-1)
 
+    def query_and_latent(self, u: torch.Tensor, positions: torch.Tensor | RopeTable
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`query` and `latent` of the same rows with one RoPE for both (the KV head rides along as
+        head nh): (q [N, nh, D], q_latent [N, qr], latent [N, D]), bit-identical to the two calls."""
+        n, dc = u.shape[0], self.dc
+        q_lat = self.q_a_layernorm(self.q_a_proj(u))
+        q = self.q_b_proj(q_lat).view(n, self.num_heads, self.head_dim)
+        kv = self.kv_a_proj_with_mqa(u)
+        roped = apply_rope(torch.cat([q[..., dc:], kv[:, None, dc:]], dim=1), positions, self.theta)  # [N, nh+1, r]
+        q = torch.cat([q[..., :dc], roped[:, : self.num_heads]], dim=-1)
+        latent = torch.cat([self.kv_a_layernorm(kv[:, :dc]), roped[:, self.num_heads]], dim=-1)
+        return q, q_lat, latent
+
     def output(self, o: torch.Tensor) -> torch.Tensor:
         """o [N, nh, D] -> [N, H]."""
         return self.o_proj(o.reshape(o.shape[0], self.num_heads * self.head_dim).to(self.o_proj.weight.dtype))
