@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from deepinfer_kernels.batch_invariant import batch_invariant_enabled
 
 
 class RMSNorm(nn.Module):
@@ -18,7 +21,12 @@ class RMSNorm(nn.Module):
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., dim], weight broadcastable to x (several norms at once: [K, 1, dim] against x [K, N, dim])
-    -> x's dtype, computed in float32."""
+    -> x's dtype, computed in float32.
+
+    On CUDA with one weight vector: torch's fused RMSNorm kernel, one launch instead of five
+    (not in batch-invariant mode, whose last-dim reductions run on fixed row tiles)."""
+    if x.is_cuda and weight.dim() == 1 and not batch_invariant_enabled():
+        return F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps).to(x.dtype)
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (y * weight.float()).to(x.dtype)
