@@ -19,15 +19,15 @@ from deepinfer_kernels.ops.swa_index import expand_swa_index
 def slots_of(block_tables: torch.Tensor, req: torch.Tensor, vpos: torch.Tensor, block_size: int) -> torch.Tensor:
     """block_tables [R, MB] int32, req [N], vpos [N, K] int64 (-1 = empty) -> slots int64 [N, K]."""
     v = vpos.clamp(min=0)
-    blk_idx = (v // block_size).clamp(max=block_tables.shape[1] - 1)
-    blk = block_tables.long()[req.unsqueeze(1).expand_as(v), blk_idx]
-    ok = (vpos >= 0) & (blk >= 0) & (v // block_size < block_tables.shape[1])
-    return torch.where(ok, blk * block_size + v % block_size, torch.full_like(v, -1))
+    blk_raw = v // block_size
+    blk = block_tables.long()[req.unsqueeze(1).expand_as(v), blk_raw.clamp(max=block_tables.shape[1] - 1)]
+    ok = (vpos >= 0) & (blk >= 0) & (blk_raw < block_tables.shape[1])
+    return torch.where(ok, blk * block_size + v % block_size, -1)
 
 
 def to_flat(slots: torch.Tensor, plane: int, num_slots: int) -> torch.Tensor:
     """slots [...] (-1 = empty) -> flat pool rows int64 of `plane`."""
-    return torch.where(slots >= 0, slots + plane * num_slots, torch.full_like(slots, -1))
+    return torch.where(slots >= 0, slots + plane * num_slots, -1)
 
 
 def window_positions(positions: torch.Tensor, lo: torch.Tensor, width: int) -> torch.Tensor:
@@ -48,4 +48,4 @@ def num_far_entries(positions: torch.Tensor, width: int, ratio: int) -> torch.Te
 def entry_positions(n_far: torch.Tensor, max_far: int, ratio: int) -> torch.Tensor:
     """-> [N, max_far] virtual position (j*r + r - 1) of entry j, -1 where j >= n_far."""
     j = torch.arange(max_far, device=n_far.device).unsqueeze(0)
-    return torch.where(j < n_far.unsqueeze(1), j * ratio + ratio - 1, torch.full_like(j, -1))
+    return torch.where(j < n_far.unsqueeze(1), j * ratio + ratio - 1, -1)
