@@ -1,0 +1,145 @@
+"""Kernel-launching ops of one whole decode step, by phase, counted on the CPU.
+
+A small model's decode step is launch-bound on the GPU (docs/benchmarks.md), so the number of
+kernels it launches predicts its time. This runs one padded whole step (`run_decode_step`, what
+the CUDA graph replays) on the CPU's capturable path and counts the ATen ops it dispatches: ops
+that have a TileLang kernel on SM90 count as one launch, views and host scalars do not count.
+Calibration (2026-11-30, default model, batch 1): 2,663 ops at nextn 5 and 1,708 at nextn 0
+(ratio 1.559) against H200 steps of 7.47 and 4.81 ms (ratio 1.553).
+
+    python tools/count_step_ops.py --nextn 5 [--model default] [--batch 1] [--top 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+NOT_LAUNCHES = {"view", "_unsafe_view", "t", "expand", "slice", "select", "unsqueeze", "squeeze", "reshape",
+                "permute", "transpose", "as_strided", "alias", "detach", "unbind", "split", "split_with_sizes",
+                "chunk", "narrow", "unflatten", "flatten", "view_as_real", "view_as_complex", "lift_fresh",
+                "scalar_tensor", "_local_scalar_dense", "sym_size", "sym_stride", "empty", "empty_like",
+                "movedim", "expand_as", "view_as"}
+TILELANG_OPS = ("store_kv_fp8", "store_index_k_fp4", "sparse_mla_attention", "indexer_scores", "routed_experts")
+
+
+class StepOpCounter(TorchDispatchMode):
+    """Counts dispatched ops per phase (a stack of labels pushed by `phase`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.phases = ["other"]
+        self.inside_kernel = 0
+        self.active = False   # counting: inside the one step measured
+        self.by_phase: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.__name__.split(".")[0]
+        if name not in NOT_LAUNCHES and not self.inside_kernel:
+            self.by_phase[self.phases[-1]][name] += 1
+        return func(*args, **(kwargs or {}))
+
+    @contextlib.contextmanager
+    def phase(self, label: str):
+        self.phases.append(label)
+        try:
+            yield
+        finally:
+            self.phases.pop()
+
+    @contextlib.contextmanager
+    def one_kernel(self, label: str):
+        """A call that is one TileLang launch on the GPU: counted once, its reference's ops not."""
+        if self.active and not self.inside_kernel:
+            self.by_phase[self.phases[-1]]["tilelang:" + label] += 1
+        self.inside_kernel += 1
+        try:
+            yield
+        finally:
+            self.inside_kernel -= 1
+
+
+def _wrap(obj, attr: str, enter, undo: list) -> None:
+    """obj.attr runs inside `enter()` until the callables in `undo` run."""
+    original = getattr(obj, attr)
+
+    def wrapped(*args, **kwargs):
+        with enter():
+            return original(*args, **kwargs)
+    setattr(obj, attr, wrapped)
+    undo.append(lambda: setattr(obj, attr, original))
+
+
+def count(model: str | None, nextn: int, batch: int) -> dict[str, collections.Counter]:
+    import deepinfer_engine.cuda_graphs as cuda_graphs
+    import deepinfer_kernels.ops.indexer as ops_indexer
+    import deepinfer_kernels.ops.kv_fp4 as ops_kv_fp4
+    import deepinfer_kernels.ops.kv_fp8 as ops_kv_fp8
+    import deepinfer_kernels.ops.moe as ops_moe
+    import deepinfer_kernels.ops.sparse_mla as ops_sparse_mla
+    import deepinfer_model.engine.compressed as eng_compressed
+    import deepinfer_model.engine.dspark as eng_dspark
+    import deepinfer_model.engine.forward as eng_forward
+    import deepinfer_model.modules.moe as mod_moe
+    from deepinfer_engine import LLM, SamplingParams
+    from deepinfer_engine.sampler import Sampler
+    from deepinfer_kernels.ops.capture import force_capturable
+
+    counter, undo = StepOpCounter(), []
+    for module in (eng_forward, eng_dspark, eng_compressed, mod_moe, ops_kv_fp8, ops_kv_fp4, ops_sparse_mla,
+                   ops_indexer, ops_moe):
+        for op in TILELANG_OPS:
+            if hasattr(module, op):
+                _wrap(module, op, lambda op=op: counter.one_kernel(op), undo)
+    llm = LLM(model, device="cpu", dtype="bfloat16", block_size=16, max_num_batched_tokens=256,
+              max_num_seqs=batch, max_model_len=512, num_speculative_tokens=nextn, enable_mtp_varlen=False)
+    engine, net = llm.engine, llm.engine.runner.model
+    _wrap(net, "forward", lambda: counter.phase("target forward"), undo)
+    _wrap(net, "dspark_write_main_keys", lambda: counter.phase("DFlash main keys"), undo)
+    _wrap(net, "dspark_draft", lambda: counter.phase("draft head"), undo)
+    _wrap(Sampler, "sample", lambda: counter.phase("sampler"), undo)
+    counted = []
+    step = cuda_graphs.run_decode_step
+
+    def counted_step(*args, **kwargs):
+        if counted:
+            return step(*args, **kwargs)
+        counted.append(True)
+        counter.active = True
+        try:
+            with counter, force_capturable():
+                return step(*args, **kwargs)
+        finally:
+            counter.active = False
+    cuda_graphs.run_decode_step = counted_step
+    try:
+        engine.runner.enable_cuda_graphs(batch * (nextn + 1), engine.max_model_len, interval=8)
+        prompts = [[5 + i, 6, 7, 8, 9, 10, 11, 12] * 4 for i in range(batch)]
+        llm.generate(prompt_token_ids=prompts, sampling_params=SamplingParams(temperature=0, max_tokens=4,
+                     ignore_eos=True), use_tqdm=False)
+    finally:
+        cuda_graphs.run_decode_step = step
+        for restore in reversed(undo):
+            restore()
+    return counter.by_phase
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="default", help="'default' or preset:<name>")
+    ap.add_argument("--nextn", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--top", type=int, default=0, help="also list the most frequent ops of each phase")
+    args = ap.parse_args()
+    by_phase = count(None if args.model == "default" else args.model, args.nextn, args.batch)
+    total = sum(sum(c.values()) for c in by_phase.values())
+    print(f"{args.model}, nextn {args.nextn}, batch {args.batch}: {total} kernel launches per decode step")
+    for label, ops in sorted(by_phase.items(), key=lambda kv: -sum(kv[1].values())):
+        print(f"  {label:18s} {sum(ops.values()):6d}" + (f"  {ops.most_common(args.top)}" if args.top else ""))
+
+
+if __name__ == "__main__":
+    main()
