@@ -16,10 +16,12 @@ class RopeTable:
     """cos / sin of the rotation angles of N positions, computed once and shared by every
     projection that rotates the same positions (the engine path: all layers of one step)."""
 
-    cos: torch.Tensor  # [N, dr/2] float32
-    sin: torch.Tensor  # [N, dr/2] float32
-    dim: int           # dr
+    cos: torch.Tensor         # [N, dr/2] float32
+    sin: torch.Tensor         # [N, dr/2] float32
+    dim: int                  # dr
     theta: float
+    cos_full: torch.Tensor    # [N, dr] (cos, cos)
+    sin_signed: torch.Tensor  # [N, dr] (-sin, sin)
 
 
 def rope_table(positions: torch.Tensor, dim: int, theta: float) -> RopeTable:
@@ -27,7 +29,8 @@ def rope_table(positions: torch.Tensor, dim: int, theta: float) -> RopeTable:
     half = dim // 2
     inv = theta ** (-torch.arange(half, device=positions.device, dtype=torch.float32) * 2 / dim)   # [half]
     ang = positions.to(torch.float32).unsqueeze(-1) * inv                                       # [N, half]
-    return RopeTable(ang.cos(), ang.sin(), dim, theta)
+    cos, sin = ang.cos(), ang.sin()
+    return RopeTable(cos, sin, dim, theta, torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1))
 
 
 def apply_rope(x: torch.Tensor, positions: torch.Tensor | RopeTable, theta: float) -> torch.Tensor:
@@ -37,8 +40,9 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor | RopeTable, theta: floa
     table = positions if isinstance(positions, RopeTable) else rope_table(positions, dr, theta)
     if table.dim != dr or table.theta != theta:
         raise ValueError(f"rope table for dim {table.dim}, theta {table.theta}; applied to dim {dr}, theta {theta}")
-    shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (half,)
-    cos, sin = table.cos.reshape(shape), table.sin.reshape(shape)
+    shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (dr,)
     xf = x.float()
-    x1, x2 = xf[..., :half], xf[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+    # (x1 cos - x2 sin, x2 cos + x1 sin) as x * (cos, cos) + (x2, x1) * (-sin, sin): the same
+    # products and sums (a - b == a + (-b) exactly), in 5 kernels instead of 8
+    rotated = torch.cat([xf[..., half:], xf[..., :half]], dim=-1)
+    return (xf * table.cos_full.reshape(shape) + rotated * table.sin_signed.reshape(shape)).to(x.dtype)
