@@ -94,7 +94,8 @@ class V41ForCausalLM(nn.Module):
     # Parameters every forward reads as float32 (`.float()`): norm weights, the routing and
     # compression biases, the DSpark heads' small weights. Kept in float32 they cost no conversion
     # kernel per use (~50 per decode step of the default model, ~90 with DSpark); values unchanged.
-    FLOAT32_PARAM_SUFFIXES = ("pos_bias", "e_score_correction_bias", "markov_proj.weight", "confidence_head.weight")
+    FLOAT32_PARAM_SUFFIXES = ("pos_bias", "e_score_correction_bias", "markov_embed.weight", "markov_proj.weight",
+                              "confidence_head.weight")
 
     @torch.no_grad()
     def keep_float32_params(self) -> V41ForCausalLM:

@@ -90,16 +90,17 @@ class DSparkDraft(nn.Module):
         argmax even when uniforms are given -> DraftOutput."""
         hn = self.norm(h)
         base = F.linear(hn, lm_head_weight).float()                                # [R, n, V]
+        hnf = hn.float()
         prev = main_tokens.long()
         tokens, logits_all, conf = [], [], []
         for j in range(self.nextn):
             if self.markov_rank > 0:
                 e = self.markov_embed(prev).float()                                 # [R, rank]
                 logits = base[:, j] + F.linear(e, self.markov_proj.weight.float())
-                cat = torch.cat([hn[:, j].float(), e], dim=-1)
+                cat = torch.cat([hnf[:, j], e], dim=-1)
             else:
                 logits = base[:, j]
-                cat = hn[:, j].float()
+                cat = hnf[:, j]
             probs = torch.softmax(logits, dim=-1)
             tok = logits.argmax(-1)
             if uniforms is not None:
