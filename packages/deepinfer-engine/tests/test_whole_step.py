@@ -56,6 +56,27 @@ def test_padded_whole_step_matches_piecewise(nextn, varlen, params, monkeypatch)
         assert stats.num_accepted_tokens > 0                    # drafts from the padded step were verified
 
 
+@pytest.mark.parametrize("mix", ["all-greedy", "mixed"])
+def test_greedy_variant_serves_all_greedy_steps_only(mix, monkeypatch):
+    """A step whose requests are all greedy runs the greedy variant of the step (no uniforms, no
+    residual, no draft distribution); one seeded request puts the step on the general variant.
+    Both give the piecewise path's tokens."""
+    prompts = _prompts(8, seed=6)
+    params = [GREEDY if mix == "all-greedy" or i % 3 else SEEDED for i in range(len(prompts))]
+    seen = []
+    original = DecodeGraphRunner._inputs
+
+    def recording(self, g, all_greedy=False):
+        seen.append(all_greedy)
+        return original(self, g, all_greedy)
+    want, _, _ = _generate(False, 5, False, params, monkeypatch, prompts)
+    monkeypatch.setattr(DecodeGraphRunner, "_inputs", recording)
+    got, calls, _ = _generate(True, 5, False, params, monkeypatch, prompts)
+    assert calls["step"] > 0
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert seen and all(seen) if mix == "all-greedy" else not any(seen)   # every mixed step: the general one
+
+
 def test_steps_needing_eager_sampling_use_the_forward_graph(monkeypatch):
     """top-k / top-p and top-n logprobs run the sampler eagerly after the bucket's forward graph."""
     prompts = _prompts(6, seed=4)

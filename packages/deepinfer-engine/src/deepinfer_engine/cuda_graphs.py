@@ -14,7 +14,9 @@ the largest decode step the scheduler can emit. Every graph reads fixed-address 
 so the graph of G has G rows and G + 1 requests whatever the batch. Graphs per bucket:
 
 - the *step* graph (captured up front): the whole decode step of decode_step.py, target forward,
-  sampler and draft head, for steps with plain temperature / greedy sampling;
+  sampler and draft head, for steps with plain temperature / greedy sampling; a *greedy* variant
+  (captured on first use) serves steps whose requests are all greedy: no uniforms are drawn, no
+  residual distribution is built, no draft distribution is read;
 - the *forward* graph (captured on first use): the target forward and the DFlash main-key write
   only, for steps whose sampling runs eagerly (top-n logprobs, top-k / top-p) and for grammar steps;
 - the *tail* graph (captured on first use): sampler with grammar masks + draft head
@@ -103,6 +105,7 @@ class DecodeGraphRunner:
         self._last_forward: ForwardOutput | None = None   # CPU: the eager forward the tail reads
         self.use_graphs = dev.type == "cuda"   # the CPU runs the padded functions eagerly (tests)
         self.step_graphs: dict[int, _Graph] = {}
+        self.greedy_step_graphs: dict[int, _Graph] = {}
         self.forward_graphs: dict[int, _Graph] = {}
         self._pool = None
         self._step_fn = run_decode_step
@@ -122,9 +125,9 @@ class DecodeGraphRunner:
             is_prefill=False, is_last_chunk=self.is_last_chunk[: g + 1], logit_rows=self.logit_rows[:g],
             return_dspark_features=self.write_main_keys, max_context_len=self.max_blocks * self.block_size)
 
-    def _inputs(self, g: int) -> DecodeStepInputs:
+    def _inputs(self, g: int, all_greedy: bool = False) -> DecodeStepInputs:
         batch = SamplingBatch(self.temperature[: g + 1], self.top_k[: g + 1], self.top_p[: g + 1],
-                              self.seeds[: g + 1], [], all_greedy=False, filters=False)  # [] = no top-n
+                              self.seeds[: g + 1], [], all_greedy=all_greedy, filters=False)  # [] = no top-n
         return DecodeStepInputs(self._meta(g), batch, self.mtp_slots[: g + 1])
 
     def _run_forward(self, meta: ForwardMetadata) -> ForwardOutput:
@@ -242,9 +245,13 @@ class DecodeGraphRunner:
         g, t, r = self.bucket_for(meta), meta.total_q, meta.num_reqs
         if g is None:
             return None
+        greedy = batch.all_greedy
+        graphs = self.greedy_step_graphs if greedy else self.step_graphs
+        if self.use_graphs and g not in graphs:   # the greedy variant: captured on first use
+            graphs[g] = self._capture(g, self._run_step, self._inputs(g, greedy))
         self._fill(g, meta)
         self._fill_sampling(g, batch, mtp_slots)
-        return _cut(self._replay_or_run(self.step_graphs, g, self._run_step, self._inputs), t, r)
+        return _cut(self._replay_or_run(graphs, g, self._run_step, lambda size: self._inputs(size, greedy)), t, r)
 
     def _tail_inputs(self, g: int) -> DecodeStepInputs:
         inputs = self._inputs(g)

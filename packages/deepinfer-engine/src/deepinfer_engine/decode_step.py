@@ -75,14 +75,14 @@ def run_decode_tail(cache, spec, sampler: Sampler, inputs: DecodeStepInputs, log
     meta, batch = inputs.meta, inputs.batch
     drafts = q = None
     if spec is not None:
-        drafts, q = spec.verify_inputs(read_rows, need_probs=True)
+        drafts, q = spec.verify_inputs(read_rows, need_probs=not batch.all_greedy)
     res = sampler.sample(logits, batch, meta.first_token_pos, meta.seqlens_q, meta.positions, drafts, q,
                          masks=inputs.masks, checked=False)
     confidence = None
     if spec is not None:
         final_row = res.final_row.long()
         proposal = spec.propose(cache, meta.positions[final_row], res.token_ids, meta.block_tables,
-                                meta.block_size, batch.seeds, batch.is_greedy, False, inputs.mtp_slots)
+                                meta.block_size, batch.seeds, batch.is_greedy, batch.all_greedy, inputs.mtp_slots)
         confidence = proposal.confidence
     return DecodeStepOutputs(res.token_ids.long(), res.token_logprobs, res.verified_token_ids,
                              res.verified_logprobs, res.num_accepted, confidence)

@@ -92,7 +92,7 @@ class Sampler:
             draft_token_ids = torch.zeros(rows, dtype=torch.int64, device=logits.device)
         verify = verify_and_sample if checked else verify_and_sample_ref
         result = verify(probs, draft_token_ids, draft_probs, batch.seeds, positions, ftp, seqlens_q,
-                                   batch.is_greedy)
+                        batch.is_greedy, batch.all_greedy)
         final_row = result.final_row.long()
         token_logprobs = raw[final_row, result.token_ids.long()]
         verified = result.verified_token_ids

@@ -55,8 +55,11 @@ def speculative_accept_ref(
     seeds: torch.Tensor,               # [rows] int64 (the row's request seed)
     token_positions: torch.Tensor,     # [rows] int64: position n of the token being decided
     is_greedy: torch.Tensor,           # [rows] bool
+    all_greedy: bool = False,          # host fact: every row is greedy (no uniforms drawn)
 ) -> torch.Tensor:                     # [rows] bool
     """Raw accept decision of every row (meaningless on final rows; get_accept_result ignores it)."""
+    if all_greedy:
+        return draft_ids == target_probs.argmax(dim=1)
     rows, dev = target_probs.shape[0], target_probs.device
     p_x = target_probs.gather(1, draft_ids.unsqueeze(1)).squeeze(1).to(torch.float64)
     q_x = _draft_prob(draft_probs, draft_ids)
@@ -90,7 +93,10 @@ def sample_main_token_ref(
     seeds: torch.Tensor,               # [req_cnt] int64
     token_positions: torch.Tensor,     # [req_cnt] int64: position of the main token
     is_greedy: torch.Tensor,           # [req_cnt] bool
+    all_greedy: bool = False,          # host fact: every request is greedy (no residual, no uniforms)
 ) -> torch.Tensor:                     # [req_cnt] int64
+    if all_greedy:
+        return target_probs.argmax(dim=1)
     dist = target_probs.to(torch.float64)
     if may_be_true(rejected):
         residual = residual_probs_ref(target_probs, draft_ids, draft_probs)

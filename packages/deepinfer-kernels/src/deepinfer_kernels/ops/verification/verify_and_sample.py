@@ -59,6 +59,7 @@ def verify_and_sample_ref(
     ftp: torch.Tensor,                 # [req_cnt] int32
     seqlens_q: torch.Tensor,           # [req_cnt] int32
     is_greedy: torch.Tensor,           # [req_cnt] bool
+    all_greedy: bool = False,          # host fact: every request greedy (skips the sampling paths)
 ) -> VerificationResult:
     total_q = target_probs.shape[0]
     row_to_req, _, is_verify = prepare_verification_metadata_ref(ftp, seqlens_q, total_q)
@@ -68,7 +69,8 @@ def verify_and_sample_ref(
     vocab = target_probs.shape[1]
     draft_ids = torch.where(is_verify, draft_token_ids.to(torch.int64), 0).clamp(0, vocab - 1)
 
-    raw_accept = speculative_accept_ref(target_probs, draft_ids, draft_probs, seeds[req], token_pos, is_greedy[req])
+    raw_accept = speculative_accept_ref(target_probs, draft_ids, draft_probs, seeds[req], token_pos, is_greedy[req],
+                                        all_greedy)
     effective_accept, is_final = get_accept_result_ref(raw_accept, is_verify, ftp, row_to_req)
     fin = finalize_verification_ref(effective_accept, is_final, is_verify, draft_token_ids, ftp, row_to_req)
 
@@ -82,6 +84,7 @@ def verify_and_sample_ref(
         seeds,
         token_pos[f],
         is_greedy,
+        all_greedy,
     )
     token_logprobs = torch.log(p_final.gather(1, main.unsqueeze(1)).squeeze(1).to(torch.float32))
     p_draft = target_probs.gather(1, draft_ids.unsqueeze(1)).squeeze(1).to(torch.float32)
@@ -109,6 +112,7 @@ def verify_and_sample(
     ftp: torch.Tensor,                 # [req_cnt] int32 first row of each request
     seqlens_q: torch.Tensor,           # [req_cnt] int32 rows per request (1 + drafts)
     is_greedy: torch.Tensor | None = None,  # [req_cnt] bool; None = no greedy request
+    all_greedy: bool = False,          # host fact: every request greedy (must agree with is_greedy)
 ) -> VerificationResult:
     """Greedy verification and exact speculative sampling for one step (module docstring)."""
     op = "verify_and_sample"
@@ -135,6 +139,8 @@ def verify_and_sample(
             r = int(torch.nonzero(bad)[0, 0])
             raise ValueError(f"{op}: draft_token_ids[{r}] = {int(draft_token_ids[r])} on a verify row is "
                              f"outside [0, vocab={vocab})")
+    if all_greedy and is_host(is_greedy) and not bool(is_greedy.all()):
+        raise ValueError(f"{op}: all_greedy=True but is_greedy has non-greedy requests")
     select_backend(op, dev, has_kernel=False)
     return verify_and_sample_ref(target_probs, draft_token_ids, draft_probs, seeds, positions, ftp, seqlens_q,
-                                 is_greedy)
+                                 is_greedy, all_greedy)
