@@ -98,6 +98,7 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
     for _ in range(args.warmup_steps):
         engine.step()
     engine.runner.timeline = [] if engine.device.type == "cuda" else None
+    host_s = _time_host_phases(engine) if args.host_timers else None
     tok0, steps0, prefills0 = engine.stats.num_generated_tokens, engine.stats.num_decode_steps, engine.stats.num_prefill_steps
     start = time.perf_counter()
     for _ in range(args.steps):
@@ -119,6 +120,8 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
                tokens_per_s_real=(engine.stats.num_generated_tokens - tok0) / elapsed,
                mean_acceptance_length=engine.stats.mean_acceptance_length, step_ms=1e3 / sps,
                prefill_steps_in_window=engine.stats.num_prefill_steps - prefills0)   # > 0: preemption recompute
+    if host_s is not None:   # host time per window step of each phase (ZOS hides what overlaps the device)
+        row["host_ms_per_step"] = {k: round(v * 1e3 / args.steps, 3) for k, v in host_s.items()}
     if engine.runner.timeline:
         spans = [(s.elapsed_time(d)) for s, d in engine.runner.timeline]
         gaps = [engine.runner.timeline[i][1].elapsed_time(engine.runner.timeline[i + 1][0])
@@ -136,6 +139,29 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return row
+
+
+def _time_host_phases(engine) -> dict[str, float]:
+    """Wrap the engine's per-step host phases with wall-clock accumulators (seconds, from now on)."""
+    totals: dict[str, float] = {}
+    targets = [(engine.runner, "launch"), (engine.runner, "complete"), (engine.runner, "collect"),
+               (engine, "_finish_inflight"), (engine, "_schedule")]
+    if engine._structured is not None:
+        targets.append((engine._structured, "step_masks"))
+    for obj, name in targets:
+        original = getattr(obj, name)
+        totals[name] = 0.0
+
+        def timed(*a, _original=original, _name=name, **kw):
+            t0 = time.perf_counter()
+            try:
+                return _original(*a, **kw)
+            finally:
+                totals[_name] += time.perf_counter() - t0
+        setattr(obj, name, timed)
+    if engine._structured is not None:
+        engine.runner.mask_provider = engine._structured.step_masks   # the runner holds the bound method
+    return totals
 
 
 def bench_prefill(args) -> dict:
@@ -188,6 +214,8 @@ def main() -> None:
                     help="also run decode with every request under a JSON schema (mask overhead; needs a tokenizer)")
     ap.add_argument("--invariant-compare", action="store_true",
                     help="also run decode with DEEPINFER_BATCH_INVARIANT=1 (cost of batch invariance)")
+    ap.add_argument("--host-timers", action="store_true",
+                    help="report host ms per decode step of launch / complete / collect / ledger / masks")
     ap.add_argument("--no-prefill", action="store_true")
     ap.add_argument("--peer", action="store_true", help="run the HF transformers peer in the same process")
     ap.add_argument("--result-jsonl", type=Path, default=None)

@@ -40,7 +40,7 @@ case "$MODE" in
     stage dspark 200 "${BENCH[@]}" "${CODE[@]}" --decode-batch-sizes 1 --nextn-list 0,5 > "$OUT/dspark.log" 2>&1 ;;
   batch64)
     stage batch64_nextn5 300 "${BENCH[@]}" "${CODE[@]}" --decode-batch-sizes 64 --nextn-list 5 --varlen --varlen-compare \
-      --grammar-compare --invariant-compare > "$OUT/batch64_nextn5.log" 2>&1
+      --grammar-compare --invariant-compare --host-timers > "$OUT/batch64_nextn5.log" 2>&1
     stage batch64_nextn0 200 "${BENCH[@]}" "${CODE[@]}" --decode-batch-sizes 64 --nextn-list 0 --grammar-compare \
       --invariant-compare > "$OUT/batch64_nextn0.log" 2>&1 ;;
   mini)
