@@ -43,7 +43,7 @@ from deepinfer_model.engine.indexing import (
     window_positions,
 )
 from deepinfer_model.metadata import ForwardMetadata, ForwardOutput, MetadataError
-from deepinfer_model.modules.engram import PAD_ID
+from deepinfer_model.modules.engram import PAD_ID, ngram_buckets
 from deepinfer_model.modules.rope import RopeTable, rope_table
 
 
@@ -68,6 +68,13 @@ class _Rows:
         key = ("rope", dim, theta)
         if key not in self._memo:
             self._memo[key] = rope_table(self.positions, dim, theta)
+        return self._memo[key]
+
+    def engram_buckets(self, table_size: int) -> torch.Tensor:
+        """[N, n_max - 1] hashed n-gram buckets of the rows' Engram windows, shared by the Engram layers."""
+        key = ("engram", table_size)
+        if key not in self._memo:
+            self._memo[key] = ngram_buckets(self.windows, table_size)
         return self._memo[key]
 
     def window_slots(self, meta: ForwardMetadata, width: int) -> torch.Tensor:
@@ -125,7 +132,7 @@ def far_indices(model, layer, q_lat, u, rows: _Rows, meta: ForwardMetadata, cach
     bsz = cfg.index_block_size
     ent = (blocks.unsqueeze(2) * bsz + torch.arange(bsz, device=blocks.device)).reshape(len(blocks), -1)
     ok = (blocks.unsqueeze(2) >= 0).expand(-1, -1, bsz).reshape(len(blocks), -1) & (ent < n_far.unsqueeze(1))
-    vpos = torch.where(ok, ent * r + r - 1, torch.full_like(ent, -1))
+    vpos = torch.where(ok, ent * r + r - 1, -1)
     return to_flat(slots_of(meta.block_tables, rows.req, vpos, meta.block_size), cache.layout.comp_planes[src], ns)
 
 
@@ -135,7 +142,7 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
     attn = layer.self_attn
     ns = cache.num_slots
     if layer.engram is not None:
-        x = x + layer.engram(x, rows.windows)
+        x = x + layer.engram.from_buckets(x, rows.engram_buckets(layer.engram.table_size))
     u = layer.input_layernorm(x)
     rope = rows.rope(attn.rope_dim, attn.theta)
     q, q_lat, latent = attn.query_and_latent(u, rope)

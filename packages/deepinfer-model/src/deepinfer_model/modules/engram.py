@@ -55,7 +55,10 @@ class Engram(nn.Module):
 
     def forward(self, x: torch.Tensor, windows: torch.Tensor) -> torch.Tensor:
         """x [N, H], windows [N, n_max] -> the residual delta [N, H]."""
-        buckets = ngram_buckets(windows, self.table_size)
+        return self.from_buckets(x, ngram_buckets(windows, self.table_size))
+
+    def from_buckets(self, x: torch.Tensor, buckets: torch.Tensor) -> torch.Tensor:
+        """x [N, H], buckets [N, n_max - 1] (`ngram_buckets` of the rows' windows) -> the residual delta [N, H]."""
         looked = torch.cat([t(buckets[:, i]) for i, t in enumerate(self.tables)], dim=-1)
         y = self.proj(looked)
         g = torch.sigmoid(self.gate(self.norm(x)).float()).to(x.dtype)
