@@ -36,7 +36,8 @@ def test_bench_routed_experts_tilelang(benchmark, tokens):
 @pytest.mark.parametrize("tokens", [8, 256, 32768])
 def test_bench_grouped_gemm_down_tilelang(benchmark, tokens):
     """The down projection alone (plain grouped GEMM, TMA-fed on both operands)."""
-    from deepinfer_kernels.tilelang.moe import grouped_expert_gemm_tilelang, permute_by_expert
+    from deepinfer_kernels.ops.moe import permute_by_expert
+    from deepinfer_kernels.tilelang.moe import grouped_expert_gemm_tilelang
 
     x, w, ids, w13, w2 = T.make_moe_case(tokens, H, I, E, K, "cuda", seed=tokens + 1)
     _, off = permute_by_expert(ids, E)

@@ -20,6 +20,7 @@ import os
 import torch
 
 from deepinfer_kernels.batch_invariant import batch_invariant_enabled
+from deepinfer_kernels.ops.moe import permute_by_expert
 from deepinfer_kernels.tilelang._common import compile_cached, require, require_cuda
 from deepinfer_kernels.tilelang.moe_builders import (
     _build_combine,
@@ -135,16 +136,6 @@ def precompile_specs(kind: str, rows: int, num_experts: int, k: int, nout: int, 
     if cfg2["bm"] != cfg1["bm"]:
         specs.append(("_slots_kernel", (num_experts, cfg2["bm"], "int32")))
     return specs
-
-
-def permute_by_expert(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same as ``ops.moe.permute_by_expert``: (order [T*k] int64 stable by expert, offsets [E+1])."""
-    flat = ids.reshape(-1).long()
-    order = torch.sort(flat, stable=True).indices
-    counts = torch.bincount(flat, minlength=num_experts)
-    offsets = torch.zeros(num_experts + 1, dtype=torch.long, device=ids.device)
-    offsets[1:] = torch.cumsum(counts, 0)
-    return order, offsets
 
 
 def routed_experts_tilelang(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
