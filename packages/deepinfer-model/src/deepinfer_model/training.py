@@ -138,16 +138,10 @@ def attention(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor, scale: fl
 
 def moe_dense(moe, x: torch.Tensor, counts: dict | None = None, layer: int | None = None) -> torch.Tensor:
     """MoE.forward_reference for x [N, H], every routed expert computed on every row (training)."""
-    sigma = torch.sigmoid(moe.gate(x).float())                                     # [N, E]
-    choice = sigma + moe.gate.e_score_correction_bias.float()
-    ids = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, : moe.top_k]
-    w = sigma.gather(1, ids)
-    if moe.norm_topk_prob:
-        w = w / w.sum(-1, keepdim=True)
-    w = w * moe.scaling
-    dense_w = torch.zeros_like(sigma).scatter(1, ids, w)                           # [N, E]
+    w, ids = moe.route_reference(x)                                                 # [N, k]
     w13, w2 = moe.experts.w13, moe.experts.w2                                       # [E, 2I, H], [E, H, I]
     e, i2, h = w13.shape
+    dense_w = torch.zeros(x.shape[0], e, dtype=w.dtype, device=x.device).scatter(1, ids, w)   # [N, E]
     inter = i2 // 2
     gu = F.linear(x, w13.reshape(e * i2, h)).reshape(-1, e, i2)                   # [N, E, 2I]
     act = F.silu(gu[..., :inter]) * gu[..., inter:]                                # [N, E, I]

@@ -57,14 +57,19 @@ class MoE(nn.Module):
             out = out + self.shared_experts(x)
         return out
 
-    def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
+    def route_reference(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The oracle's routing (written out, independent of the op): x [N, H] -> (weights float32
+        [N, k], ids int64 [N, k]). Shared by `forward_reference` and the training forward."""
         sigma = torch.sigmoid(self.gate(x).float())                               # [N, E]
         choice = sigma + self.gate.e_score_correction_bias.float()
         ids = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, : self.top_k]
         w = sigma.gather(1, ids)
         if self.norm_topk_prob:
             w = w / w.sum(-1, keepdim=True)
-        w = w * self.scaling
+        return w * self.scaling, ids
+
+    def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
+        w, ids = self.route_reference(x)
         inter = self.experts.w2.shape[2]
         out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
         for slot in range(self.top_k):  # slot order matches the op's deterministic sum
