@@ -43,9 +43,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ] || ! "$py" -c "import deepinfe
 fi
 # Structured output: xgrammar without its declared dependencies (see the engine's pyproject.toml).
 # The GPU machine's interpreter gets xgrammar and pydantic from its prepared bundle.
-xgr_check="from deepinfer_engine.structured_output.xgrammar_compat import import_xgrammar; import_xgrammar()"
+xgr_check="from deepinfer_engine.structured_output.xgrammar_compat import import_xgrammar; import_xgrammar()
+from importlib.metadata import version; assert tuple(map(int, version('xgrammar').split('.')[:3])) >= (0, 2, 9)"
 if [ -n "$extras" ] && ! "$py" -c "$xgr_check" 2>/dev/null; then
-  "$py" -m pip install -q --no-deps "xgrammar>=0.2.8,<0.3" "apache-tvm-ffi>=0.1.11" >> .deepinfer-setup.log 2>&1 \
+  "$py" -m pip install -q --no-deps "xgrammar>=0.2.9,<0.3" "apache-tvm-ffi>=0.1.11" >> .deepinfer-setup.log 2>&1 \
     || { tail -20 .deepinfer-setup.log >&2; exit 1; }
 fi
 echo "$py" > .deepinfer-python

@@ -273,7 +273,7 @@ class DecodeGraphRunner:
         row_mask_ids [total_q]) or None (no row constrained)."""
         g, t, r = self.bucket_for(meta), meta.total_q, meta.num_reqs
         if self.vocab_mask is None or (masks is not None and masks[0].shape[1] != self.vocab_mask.shape[1]):
-            width = masks[0].shape[1] if masks is not None else 1
+            width = masks[0].shape[1] if masks is not None else -(-self.model.config.vocab_size // 32)
             self.vocab_mask = torch.zeros(self.max_rows, width, dtype=torch.int32, device=self.input_ids.device)
             self.tail_graphs.clear()
         self.row_mask_ids.fill_(NO_VOCAB_MASK)   # a capture's warm-up run must not mask this step's logits

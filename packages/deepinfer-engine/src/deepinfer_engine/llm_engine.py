@@ -20,6 +20,7 @@ import torch
 from deepinfer_engine.config import EngineConfig
 from deepinfer_engine.envs import Envs
 from deepinfer_engine.errors import InvalidRequestError
+from deepinfer_engine.host_copy import values_to_device
 from deepinfer_engine.kv_sizing import num_kv_blocks
 from deepinfer_engine.model_loader import load_model, resolve_device
 from deepinfer_engine.model_runner import ModelRunner, StepResult
@@ -163,10 +164,10 @@ class LLMEngine(OutputPath):
         states = [self._requests.get(int(r), _FINISHED_PLACEHOLDER) for r in request_ids]
         dev = self.device
         return SamplingBatch(
-            temperature=torch.tensor([s.params.temperature for s in states], dtype=torch.float32, device=dev),
-            top_k=torch.tensor([s.params.top_k for s in states], dtype=torch.int32, device=dev),
-            top_p=torch.tensor([s.params.top_p for s in states], dtype=torch.float32, device=dev),
-            seeds=torch.tensor([_as_int64_bits(s.seed) for s in states], dtype=torch.int64, device=dev),
+            temperature=values_to_device([s.params.temperature for s in states], torch.float32, dev),
+            top_k=values_to_device([s.params.top_k for s in states], torch.int32, dev),
+            top_p=values_to_device([s.params.top_p for s in states], torch.float32, dev),
+            seeds=values_to_device([_as_int64_bits(s.seed) for s in states], torch.int64, dev),
             num_top_logprobs=[s.num_top_logprobs for s in states],
             all_greedy=all(s.params.is_greedy for s in states),
             filters=any(s.params.top_k != -1 or s.params.top_p < 1.0 for s in states),

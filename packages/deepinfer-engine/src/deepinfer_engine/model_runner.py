@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from deepinfer_engine.cuda_graphs import DecodeGraphRunner
+from deepinfer_engine.host_copy import array_to_device
 from deepinfer_engine.sampler import Sampler, SamplingBatch, top_logprobs_per_request
 from deepinfer_engine.speculation import SpeculativeDecoder
 from deepinfer_model.metadata import ForwardMetadata
@@ -87,6 +88,10 @@ class ModelRunner:
         self.spec = SpeculativeDecoder(model, max_num_seqs, nextn) if nextn > 0 else None
         self.graphs: DecodeGraphRunner | None = None
         self.timeline: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None  # set to a list to record
+        # Structured output: (SchedulerOutput, input_ids after draft filling, device) -> (vocab_mask,
+        # row_mask_ids) on device | None, the masks of this step's logits rows (set by the engine on the
+        # first grammar).
+        self.mask_provider = None
 
     def enable_cuda_graphs(self, max_rows: int, max_model_len: int, interval: int, compile: bool = False) -> None:
         """Capture the whole decode step for every graph-size bucket up to `max_rows` rows
@@ -96,12 +101,9 @@ class ModelRunner:
         self.graphs = DecodeGraphRunner(self.model, self.kv_cache, max_rows, max_blocks, self.block_size, interval,
                                         spec=self.spec, compile=compile)
         self.graphs.capture()
-        # Structured output: (SchedulerOutput, input_ids after draft filling) -> (vocab_mask, row_mask_ids)
-        # | None, the masks of this step's logits rows (set by the engine on the first grammar).
-        self.mask_provider = None
 
     def _tensor(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-        return torch.from_numpy(np.array(array, copy=True)).to(device=self.device, dtype=dtype, non_blocking=True)
+        return array_to_device(array, dtype, self.device)
 
     def build_metadata(self, out: SchedulerOutput) -> ForwardMetadata:
         is_prefill = out.step_kind == StepKind.PREFILL
@@ -177,7 +179,7 @@ class ModelRunner:
             fwd = self.model.forward(meta, self.kv_cache)
             if self.spec is not None:
                 self.model.dspark_write_main_keys(meta, fwd, self.kv_cache)
-        masks = self.mask_provider(out, meta.input_ids) if self.mask_provider is not None else None
+        masks = self.mask_provider(out, meta.input_ids, self.device) if self.mask_provider is not None else None
 
         req_cnt, dev = out.req_cnt, self.device
         if is_prefill and not np.asarray(out.is_last_chunk, dtype=bool).any():  # nothing samples
@@ -186,7 +188,7 @@ class ModelRunner:
             return self._finish_launch(out, host, started, cpu_start, [0] * req_cnt, DeviceStepState(zeros, zeros))
         if is_prefill:  # one logits row per request whose prompt ends in this chunk
             sampled = np.flatnonzero(np.asarray(out.is_last_chunk, dtype=bool))
-            idx = torch.from_numpy(sampled).to(dev)
+            idx = self._tensor(sampled, torch.int64)
             sub = batch.select(idx, sampled)
             n = sampled.size
             ftp = torch.arange(n, dtype=torch.int32, device=dev)
@@ -225,7 +227,7 @@ class ModelRunner:
             proposal = self.spec.propose(self.kv_cache, positions[final_row], res.token_ids, tables,
                                          self.block_size, sub.seeds, sub.is_greedy, sub.all_greedy, slots)
             confidence = torch.zeros(req_cnt, self.nextn, dtype=torch.float32, device=dev)
-            confidence[torch.from_numpy(sampled).to(dev)] = proposal.confidence
+            confidence[self._tensor(sampled, torch.int64)] = proposal.confidence
             host["confidence"] = confidence
 
         return self._finish_launch(out, host, started, cpu_start, list(sub.num_top_logprobs),
@@ -268,7 +270,8 @@ class ModelRunner:
         if p.copied is not None:
             p.copied.synchronize()
         input_ids = p.input_ids_host if p.input_ids_host is not None else p.meta.input_ids
-        masks = self.mask_provider(step.out, input_ids) if self.mask_provider is not None else None
+        masks = (self.mask_provider(step.out, input_ids, self.device) if self.mask_provider is not None
+                 else None)
         res = self.graphs.run_tail(p.meta, p.batch, p.mtp_slots, p.read_rows, masks)
         return self._whole_step_result(step.out, p.meta, res, step.started, cpu_start)
 

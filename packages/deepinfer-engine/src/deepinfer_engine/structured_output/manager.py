@@ -19,6 +19,7 @@ import time
 import numpy as np
 import torch
 
+from deepinfer_engine.host_copy import to_device
 from deepinfer_engine.structured_output.compiler import (
     DEFAULT_CACHE_BYTES,
     DEFAULT_TIMEOUT_S,
@@ -88,7 +89,8 @@ class StructuredOutputManager:
         self.grammars.pop(request_id, None)
 
     # ------------------------------------------------------------------ per step
-    def step_masks(self, out, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def step_masks(self, out, input_ids: torch.Tensor, device: torch.device | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor] | None:
         if not self.grammars:
             return None
         start = time.perf_counter()
@@ -116,7 +118,9 @@ class StructuredOutputManager:
             idx = torch.from_numpy(np.concatenate(draft_rows)).to(input_ids.device)
             drafts_host = input_ids.index_select(0, idx).cpu().tolist()
         n_masks = int(sum(seqlens[j] for j, _ in owners))
-        bitmask = torch.empty((n_masks, self.width), dtype=torch.int32)
+        dev = input_ids.device if device is None else device   # where the masks go (input_ids may be a host copy)
+        # page-locked on CUDA: its copy to the device is asynchronous (host_copy.py)
+        bitmask = torch.empty((n_masks, self.width), dtype=torch.int32, pin_memory=dev.type == "cuda")
         row_mask_ids = np.full(num_rows, NO_VOCAB_MASK, np.int32)
         m = d = 0
         mask_rows, request_drafts = [], []
@@ -128,8 +132,7 @@ class StructuredOutputManager:
             m += n
             d += n - 1
         fill_rows_batch([g for _, g in owners], bitmask, mask_rows, request_drafts)
-        dev = input_ids.device
-        result = (bitmask.to(dev, non_blocking=True), torch.from_numpy(row_mask_ids).to(dev, non_blocking=True))
+        result = (bitmask.to(dev, non_blocking=True), to_device(torch.from_numpy(row_mask_ids), dev))
         self.mask_build_s += time.perf_counter() - start
         self.num_mask_rows += n_masks
         return result
