@@ -67,7 +67,8 @@ LONG_STRING_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"
 
 
 def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: bool | None = None,
-                 compile_decode: bool | None = None, grammar: bool = False, invariant: bool = False) -> dict:
+                 compile_decode: bool | None = None, grammar: bool = False, invariant: bool = False,
+                 compile_speculation: bool | None = None) -> dict:
     from deepinfer_engine import SamplingParams
     from deepinfer_engine.structured_output import StructuredOutput
 
@@ -76,6 +77,8 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
         extra["enable_mtp_varlen"] = varlen
     if compile_decode is not None:
         extra["compile_decode"] = compile_decode
+    if compile_speculation is not None:
+        extra["compile_speculation"] = compile_speculation
     t_start = time.perf_counter()
     previous = os.environ.get("DEEPINFER_BATCH_INVARIANT")
     os.environ["DEEPINFER_BATCH_INVARIANT"] = "1" if invariant else "0"   # read when the engine is built
@@ -91,47 +94,58 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
     params = SamplingParams(temperature=0, max_tokens=(args.warmup_steps + args.steps + 16) * (1 + engine.nextn),
                             ignore_eos=True,
                             structured_output=StructuredOutput.json_schema(LONG_STRING_SCHEMA) if grammar else None)
-    for p in _prompts(batch, args.prompt_len, engine.vocab_size, seed=batch, code=args.code_prompts):
-        engine.add_request(prompt_token_ids=p, params=params)
-    while engine.stats.num_decode_steps < 1:  # prefill everything
-        engine.step()
-    for _ in range(args.warmup_steps):
-        engine.step()
-    engine.runner.timeline = [] if engine.device.type == "cuda" else None
-    host_s = _time_host_phases(engine) if args.host_timers else None
-    tok0, steps0, prefills0 = engine.stats.num_generated_tokens, engine.stats.num_decode_steps, engine.stats.num_prefill_steps
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        engine.step()
-    if engine.device.type == "cuda":
-        torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start
-    steps = engine.stats.num_decode_steps - steps0
-    running = len(engine._requests)   # finished requests leave the table
-    if running < batch:
-        raise RuntimeError(f"decode window: {batch - running} of {batch} requests finished early")
+    # --rounds R: R windows over fresh prompts (at batch 1 one prompt is a small sample of acceptance)
+    rounds = max(args.rounds, 1)
+    prompts = _prompts(batch * rounds, args.prompt_len, engine.vocab_size, seed=batch, code=args.code_prompts)
+    host_s, spans, gaps = None, [], []
+    steps = elapsed = tokens = prefill_steps = 0
+    for r in range(rounds):
+        for p in prompts[r * batch: (r + 1) * batch]:
+            engine.add_request(prompt_token_ids=p, params=params)
+        decode_steps_before = engine.stats.num_decode_steps
+        while engine.stats.num_decode_steps == decode_steps_before:   # prefill this round's prompts
+            engine.step()
+        for _ in range(args.warmup_steps):
+            engine.step()
+        engine.runner.timeline = [] if engine.device.type == "cuda" else None
+        if args.host_timers and host_s is None:
+            host_s = _time_host_phases(engine)
+        tok0, steps0, prefills0 = (engine.stats.num_generated_tokens, engine.stats.num_decode_steps,
+                                   engine.stats.num_prefill_steps)
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            engine.step()
+        if engine.device.type == "cuda":
+            torch.cuda.synchronize()
+        elapsed += time.perf_counter() - start
+        steps += engine.stats.num_decode_steps - steps0
+        tokens += engine.stats.num_generated_tokens - tok0
+        prefill_steps += engine.stats.num_prefill_steps - prefills0
+        running = len(engine._requests)   # finished requests leave the table
+        if running < batch:
+            raise RuntimeError(f"decode window: {batch - running} of {batch} requests finished early")
+        if engine.runner.timeline:
+            tl = engine.runner.timeline
+            spans += [s.elapsed_time(d) for s, d in tl]
+            gaps += [tl[i][1].elapsed_time(tl[i + 1][0]) for i in range(len(tl) - 1)]
+        engine.runner.timeline = None
+        _abort_all(engine)
     sps = steps / elapsed
     row = dict(kind="decode", engine="deepinfer", model=args.model, batch=batch, prompt_len=args.prompt_len,
                nextn=engine.nextn, varlen=engine.budget.varlen, zos=zos, grammar=grammar, batch_invariant=invariant,
                cuda_graphs=engine.runner.graphs is not None,
                compiled=engine.runner.graphs is not None and engine.runner.graphs.compile,
+               compiled_speculation=engine.runner.spec is not None and engine.runner.spec.compiled_tail is not None,
                startup_s=startup_s, avg_sps=sps,
                tokens_per_s_full_acceptance=sps * batch * (1 + engine.nextn),
-               tokens_per_s_real=(engine.stats.num_generated_tokens - tok0) / elapsed,
+               tokens_per_s_real=tokens / elapsed, rounds=rounds,
                mean_acceptance_length=engine.stats.mean_acceptance_length, step_ms=1e3 / sps,
-               prefill_steps_in_window=engine.stats.num_prefill_steps - prefills0)   # > 0: preemption recompute
+               prefill_steps_in_window=prefill_steps)   # > 0: preemption recompute
     if host_s is not None:   # host time per window step of each phase (ZOS hides what overlaps the device)
-        row["host_ms_per_step"] = {k: round(v * 1e3 / args.steps, 3) for k, v in host_s.items()}
-    if engine.runner.timeline:
-        spans = [(s.elapsed_time(d)) for s, d in engine.runner.timeline]
-        gaps = [engine.runner.timeline[i][1].elapsed_time(engine.runner.timeline[i + 1][0])
-                for i in range(len(engine.runner.timeline) - 1)]
+        row["host_ms_per_step"] = {k: round(v * 1e3 / steps, 3) for k, v in host_s.items()}
+    if spans:
         row.update(device_step_ms=float(np.median(spans)), idle_gap_ms=float(np.median(gaps)),
                    idle_fraction=float(np.median(gaps) / np.median(spans)))
-    while engine.has_unfinished():
-        for rid in list(engine._requests):
-            engine.abort_request(rid)
-        engine.step()
     if engine._structured is not None:
         engine._structured.shutdown()
     del engine   # free the KV pool and graphs before the next engine sizes its pool from free memory
@@ -139,6 +153,13 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return row
+
+
+def _abort_all(engine) -> None:
+    while engine.has_unfinished():
+        for rid in list(engine._requests):
+            engine.abort_request(rid)
+        engine.step()
 
 
 def _time_host_phases(engine) -> dict[str, float]:
@@ -199,6 +220,8 @@ def main() -> None:
     ap.add_argument("--warmup-steps", type=int, default=50)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--nextn", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="decode windows per row over fresh prompts, pooled (batch 1: more than one prompt)")
     ap.add_argument("--varlen", action="store_true")
     ap.add_argument("--nextn-list", default=None, help="comma-separated nextn values to run (e.g. 0,5)")
     ap.add_argument("--code-prompts", action="store_true", help="held-out stdlib function prompts (default model)")
@@ -210,6 +233,9 @@ def main() -> None:
     ap.add_argument("--zos-compare", action="store_true", help="also run decode with ZOS off")
     ap.add_argument("--compile-compare", action="store_true",
                     help="also run decode with the graphed step not compiled (compile_decode=False)")
+    ap.add_argument("--compile-spec-compare", action="store_true",
+                    help="speculative rows also with main keys, verification and draft head through torch.compile "
+                         "(compile_speculation)")
     ap.add_argument("--grammar-compare", action="store_true",
                     help="also run decode with every request under a JSON schema (mask overhead; needs a tokenizer)")
     ap.add_argument("--invariant-compare", action="store_true",
@@ -220,6 +246,8 @@ def main() -> None:
     ap.add_argument("--peer", action="store_true", help="run the HF transformers peer in the same process")
     ap.add_argument("--result-jsonl", type=Path, default=None)
     args = ap.parse_args()
+    if args.host_timers and args.rounds > 1:
+        ap.error("--host-timers needs --rounds 1 (the timers would also count the later rounds' warm-up)")
 
     rows = []
     if args.device == "cuda":
@@ -230,6 +258,11 @@ def main() -> None:
             rows.append(bench_decode(args, b, zos=True, nextn=nextn))
             if args.varlen_compare and nextn > 0:  # the other verification-length mode, same run
                 rows.append(bench_decode(args, b, zos=True, nextn=nextn, varlen=not args.varlen))
+            if args.compile_spec_compare and nextn > 0:   # the speculative part through torch.compile
+                rows.append(bench_decode(args, b, zos=True, nextn=nextn, compile_speculation=True))
+                if args.varlen_compare:
+                    rows.append(bench_decode(args, b, zos=True, nextn=nextn, varlen=not args.varlen,
+                                             compile_speculation=True))
         if args.zos_compare:
             rows.append(bench_decode(args, b, zos=False))
         if args.grammar_compare:   # every request under a JSON schema, same nextn as the first row

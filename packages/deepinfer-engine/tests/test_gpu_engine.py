@@ -86,3 +86,24 @@ def test_greedy_speculation_identical_to_no_speculation_on_gpu(no_speculation_to
     tokens, stats = _spec_run(nextn, varlen)
     assert stats.num_accepted_tokens > 0 and stats.mean_acceptance_length > 1.2
     assert tokens == no_speculation_tokens
+
+
+def test_compiled_speculation_on_gpu_keeps_tokens_and_acceptance():
+    """compile_speculation (inductor over the DFlash main keys, the verification sampler and the
+    draft head) on the default model, bf16 with graphs and ZOS: the same greedy tokens as the
+    uncompiled step and the same acceptance within fp rounding of the drafts. A verification row's
+    target logits do not depend on the drafts in the other rows, so the emitted tokens must match
+    exactly; the drafts themselves may differ by rounding."""
+    def run(compiled: bool):
+        llm = LLM(device="cuda", block_size=16, max_num_batched_tokens=512, max_num_seqs=16, max_model_len=256,
+                  num_speculative_tokens=5, enable_mtp_varlen=False, compile_decode=False,
+                  compile_speculation=compiled)
+        assert (llm.engine.runner.spec.compiled_tail is not None) == compiled
+        greedy = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+        outs = llm.generate(CODE_PROMPTS[:16], sampling_params=greedy, use_tqdm=False)
+        return [o.token_ids for o in outs], llm.engine.stats.mean_acceptance_length
+
+    plain, plain_acceptance = run(False)
+    compiled, compiled_acceptance = run(True)
+    assert compiled == plain
+    assert compiled_acceptance > 1.2 and abs(compiled_acceptance - plain_acceptance) < 0.15 * plain_acceptance

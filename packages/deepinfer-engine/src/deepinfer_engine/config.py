@@ -25,6 +25,8 @@ class EngineConfig:
     zero_overhead_scheduling: bool | None = None  # CPU one step ahead of the device; None = env (default on)
     cuda_graphs: bool = True               # replay decode steps as CUDA graphs (CUDA only)
     compile_decode: bool | None = None     # torch.compile the graphed decode step; None = DEEPINFER_COMPILE_DECODE
+    compile_speculation: bool | None = None  # torch.compile the step's speculative part (CUDA graphs);
+                                           #   None = DEEPINFER_COMPILE_SPECULATION
     seed: int = 0                          # engine seed: draws per-request seeds when none is given
     random_init_seed: int = 0              # weights seed when no checkpoint exists (tiny preset)
     # Structured output (issue 9): grammar compilation off the engine loop.

@@ -133,7 +133,7 @@ class DecodeGraphRunner:
     def _run_forward(self, meta: ForwardMetadata) -> ForwardOutput:
         out = self.model.forward(meta, self.kv_cache)
         if self.write_main_keys:
-            self.model.dspark_write_main_keys(meta, out, self.kv_cache)
+            self.spec.write_main_keys(meta, out, self.kv_cache)
         return out
 
     def _run_step(self, inputs: DecodeStepInputs) -> DecodeStepOutputs:

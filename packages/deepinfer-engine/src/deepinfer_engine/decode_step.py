@@ -71,7 +71,14 @@ def padded_read_rows(spec, inputs: DecodeStepInputs) -> torch.Tensor:
 def run_decode_tail(cache, spec, sampler: Sampler, inputs: DecodeStepInputs, logits: torch.Tensor,
                     read_rows: torch.Tensor | None) -> DecodeStepOutputs:
     """After the target forward: sampler with verification (and grammar masks), then the draft head.
-    logits [G, vocab] (modified in place by the masks); read_rows [G] (None without speculation)."""
+    logits [G, vocab] (modified in place by the masks); read_rows [G] (None without speculation).
+    Runs `spec.compiled_tail` when the speculative part is compiled (SpeculativeDecoder.compile)."""
+    tail = decode_tail if spec is None or spec.compiled_tail is None else spec.compiled_tail
+    return tail(cache, spec, sampler, inputs, logits, read_rows)
+
+
+def decode_tail(cache, spec, sampler: Sampler, inputs: DecodeStepInputs, logits: torch.Tensor,
+                read_rows: torch.Tensor | None) -> DecodeStepOutputs:
     meta, batch = inputs.meta, inputs.batch
     drafts = q = None
     if spec is not None:
@@ -97,5 +104,5 @@ def run_decode_step(model, cache, spec, sampler: Sampler, inputs: DecodeStepInpu
         spec.fill_draft_inputs(meta, read_rows)
     fwd = model.forward(meta, cache)
     if spec is not None:
-        model.dspark_write_main_keys(meta, fwd, cache)
+        spec.write_main_keys(meta, fwd, cache)
     return run_decode_tail(cache, spec, sampler, inputs, fwd.logits, read_rows)

@@ -51,6 +51,7 @@ class Envs:
     zero_overhead_scheduling: bool         # DEEPINFER_ZERO_OVERHEAD_SCHEDULING
     cudagraph_batch_size_interval: int     # DEEPINFER_CUDAGRAPH_BATCH_SIZE_INTERVAL
     compile_decode: bool                   # DEEPINFER_COMPILE_DECODE: inductor-compile the graphed decode step
+    compile_speculation: bool              # DEEPINFER_COMPILE_SPECULATION: inductor-compile main keys, verification, draft head
     batch_invariant: bool                  # DEEPINFER_BATCH_INVARIANT
     confidence_head_temperature: tuple[float, ...] | None  # DEEPINFER_DFLASH_CONFIDENCE_HEAD_TEMPERATURE
     prefill_attempt_interval: int          # DEEPINFER_PREFILL_ATTEMPT_INTERVAL (DP vote, ALL points)
@@ -67,6 +68,7 @@ class Envs:
             zero_overhead_scheduling=_bool("DEEPINFER_ZERO_OVERHEAD_SCHEDULING", True),
             cudagraph_batch_size_interval=_int("DEEPINFER_CUDAGRAPH_BATCH_SIZE_INTERVAL", 8, minimum=1),
             compile_decode=_bool("DEEPINFER_COMPILE_DECODE", False),
+            compile_speculation=_bool("DEEPINFER_COMPILE_SPECULATION", False),
             batch_invariant=_bool("DEEPINFER_BATCH_INVARIANT", False),
             confidence_head_temperature=_floats("DEEPINFER_DFLASH_CONFIDENCE_HEAD_TEMPERATURE"),
             prefill_attempt_interval=_int("DEEPINFER_PREFILL_ATTEMPT_INTERVAL", 70, minimum=1),

@@ -80,6 +80,13 @@ class LLMEngine(OutputPath):
         if config.cuda_graphs and self.device.type == "cuda":
             max_rows = min(config.max_num_batched_tokens, config.max_num_seqs * (self.nextn + 1))
             compile_decode = self.envs.compile_decode if config.compile_decode is None else config.compile_decode
+            compile_spec = self.envs.compile_speculation if config.compile_speculation is None \
+                else config.compile_speculation
+            if compile_spec and self.runner.spec is not None and not compile_decode:
+                if self.envs.batch_invariant:
+                    logger.warning("compile_speculation is ignored with DEEPINFER_BATCH_INVARIANT=1")
+                else:
+                    self.runner.spec.compile()   # before the capture, whose warm-up runs compile
             self.runner.enable_cuda_graphs(max_rows, self.max_model_len, self.envs.cudagraph_batch_size_interval,
                                            compile=compile_decode)
         self.pool = RequestOutputPool()

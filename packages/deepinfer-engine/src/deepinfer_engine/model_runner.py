@@ -178,7 +178,7 @@ class ModelRunner:
         if fwd is None:  # prefill, no graphs, or a step larger than every bucket: eager
             fwd = self.model.forward(meta, self.kv_cache)
             if self.spec is not None:
-                self.model.dspark_write_main_keys(meta, fwd, self.kv_cache)
+                self.spec.write_main_keys(meta, fwd, self.kv_cache)
         masks = self.mask_provider(out, meta.input_ids, self.device) if self.mask_provider is not None else None
 
         req_cnt, dev = out.req_cnt, self.device

@@ -39,6 +39,33 @@ class SpeculativeDecoder:
         self.model = model
         self.nextn = nextn
         self.pool = MtpInfoPool.allocate(max_num_seqs, nextn, model.device, prob_width=model.config.vocab_size)
+        # torch.compile'd speculative parts of the graphed step (`compile`), None = run as written
+        self.compiled_tail = None        # decode_step.decode_tail: verification sampler + draft head
+        self.compiled_main_keys = None   # model.dspark_write_main_keys
+
+    def compile(self, backend="inductor") -> None:
+        """torch.compile the speculative part of the graphed decode step: the DFlash main keys, the
+        verification sampler and the draft head. They are hundreds of small kernels (norms, RoPE, the
+        in-block attention, per-position heads, verification index arithmetic) that inductor fuses
+        into few; the step is launch-bound at small batch. Shapes follow the bucket (dynamic after the
+        second one); the TileLang kernels are custom ops. Not with batch invariance, whose dispatch
+        mode wraps the model's entry points."""
+        from deepinfer_engine.decode_step import decode_tail
+
+        # Every engine's model is a new guard target for the same code objects: lift dynamo's
+        # per-function recompile limit (default 8), or a process with a few engines falls back to eager.
+        cfg = torch._dynamo.config
+        limit = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+        setattr(cfg, limit, max(getattr(cfg, limit), 256))
+        self.compiled_tail = torch.compile(decode_tail, fullgraph=True, backend=backend)
+        self.compiled_main_keys = torch.compile(_write_main_keys, fullgraph=True, backend=backend)
+
+    def write_main_keys(self, meta: ForwardMetadata, out, cache) -> None:
+        """Every DFlash layer's main-token key of the rows the target just processed (optimistic)."""
+        if self.compiled_main_keys is not None:
+            self.compiled_main_keys(self.model, meta, out, cache)
+        else:
+            self.model.dspark_write_main_keys(meta, out, cache)
 
     # ------------------------------------------------------------------ before the forward
     def draft_rows(self, meta: ForwardMetadata, mtp_slots: torch.Tensor) -> torch.Tensor:
@@ -82,6 +109,10 @@ class SpeculativeDecoder:
         store_mtp_info(write_slots, tokens, self.pool, confidence=confidence,
                        draft_probs=draft.probs[:, : self.nextn])
         return DraftProposal(tokens, confidence)
+
+
+def _write_main_keys(model, meta: ForwardMetadata, out, cache) -> None:
+    model.dspark_write_main_keys(meta, out, cache)
 
 
 def acceptance_by_position(num_accepted: np.ndarray, num_drafts: np.ndarray, nextn: int) -> tuple[np.ndarray, np.ndarray]:
