@@ -98,7 +98,7 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
     rounds = max(args.rounds, 1)
     prompts = _prompts(batch * rounds, args.prompt_len, engine.vocab_size, seed=batch, code=args.code_prompts)
     host_s, spans, gaps = None, [], []
-    steps = elapsed = tokens = prefill_steps = 0
+    steps = elapsed = tokens = prefill_steps = drafts = 0
     for r in range(rounds):
         for p in prompts[r * batch: (r + 1) * batch]:
             engine.add_request(prompt_token_ids=p, params=params)
@@ -110,8 +110,8 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
         engine.runner.timeline = [] if engine.device.type == "cuda" else None
         if args.host_timers and host_s is None:
             host_s = _time_host_phases(engine)
-        tok0, steps0, prefills0 = (engine.stats.num_generated_tokens, engine.stats.num_decode_steps,
-                                   engine.stats.num_prefill_steps)
+        tok0, steps0, prefills0, drafts0 = (engine.stats.num_generated_tokens, engine.stats.num_decode_steps,
+                                            engine.stats.num_prefill_steps, engine.stats.num_draft_tokens)
         start = time.perf_counter()
         for _ in range(args.steps):
             engine.step()
@@ -121,6 +121,7 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
         steps += engine.stats.num_decode_steps - steps0
         tokens += engine.stats.num_generated_tokens - tok0
         prefill_steps += engine.stats.num_prefill_steps - prefills0
+        drafts += engine.stats.num_draft_tokens - drafts0
         running = len(engine._requests)   # finished requests leave the table
         if running < batch:
             raise RuntimeError(f"decode window: {batch - running} of {batch} requests finished early")
@@ -139,6 +140,7 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
                startup_s=startup_s, avg_sps=sps,
                tokens_per_s_full_acceptance=sps * batch * (1 + engine.nextn),
                tokens_per_s_real=tokens / elapsed, rounds=rounds,
+               drafts_verified_per_step=drafts / steps,   # varlen: the budget the policy spent
                mean_acceptance_length=engine.stats.mean_acceptance_length, step_ms=1e3 / sps,
                prefill_steps_in_window=prefill_steps)   # > 0: preemption recompute
     if host_s is not None:   # host time per window step of each phase (ZOS hides what overlaps the device)

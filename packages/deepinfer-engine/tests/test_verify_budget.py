@@ -36,7 +36,8 @@ def test_plan_fixed_and_varlen():
     conf = np.array([[0.9, 0.9, 0.9], [0.1, 0.1, 0.1], [0.5, 0.5, 0.5]], np.float32)
     assert VerifyBudgetPolicy(3, varlen=False).plan(conf).tolist() == [3, 3, 3]
     policy = VerifyBudgetPolicy(3, varlen=True)
-    assert policy.plan(conf).tolist() == [3, 3, 3]  # no timing yet: full budget
+    assert policy.plan(conf).tolist() == [3, 3, 3]  # no timing yet: probes, the first at the full budget
+    assert policy.plan(conf).sum() == round(0.5 * 9)   # the second probe: half the optional rows
     for rows in range(3, 13):  # rows cost as much as the fixed part: short budgets pay
         policy.step_time.add(rows, 1.0 * rows + 3.0)
     drafts = policy.plan(conf)
@@ -50,3 +51,25 @@ def test_step_time_model_fit():
         m.add(rows, 2.0 + 0.5 * rows)
     base, slope = m.fit()
     assert np.isclose(base, 2.0) and np.isclose(slope, 0.5)
+
+
+def test_probing_gives_the_step_time_model_a_spread_under_a_steady_batch():
+    """A steady batch planned at one budget would show the step-time line a single row count and
+    it would never fit (fixed-length forever): the probes vary the budget until it fits, then
+    every probe_interval-th plan probes again; between probes the plan is the model's B*."""
+    rng = np.random.default_rng(1)
+    n, nextn = 16, 5
+    conf = rng.uniform(0.2, 0.95, size=(n, nextn)).astype(np.float32)
+    policy = VerifyBudgetPolicy(nextn, varlen=True, probe_interval=8)
+    budgets = []
+    for _ in range(40):
+        drafts = policy.plan(conf)
+        rows = int(n + drafts.sum())
+        budgets.append(rows)
+        policy.step_time.add(rows, 5.0 + 0.05 * rows)   # rows cost: a full budget is not the best
+    assert len(set(budgets[:8])) >= 3                    # probes while the model has no spread
+    base, slope = policy.step_time.fit()
+    assert np.isclose(base, 5.0) and np.isclose(slope, 0.05)
+    best = best_budget(np.cumprod(conf, axis=1), base, slope)
+    steady = [b for i, b in enumerate(budgets[8:], start=9) if i % 8]
+    assert best < n * (nextn + 1) and all(abs(b - best) <= 1 for b in steady)

@@ -9,7 +9,11 @@ unit of step time under a linear step-time model fitted online from measured dec
     time(B)   = base_ms + slope_ms * B
     B*        = argmax_B tokens(B) / time(B),  B in [n, n * (nextn + 1)]
 
-With no measurements yet (or a flat slope) B* is the full budget, i.e. fixed-length behaviour.
+The line needs steps of different row counts, and a policy that always picks the same B would
+never see any (a steady batch at the full budget has one row count): so while the model has no
+spread, and every `probe_interval`-th step after, the policy *probes*, spending a budget from a
+fixed cycle of fractions of the optional rows instead of B*. A flat slope gives the full budget,
+i.e. fixed-length behaviour.
 """
 
 from __future__ import annotations
@@ -55,10 +59,20 @@ def best_budget(gains: np.ndarray, base_ms: float, slope_ms: float) -> int:
 
 
 class VerifyBudgetPolicy:
-    def __init__(self, nextn: int, varlen: bool):
+    PROBE_FRACTIONS = (1.0, 0.5, 0.75, 0.25)   # of the n * nextn optional draft rows
+
+    def __init__(self, nextn: int, varlen: bool, probe_interval: int = 16):
         self.nextn = nextn
         self.varlen = varlen
         self.step_time = StepTimeModel()
+        self.probe_interval = probe_interval
+        self._plans = 0
+        self._probes = 0
+
+    def _probe_budget(self, n: int) -> int:
+        frac = self.PROBE_FRACTIONS[self._probes % len(self.PROBE_FRACTIONS)]
+        self._probes += 1
+        return n + int(round(frac * n * self.nextn))
 
     def plan(self, confidence: np.ndarray) -> np.ndarray:
         """confidence [n, nextn] of the requests' pending drafts -> drafts to verify [n] int32."""
@@ -67,7 +81,11 @@ class VerifyBudgetPolicy:
             return np.full(n, self.nextn, np.int32)
         conf = np.nan_to_num(confidence.astype(np.float32), nan=0.0).clip(0.0, 1.0)
         fit = self.step_time.fit()
-        budget = n * (self.nextn + 1) if fit is None else best_budget(np.cumprod(conf, axis=1), *fit)
+        self._plans += 1
+        if fit is None or self._plans % self.probe_interval == 0:
+            budget = self._probe_budget(n)
+        else:
+            budget = best_budget(np.cumprod(conf, axis=1), *fit)
         seqlens = torch.zeros(n, dtype=torch.int32)
         compute_seqlens_q_by_confidence_rates(budget, torch.arange(n, dtype=torch.int32),
                                               torch.from_numpy(conf), seqlens)
