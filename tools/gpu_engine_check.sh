@@ -6,12 +6,16 @@
 #
 #   tests      pytest -m "gpu and not slow": batch invariance (CUDA), model graph test, CUDA PPL
 #              baseline, engine graphs/ZOS/speculation tests (~7 min: run it alone)
-#   dspark     default model, batch 1, nextn 0 vs 5 (issue 7's 2.5x)
+#   dspark     default model, batch 1 over 16 prompts, nextn 0 vs 5, the speculative part plain and
+#              through torch.compile (issue 7's 2.5x; a cold inductor cache compiles for ~2-3 min)
 #   batch64    default model, 64 sequences: nextn 5 varlen vs fixed, grammar masks and batch
 #              invariance beside plain decode; then the same at nextn 0 (issues 7 and 9)
 #   mini       `mini` vs HF transformers: decode batch 1 / 64 (ZOS on and off), prefill 64 x 512
 #
-# Uses the installed packages (pip install -e the four of them first). Writes under $OUT:
+# Uses the installed packages (pip install -e the four of them first). Structured output needs
+# xgrammar >= 0.2.9 (0.2.8 builds speculative-step masks ~4x slower): when the device bundle is
+# older, carry the wheel in .whl/ (see /work/.library/device/README.md) and this script installs it.
+# Writes under $OUT:
 # <mode>.log, bench.jsonl (one JSON row per measurement, with the copy / matmul ceilings of the
 # run) and summary.txt (rc and seconds of every stage).
 set -uo pipefail
@@ -28,6 +32,9 @@ DEADLINE=${DEADLINE:-570}
 # shellcheck source=tools/_stage.sh
 source "$ROOT/tools/_stage.sh"
 
+if compgen -G ".whl/xgrammar-*.whl" > /dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/xgrammar-*.whl
+fi
 BENCH=("$PY" tools/benchmark.py --device cuda --result-jsonl "$OUT/bench.jsonl")
 CODE=(--model default --code-prompts --prompt-len 256 --max-model-len 1536 --no-prefill --warmup-steps 20 --steps 30)
 
@@ -37,7 +44,8 @@ case "$MODE" in
       -o faulthandler_timeout=150 packages/deepinfer-engine/tests/test_batch_invariance.py packages/deepinfer-model/tests \
       tests packages/deepinfer-engine/tests/test_gpu_engine.py > "$OUT/tests.log" 2>&1 ;;
   dspark)
-    stage dspark 200 "${BENCH[@]}" "${CODE[@]}" --decode-batch-sizes 1 --nextn-list 0,5 > "$OUT/dspark.log" 2>&1 ;;
+    stage dspark 500 "${BENCH[@]}" "${CODE[@]}" --decode-batch-sizes 1 --nextn-list 0,5 --rounds 16 \
+      --compile-spec-compare > "$OUT/dspark.log" 2>&1 ;;
   batch64)
     stage batch64_nextn5 300 "${BENCH[@]}" "${CODE[@]}" --decode-batch-sizes 64 --nextn-list 5 --varlen --varlen-compare \
       --grammar-compare --invariant-compare --host-timers > "$OUT/batch64_nextn5.log" 2>&1
