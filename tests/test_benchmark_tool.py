@@ -1,0 +1,37 @@
+"""tools/benchmark.py on the CPU: the decode rows it reports (rounds pooled over fresh prompts,
+the fixed and variable-length rows, drafts verified per step) and its argument checks."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "tools" / "benchmark.py"), "--device", "cpu",
+                           "--model", "preset:tiny", "--prompt-len", "24", "--max-model-len", "256",
+                           "--no-prefill", "--warmup-steps", "2", "--steps", "3", *extra],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+
+
+def test_decode_rows_pool_rounds_and_count_drafts(tmp_path):
+    out = tmp_path / "rows.jsonl"
+    res = _bench(tmp_path, "--decode-batch-sizes", "2", "--nextn-list", "0,3", "--varlen-compare",
+                 "--rounds", "2", "--result-jsonl", str(out))
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["nextn"], r["varlen"]) for r in rows] == [(0, False), (3, False), (3, True)]
+    for r in rows:
+        assert r["kind"] == "decode" and r["batch"] == 2 and r["rounds"] == 2
+        assert r["avg_sps"] > 0 and r["tokens_per_s_real"] > 0 and r["prefill_steps_in_window"] == 0
+    plain, fixed, varlen = rows
+    assert plain["drafts_verified_per_step"] == 0
+    assert fixed["drafts_verified_per_step"] == 2 * 3          # every request verifies nextn drafts
+    assert 0 < varlen["drafts_verified_per_step"] <= 2 * 3
+
+
+def test_host_timers_need_one_round(tmp_path):
+    res = _bench(tmp_path, "--decode-batch-sizes", "1", "--rounds", "2", "--host-timers")
+    assert res.returncode == 2 and "--host-timers needs --rounds 1" in res.stderr
