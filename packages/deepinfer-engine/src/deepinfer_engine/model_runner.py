@@ -166,7 +166,7 @@ class ModelRunner:
         meta = self.build_metadata(out)
         self.apply_zos_fixup(meta, out, prev)
         is_prefill = out.step_kind == StepKind.PREFILL
-        if not is_prefill and self._graphed_sampling(batch) and self.graphs.bucket_for(meta) is not None:
+        if self.runs_graphed(out, batch):
             if batch.needs_masks:
                 return self._launch_forward_for_masks(out, meta, batch, started, cpu_start)
             return self._launch_whole_step(out, meta, batch, started, cpu_start)
@@ -237,13 +237,19 @@ class ModelRunner:
         """The sampler runs inside a decode graph (no top-k / top-p pass, no top-n logprobs)."""
         return self.graphs is not None and not batch.filters and not any(batch.num_top_logprobs)
 
+    def runs_graphed(self, out: SchedulerOutput, batch: SamplingBatch) -> bool:
+        """This step replays CUDA graphs end to end (whole step, or forward + tail with masks): a
+        decode step with graph-compatible sampling that fits a bucket (rows and block-table width),
+        decided from the host-side SchedulerOutput, the same way by `launch` and `defers_masks`."""
+        return (out.step_kind == StepKind.DECODE and self._graphed_sampling(batch)
+                and self.graphs.bucket(out.total_q) is not None
+                and np.asarray(out.block_tables).shape[1] <= self.graphs.max_blocks)
+
     def defers_masks(self, out: SchedulerOutput, batch: SamplingBatch) -> bool:
         """`launch` of this grammar step stops after the forward graph and `complete` builds the masks
         and samples: the engine may settle the previous step in between (its ledger advances the
         matchers the masks start from)."""
-        return (batch.needs_masks and out.step_kind == StepKind.DECODE and self._graphed_sampling(batch)
-                and self.graphs.bucket(out.total_q) is not None
-                and np.asarray(out.block_tables).shape[1] <= self.graphs.max_blocks)
+        return batch.needs_masks and self.runs_graphed(out, batch)
 
     def _launch_forward_for_masks(self, out: SchedulerOutput, meta: ForwardMetadata, batch: SamplingBatch,
                                   started, cpu_start) -> InFlightStep:
