@@ -30,6 +30,7 @@ def test_decode_rows_pool_rounds_and_count_drafts(tmp_path):
     assert plain["drafts_verified_per_step"] == 0
     assert fixed["drafts_verified_per_step"] == 2 * 3          # every request verifies nextn drafts
     assert 0 < varlen["drafts_verified_per_step"] <= 2 * 3
+    assert "step_time_fit" not in fixed and varlen["step_time_fit"]["slope_ms_per_row"] >= 0
 
 
 def test_host_timers_need_one_round(tmp_path):

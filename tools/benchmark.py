@@ -143,6 +143,9 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
                drafts_verified_per_step=drafts / steps,   # varlen: the budget the policy spent
                mean_acceptance_length=engine.stats.mean_acceptance_length, step_ms=1e3 / sps,
                prefill_steps_in_window=prefill_steps)   # > 0: preemption recompute
+    fit = engine.budget.step_time.fit() if engine.budget.varlen else None
+    if fit is not None:   # the varlen policy's step-time line: ms = base + slope * rows
+        row["step_time_fit"] = {"base_ms": round(fit[0], 4), "slope_ms_per_row": round(fit[1], 6)}
     if host_s is not None:   # host time per window step of each phase (ZOS hides what overlaps the device)
         row["host_ms_per_step"] = {k: round(v * 1e3 / steps, 3) for k, v in host_s.items()}
     if spans:
