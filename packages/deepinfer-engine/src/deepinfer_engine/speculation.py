@@ -14,6 +14,7 @@ padding); the CPU only ever decides how many drafts each request verifies.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,7 +44,7 @@ class SpeculativeDecoder:
         self.compiled_tail = None        # decode_step.decode_tail: verification sampler + draft head
         self.compiled_main_keys = None   # model.dspark_write_main_keys
 
-    def compile(self, backend="inductor") -> None:
+    def compile(self, backend: str | Callable = "inductor") -> None:
         """torch.compile the speculative part of the graphed decode step: the DFlash main keys, the
         verification sampler and the draft head. They are hundreds of small kernels (norms, RoPE, the
         in-block attention, per-position heads, verification index arithmetic) that inductor fuses
