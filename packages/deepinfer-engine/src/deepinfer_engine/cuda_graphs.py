@@ -199,7 +199,9 @@ class DecodeGraphRunner:
 
     @torch.no_grad()
     def capture(self) -> None:
-        """The step graph of every bucket, largest first (later graphs reuse its pool memory)."""
+        """The step graph of every bucket, largest first (later graphs reuse its pool memory). With the
+        speculative part compiled, the all-greedy variants too: captured lazily, their first use
+        would stall serving for an inductor compile."""
         if not self.use_graphs:
             return
         # every engine's model is a new guard target for the one compiled function: lift the limit
@@ -208,6 +210,9 @@ class DecodeGraphRunner:
         with cfg.patch(**{limit: max(getattr(cfg, limit), 256)}):
             for g in reversed(self.sizes):
                 self.step_graphs[g] = self._capture(g, self._run_step, self._inputs(g))
+            if self.spec is not None and self.spec.compiled_tail is not None:
+                for g in reversed(self.sizes):
+                    self.greedy_step_graphs[g] = self._capture(g, self._run_step, self._inputs(g, True))
         torch.cuda.synchronize()
         logger.info("captured %d decode step graphs (sizes %s, compiled: %s)", len(self.sizes), self.sizes,
                     self.compile)
