@@ -127,3 +127,24 @@ def test_lr_schedule():
     # warm-up does not depend on the total (a calibrated step count replays the same first steps)
     assert [modeling.lr_at(s, 100, 1.0, 10, 0.1) for s in range(10)] == \
         [modeling.lr_at(s, 5000, 1.0, 10, 0.1) for s in range(10)]
+
+
+def test_step_plan_calibrates_cuts_and_stops(monkeypatch):
+    """StepPlan (both training phases): steps 5 .. calib_at are timed, the plan is cut to what fits
+    before the deadline, and keep_going turns False once the clock passes deadline + slack."""
+    from default_model import phases
+
+    clock = {"t": 0.0}
+    monkeypatch.setattr(phases.time, "time", lambda: clock["t"])
+    logs = []
+    plan = phases.StepPlan("lm", 400, True, deadline=100.0, slack_s=15, log=lambda kind, **kw: logs.append(kind))
+    assert plan.calib_at == 30
+    for step in range(31):                 # 1 s per step: 70 s left at step 30 fit 66 more steps
+        assert plan.keep_going(step)
+        clock["t"] += 1.0
+    assert plan.planned == 30 + int(0.95 * 70 / 1.0) and logs == ["plan", "calibrated"]
+    clock["t"] = 116.0
+    assert not plan.keep_going(31) and logs[-1] == "stop"
+    # calib_at == 5 (20-23 requested steps): no interval to time, so no calibration (was a division by zero)
+    short = phases.StepPlan("draft", 21, True, deadline=1e9, slack_s=10, log=lambda kind, **kw: None)
+    assert short.calib_at == 5 and all(short.keep_going(s) for s in range(21)) and short.planned == 21

@@ -49,6 +49,36 @@ def plan_steps(requested, done, per_step_s, remaining_s, calibrate):
     return max(done + 1, min(requested, fit))
 
 
+class StepPlan:
+    """A training phase's step count: `requested`, cut once steps 5 .. calib_at are timed to what
+    fits before the deadline (`plan_steps`; kept when calibration is off), and a stop once the
+    clock passes deadline + slack_s. Shared by the target and the draft phase."""
+
+    def __init__(self, phase: str, requested: int, calibrate: bool, deadline: float, slack_s: float, log):
+        self.phase, self.requested, self.calibrate = phase, requested, calibrate
+        self.deadline, self.slack_s, self.log = deadline, slack_s, log
+        self.planned = requested
+        self.calib_at = min(30, max(2, requested // 4))
+        self._timed_from: float | None = None   # wall clock at step 5
+
+    def keep_going(self, step: int) -> bool:
+        """Called before each step: calibrates at calib_at; False (logged) once the budget is spent."""
+        if step == 5:
+            self._timed_from = time.time()
+        if step == self.calib_at and self._timed_from is not None and self.calib_at > 5:
+            per = (time.time() - self._timed_from) / (self.calib_at - 5)
+            new = plan_steps(self.requested, step, per, self.deadline - time.time(), self.calibrate)
+            if new != self.planned:
+                self.log("plan", phase=self.phase, steps=new, requested=self.requested, s_per_step=per)
+            self.planned = new
+            self.log("calibrated", phase=self.phase, s_per_step=per, planned_steps=new,
+                     projected_s=per * (new - step))
+        if time.time() > self.deadline + self.slack_s:
+            self.log("stop", phase=self.phase, reason="time budget", step=step)
+            return False
+        return True
+
+
 def train_target(args, model, corpus, tok, device, log, deadline) -> dict:
     cfg = model.config
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
@@ -57,30 +87,17 @@ def train_target(args, model, corpus, tok, device, log, deadline) -> dict:
     stream = dmdata.BatchStream(corpus.train_docs, args.seq_len, args.batch, args.seed, cfg.bos_token_id,
                                 cfg.eos_token_id)
     vw, vf = held_out_val_windows(corpus, tok, cfg, args.seq_len)
-    planned = args.steps
-    calib_at = min(30, max(2, args.steps // 4))
+    plan = StepPlan("lm", args.steps, not args.no_calibrate, deadline, 15, log)
     t_phase = time.time()
-    t_calib = None
     step = 0
     stopped_early = False
     model.train()
     last = {}
-    while step < planned:
-        if step == 5:
-            t_calib = time.time()
-        if step == calib_at and t_calib is not None:
-            per = (time.time() - t_calib) / (calib_at - 5)
-            new = plan_steps(args.steps, step, per, deadline - time.time(), not args.no_calibrate)
-            if new != planned:
-                log("plan", phase="lm", steps=new, requested=args.steps, s_per_step=per)
-            planned = new
-            log("calibrated", phase="lm", s_per_step=per, planned_steps=planned,
-                projected_s=per * (planned - step))
-        if time.time() > deadline + 15:
+    while step < plan.planned:
+        if not plan.keep_going(step):
             stopped_early = True
-            log("stop", phase="lm", reason="time budget", step=step)
             break
-        lr = modeling.lr_at(step, planned, args.lr, args.warmup, args.final_lr_frac)
+        lr = modeling.lr_at(step, plan.planned, args.lr, args.warmup, args.final_lr_frac)
         for g in opt.param_groups:
             g["lr"] = lr
         chunk = to_device(stream.next_batch(), device)
@@ -96,21 +113,21 @@ def train_target(args, model, corpus, tok, device, log, deadline) -> dict:
         opt.step()
         imbalance = modeling.update_router_bias(model, out.expert_counts, args.router_bias_rate)
         step += 1
-        if step % args.log_every == 0 or step == planned or step == 1:
+        if step % args.log_every == 0 or step == plan.planned or step == 1:
             kl = out.indexer_kl
             last = {"step": step, "loss": float(ce.detach()), "indexer_kl": None if kl is None else float(kl.detach()),
                     "lr": lr, "grad_norm": float(gnorm), "moe_max_over_mean": float(imbalance),
                     "epoch": stream.chunks_served / stream.chunks_per_epoch,
                     "tok_per_s": stream.chunks_served * args.seq_len / (time.time() - t_phase)}
             log("lm", **last)
-        if step % args.val_every == 0 or step == planned:
+        if step % args.val_every == 0 or step == plan.planned:
             model.eval()
             v = val_loss(model, vw, vf, device)
             model.train()
             log("val", step=step, held_out_loss=v, held_out_ppl=math.exp(v))
             last["held_out_loss"] = v
     model.eval()
-    return {"steps_requested": args.steps, "steps_planned": planned, "steps_done": step,
+    return {"steps_requested": args.steps, "steps_planned": plan.planned, "steps_done": step,
             "stopped_early": stopped_early, "seconds": time.time() - t_phase,
             "tokens": stream.chunks_served * args.seq_len, "epochs": stream.chunks_served / stream.chunks_per_epoch,
             "last": last}
@@ -164,26 +181,16 @@ def train_draft(args, model, corpus, groups, device, log, deadline) -> dict:
     real = dmdata.BatchStream(corpus.train_docs, args.draft_real_len, max(1, args.draft_real_batch),
                               args.seed + 2, cfg.bos_token_id, cfg.eos_token_id)
     n, k = cfg.nextn, args.draft_anchors
-    planned, step, t_phase, t_calib = args.draft_steps, 0, time.time(), None
-    calib_at = min(30, max(2, args.draft_steps // 4))
+    plan = StepPlan("draft", args.draft_steps, not args.no_calibrate, deadline, 10, log)
+    step, t_phase = 0, time.time()
     stopped_early = False
     last = {}
     model.train()
-    while step < planned:
-        if step == 5:
-            t_calib = time.time()
-        if step == calib_at and t_calib is not None:
-            per = (time.time() - t_calib) / (calib_at - 5)
-            new = plan_steps(args.draft_steps, step, per, deadline - time.time(), not args.no_calibrate)
-            if new != planned:
-                log("plan", phase="draft", steps=new, requested=args.draft_steps, s_per_step=per)
-            planned = new
-            log("calibrated", phase="draft", s_per_step=per, planned_steps=planned)
-        if time.time() > deadline + 10:
+    while step < plan.planned:
+        if not plan.keep_going(step):
             stopped_early = True
-            log("stop", phase="draft", reason="time budget", step=step)
             break
-        lr = modeling.lr_at(step, planned, args.draft_lr, args.draft_warmup, 0.1)
+        lr = modeling.lr_at(step, plan.planned, args.draft_lr, args.draft_warmup, 0.1)
         for gr in opt.param_groups:
             gr["lr"] = lr
         terms = []
@@ -219,7 +226,7 @@ def train_draft(args, model, corpus, groups, device, log, deadline) -> dict:
         gnorm = torch.nn.utils.clip_grad_norm_(list(params.values()), args.grad_clip)
         opt.step()
         step += 1
-        if step % args.log_every == 0 or step == planned or step == 1:
+        if step % args.log_every == 0 or step == plan.planned or step == 1:
             last = {"step": step, "loss": float(loss.detach()), "lr": lr, "grad_norm": float(gnorm),
                     "gen_top1_by_pos": stats[0]["top1_by_pos"], "gen_accept_len": stats[0]["accept_len"]}
             if len(stats) > 1:
@@ -228,7 +235,7 @@ def train_draft(args, model, corpus, groups, device, log, deadline) -> dict:
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    return {"steps_requested": args.draft_steps, "steps_planned": planned, "steps_done": step,
+    return {"steps_requested": args.draft_steps, "steps_planned": plan.planned, "steps_done": step,
             "stopped_early": stopped_early, "seconds": time.time() - t_phase, "last": last}
 
 
