@@ -15,6 +15,24 @@ from deepinfer_engine.speculation import DraftProposal, SpeculativeDecoder
 from deepinfer_kernels.ops.verification import store_mtp_info
 
 
+@pytest.fixture
+def count_graph_runner_calls(monkeypatch):
+    """count(*method names of DecodeGraphRunner) -> {name: calls so far}, counting from now on."""
+    from deepinfer_engine.cuda_graphs import DecodeGraphRunner
+
+    def count(*names: str) -> dict[str, int]:
+        calls = dict.fromkeys(names, 0)
+        for name in names:
+            original = getattr(DecodeGraphRunner, name)
+
+            def counted(self, *a, _original=original, _name=name, **kw):
+                calls[_name] += 1
+                return _original(self, *a, **kw)
+            monkeypatch.setattr(DecodeGraphRunner, name, counted)
+        return calls
+    return count
+
+
 @pytest.fixture(scope="session")
 def tiny_llm() -> LLM:
     """The default (tiny) model on the CPU with small blocks and a small prefill budget, so that

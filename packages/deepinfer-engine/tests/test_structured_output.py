@@ -315,13 +315,11 @@ def test_grammar_completion_finishes_even_with_ignore_eos():
 
 @pytest.mark.parametrize("zos", [True, False])
 @pytest.mark.parametrize("nextn", [0, 5])
-def test_grammar_steps_take_the_split_graph_path(monkeypatch, nextn, zos):
+def test_grammar_steps_take_the_split_graph_path(count_graph_runner_calls, nextn, zos):
     """With the decode graph runner on (emulated on the CPU), steps holding a grammar request run
     the forward graph, then (after the previous step's ledger, with ZOS) the masks and the tail
     graph; steps without one the whole-step graph. A batch mixing constrained and free requests
     gives the same outputs as without the runner."""
-    from deepinfer_engine.cuda_graphs import DecodeGraphRunner
-
     specs = [SPECS[0], None, SPECS[len(JSON_SCHEMAS)], None]
     prompts = _prompts(len(specs), seed=3)
     params = [SamplingParams(temperature=0, max_tokens=MAX_TOKENS if s else 24, ignore_eos=s is None,
@@ -330,14 +328,7 @@ def test_grammar_steps_take_the_split_graph_path(monkeypatch, nextn, zos):
                                                                use_tqdm=False)
     llm = _llm(nextn, zero_overhead_scheduling=zos)
     llm.engine.runner.enable_cuda_graphs(64 * 6, llm.engine.max_model_len, interval=8)
-    calls = {"run": 0, "run_step": 0, "run_tail": 0}
-    for name in calls:
-        original = getattr(DecodeGraphRunner, name)
-
-        def counted(self, *a, _original=original, _name=name, **kw):
-            calls[_name] += 1
-            return _original(self, *a, **kw)
-        monkeypatch.setattr(DecodeGraphRunner, name, counted)
+    calls = count_graph_runner_calls("run", "run_step", "run_tail")
     got = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
     assert calls["run"] == calls["run_tail"] > 0 and calls["run_step"] > 0   # masked steps split, free ones whole
     assert [o.token_ids for o in got] == [o.token_ids for o in want]

@@ -15,21 +15,16 @@ def _prompts(n: int, seed: int = 2) -> list[list[int]]:
     return [rng.integers(7, 8000, size=int(rng.integers(2, 60))).tolist() for _ in range(n)]
 
 
-def _generate(padded_step: bool, nextn: int, varlen: bool, params, monkeypatch, prompts):
+def _generate(padded_step: bool, nextn: int, varlen: bool, params, count_calls, prompts):
+    """count_calls: the count_graph_runner_calls fixture (conftest.py)."""
     llm = LLM(device="cpu", block_size=16, max_num_batched_tokens=128, max_num_seqs=12, max_model_len=256,
               num_speculative_tokens=nextn, enable_mtp_varlen=varlen, zero_overhead_scheduling=True)
-    calls = {"step": 0, "forward": 0}
+    calls = {"run_step": 0, "run": 0}
     if padded_step:
         engine = llm.engine
         max_rows = 12 * (nextn + 1)
         engine.runner.enable_cuda_graphs(max_rows, engine.max_model_len, interval=8)
-        for name, key in (("run_step", "step"), ("run", "forward")):
-            original = getattr(DecodeGraphRunner, name)
-
-            def counted(self, *a, _original=original, _key=key, **kw):
-                calls[_key] += 1
-                return _original(self, *a, **kw)
-            monkeypatch.setattr(DecodeGraphRunner, name, counted)
+        calls = count_calls("run_step", "run")
     outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
     return outs, calls, llm.engine.stats
 
@@ -43,11 +38,11 @@ SEEDED = SamplingParams(temperature=0.9, max_tokens=16, seed=11, ignore_eos=True
 @pytest.mark.parametrize("nextn,varlen,params", [
     (0, False, GREEDY), (5, False, GREEDY), (5, True, GREEDY), (0, False, SEEDED), (5, False, SEEDED),
 ], ids=["greedy-nextn0", "greedy-nextn5", "greedy-nextn5-varlen", "seeded-nextn0", "seeded-nextn5"])
-def test_padded_whole_step_matches_piecewise(nextn, varlen, params, monkeypatch):
+def test_padded_whole_step_matches_piecewise(nextn, varlen, params, count_graph_runner_calls):
     prompts = _prompts(10)
-    want, _, _ = _generate(False, nextn, varlen, params, monkeypatch, prompts)
-    got, calls, stats = _generate(True, nextn, varlen, params, monkeypatch, prompts)
-    assert calls["step"] > 0 and calls["forward"] == 0          # every decode step ran as one padded step
+    want, _, _ = _generate(False, nextn, varlen, params, count_graph_runner_calls, prompts)
+    got, calls, stats = _generate(True, nextn, varlen, params, count_graph_runner_calls, prompts)
+    assert calls["run_step"] > 0 and calls["run"] == 0          # every decode step ran as one padded step
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     # padding rows change the matmul row count, hence the BLAS blocking: fp32 rounding only
     np.testing.assert_allclose(np.concatenate([o.token_logprobs for o in got]),
@@ -57,7 +52,7 @@ def test_padded_whole_step_matches_piecewise(nextn, varlen, params, monkeypatch)
 
 
 @pytest.mark.parametrize("mix", ["all-greedy", "mixed"])
-def test_greedy_variant_serves_all_greedy_steps_only(mix, monkeypatch):
+def test_greedy_variant_serves_all_greedy_steps_only(mix, monkeypatch, count_graph_runner_calls):
     """A step whose requests are all greedy runs the greedy variant of the step (no uniforms, no
     residual, no draft distribution); one seeded request puts the step on the general variant.
     Both give the piecewise path's tokens."""
@@ -69,21 +64,21 @@ def test_greedy_variant_serves_all_greedy_steps_only(mix, monkeypatch):
     def recording(self, g, all_greedy=False):
         seen.append(all_greedy)
         return original(self, g, all_greedy)
-    want, _, _ = _generate(False, 5, False, params, monkeypatch, prompts)
+    want, _, _ = _generate(False, 5, False, params, count_graph_runner_calls, prompts)
     monkeypatch.setattr(DecodeGraphRunner, "_inputs", recording)
-    got, calls, _ = _generate(True, 5, False, params, monkeypatch, prompts)
-    assert calls["step"] > 0
+    got, calls, _ = _generate(True, 5, False, params, count_graph_runner_calls, prompts)
+    assert calls["run_step"] > 0
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert seen and all(seen) if mix == "all-greedy" else not any(seen)   # every mixed step: the general one
 
 
-def test_steps_needing_eager_sampling_use_the_forward_graph(monkeypatch):
+def test_steps_needing_eager_sampling_use_the_forward_graph(count_graph_runner_calls):
     """top-k / top-p and top-n logprobs run the sampler eagerly after the bucket's forward graph."""
     prompts = _prompts(6, seed=4)
     params = SamplingParams(temperature=0.8, top_p=0.9, top_k=50, max_tokens=8, seed=3, ignore_eos=True, logprobs=2)
-    want, _, _ = _generate(False, 5, False, params, monkeypatch, prompts)
-    got, calls, _ = _generate(True, 5, False, params, monkeypatch, prompts)
-    assert calls["forward"] > 0 and calls["step"] == 0
+    want, _, _ = _generate(False, 5, False, params, count_graph_runner_calls, prompts)
+    got, calls, _ = _generate(True, 5, False, params, count_graph_runner_calls, prompts)
+    assert calls["run"] > 0 and calls["run_step"] == 0
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     for g, w in zip(got, want, strict=True):
         assert [list(d) for d in g.top_logprobs] == [list(d) for d in w.top_logprobs]
@@ -91,7 +86,7 @@ def test_steps_needing_eager_sampling_use_the_forward_graph(monkeypatch):
                                    [v for d in w.top_logprobs for v in d.values()], rtol=0, atol=1e-4)
 
 
-def test_whole_step_traces_as_one_dynamic_graph(monkeypatch):
+def test_whole_step_traces_as_one_dynamic_graph(count_graph_runner_calls):
     """What `compile_decode` does on CUDA, with dynamo's eager backend on the CPU: the whole step
     traces with fullgraph=True (no graph break, no host sync) as one graph with dynamic row and
     request counts, and gives the same tokens."""
@@ -101,7 +96,7 @@ def test_whole_step_traces_as_one_dynamic_graph(monkeypatch):
     from deepinfer_engine.decode_step import run_decode_step
 
     prompts = _prompts(10, seed=5)
-    want, _, _ = _generate(False, 5, True, GREEDY, monkeypatch, prompts)
+    want, _, _ = _generate(False, 5, True, GREEDY, count_graph_runner_calls, prompts)
     llm = LLM(device="cpu", block_size=16, max_num_batched_tokens=128, max_num_seqs=12, max_model_len=256,
               num_speculative_tokens=5, enable_mtp_varlen=True, zero_overhead_scheduling=True)
     runner = llm.engine.runner
@@ -122,7 +117,7 @@ def test_whole_step_traces_as_one_dynamic_graph(monkeypatch):
 
 
 @pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
-def test_compiled_speculation_traces_whole_and_keeps_tokens(params, monkeypatch):
+def test_compiled_speculation_traces_whole_and_keeps_tokens(params, count_graph_runner_calls):
     """`compile_speculation` (DEEPINFER_COMPILE_SPECULATION) with dynamo's eager backend on the CPU:
     the DFlash main keys and the tail (verification sampler + draft head) trace with fullgraph=True
     inside the padded step (no graph break, no host sync), and tokens and logprobs equal the
@@ -130,7 +125,7 @@ def test_compiled_speculation_traces_whole_and_keeps_tokens(params, monkeypatch)
     import torch._dynamo as dynamo
 
     prompts = _prompts(10, seed=9)
-    want, _, _ = _generate(True, 5, False, params, monkeypatch, prompts)
+    want, _, _ = _generate(True, 5, False, params, count_graph_runner_calls, prompts)
     llm = LLM(device="cpu", block_size=16, max_num_batched_tokens=128, max_num_seqs=12, max_model_len=256,
               num_speculative_tokens=5, enable_mtp_varlen=False, zero_overhead_scheduling=True)
     runner = llm.engine.runner
