@@ -177,8 +177,8 @@ class ModelRunner:
         fwd = self.graphs.run(meta) if self.graphs is not None and not is_prefill else None
         if fwd is None:  # prefill, no graphs, or a step larger than every bucket: eager
             fwd = self.model.forward(meta, self.kv_cache)
-            if self.spec is not None:
-                self.spec.write_main_keys(meta, fwd, self.kv_cache)
+            if self.spec is not None:   # eager: not the compiled main keys (prefill shapes would recompile)
+                self.model.dspark_write_main_keys(meta, fwd, self.kv_cache)
         masks = self.mask_provider(out, meta.input_ids, self.device) if self.mask_provider is not None else None
 
         req_cnt, dev = out.req_cnt, self.device
@@ -227,7 +227,7 @@ class ModelRunner:
             proposal = self.spec.propose(self.kv_cache, positions[final_row], res.token_ids, tables,
                                          self.block_size, sub.seeds, sub.is_greedy, sub.all_greedy, slots)
             confidence = torch.zeros(req_cnt, self.nextn, dtype=torch.float32, device=dev)
-            confidence[self._tensor(sampled, torch.int64)] = proposal.confidence
+            confidence[idx if idx is not None else self._tensor(sampled, torch.int64)] = proposal.confidence
             host["confidence"] = confidence
 
         return self._finish_launch(out, host, started, cpu_start, list(sub.num_top_logprobs),

@@ -62,7 +62,8 @@ class SpeculativeDecoder:
         self.compiled_main_keys = torch.compile(_write_main_keys, fullgraph=True, backend=backend)
 
     def write_main_keys(self, meta: ForwardMetadata, out, cache) -> None:
-        """Every DFlash layer's main-token key of the rows the target just processed (optimistic)."""
+        """Every DFlash layer's main-token key of the rows the target just processed (optimistic), in
+        the graphed decode step: compiled when `compile` ran (eager paths call the model directly)."""
         if self.compiled_main_keys is not None:
             self.compiled_main_keys(self.model, meta, out, cache)
         else:
