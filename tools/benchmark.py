@@ -97,7 +97,7 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
     # --rounds R: R windows over fresh prompts (at batch 1 one prompt is a small sample of acceptance)
     rounds = max(args.rounds, 1)
     prompts = _prompts(batch * rounds, args.prompt_len, engine.vocab_size, seed=batch, code=args.code_prompts)
-    host_s, spans, gaps = None, [], []
+    host_s, host_window, spans, gaps = None, None, [], []
     steps = elapsed = tokens = prefill_steps = drafts = 0
     for r in range(rounds):
         for p in prompts[r * batch: (r + 1) * batch]:
@@ -118,6 +118,8 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
         if engine.device.type == "cuda":
             torch.cuda.synchronize()
         elapsed += time.perf_counter() - start
+        if host_s is not None:
+            host_window = dict(host_s)   # the window only, not the abort steps after it
         steps += engine.stats.num_decode_steps - steps0
         tokens += engine.stats.num_generated_tokens - tok0
         prefill_steps += engine.stats.num_prefill_steps - prefills0
@@ -146,8 +148,8 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
     fit = engine.budget.step_time.fit() if engine.budget.varlen else None
     if fit is not None:   # the varlen policy's step-time line: ms = base + slope * rows
         row["step_time_fit"] = {"base_ms": round(fit[0], 4), "slope_ms_per_row": round(fit[1], 6)}
-    if host_s is not None:   # host time per window step of each phase (ZOS hides what overlaps the device)
-        row["host_ms_per_step"] = {k: round(v * 1e3 / steps, 3) for k, v in host_s.items()}
+    if host_window is not None:   # host time per window step of each phase (ZOS hides what overlaps the device)
+        row["host_ms_per_step"] = {k: round(v * 1e3 / steps, 3) for k, v in host_window.items()}
     if spans:
         row.update(device_step_ms=float(np.median(spans)), idle_gap_ms=float(np.median(gaps)),
                    idle_fraction=float(np.median(gaps) / np.median(spans)))
