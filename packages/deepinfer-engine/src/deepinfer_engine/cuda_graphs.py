@@ -207,12 +207,11 @@ class DecodeGraphRunner:
         # every engine's model is a new guard target for the one compiled function: lift the limit
         cfg = torch._dynamo.config
         limit = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+        variants = [False, True] if self.spec is not None and self.spec.compiled_tail is not None else [False]
         with cfg.patch(**{limit: max(getattr(cfg, limit), 256)}):
-            for g in reversed(self.sizes):
-                self.step_graphs[g] = self._capture(g, self._run_step, self._inputs(g))
-            if self.spec is not None and self.spec.compiled_tail is not None:
+            for greedy in variants:
                 for g in reversed(self.sizes):
-                    self.greedy_step_graphs[g] = self._capture(g, self._run_step, self._inputs(g, True))
+                    self._step_graphs(g, greedy)
         torch.cuda.synchronize()
         logger.info("captured %d decode step graphs (sizes %s, compiled: %s)", len(self.sizes), self.sizes,
                     self.compile)
@@ -251,12 +250,18 @@ class DecodeGraphRunner:
         if g is None:
             return None
         greedy = batch.all_greedy
-        graphs = self.greedy_step_graphs if greedy else self.step_graphs
-        if self.use_graphs and g not in graphs:   # the greedy variant: captured on first use
-            graphs[g] = self._capture(g, self._run_step, self._inputs(g, greedy))
+        graphs = self._step_graphs(g, greedy)
         self._fill(g, meta)
         self._fill_sampling(g, batch, mtp_slots)
         return _cut(self._replay_or_run(graphs, g, self._run_step, lambda size: self._inputs(size, greedy)), t, r)
+
+    def _step_graphs(self, g: int, greedy: bool) -> dict[int, _Graph]:
+        """The step graphs of the variant (general / all-greedy), bucket g's captured if missing
+        (the greedy variant is captured on first use unless `capture` took it up front)."""
+        graphs = self.greedy_step_graphs if greedy else self.step_graphs
+        if self.use_graphs and g not in graphs:
+            graphs[g] = self._capture(g, self._run_step, self._inputs(g, greedy))
+        return graphs
 
     def _tail_inputs(self, g: int) -> DecodeStepInputs:
         inputs = self._inputs(g)
