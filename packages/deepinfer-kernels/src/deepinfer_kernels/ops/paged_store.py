@@ -36,14 +36,14 @@ def store_quantized_rows(pool: torch.Tensor, slot_mapping: torch.Tensor, x: torc
 def store_quantized(op: str, name: str, x: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor,
                     record_bytes: Callable[[int], int], quantize: Quantize) -> None:
     """Checked public store: x [n, D] float, pool uint8 [slots, record_bytes(D)], slot_mapping [n] int.
-    The op's TileLang kernel for bf16/fp16 on SM90, else the torch path (capturable off the CPU)."""
+    The op's TileLang kernel for bf16/fp16/fp32 on SM90, else the torch path (capturable off the CPU)."""
     check_tensor(name, x, 2, FLOAT_DTYPES)
     check_tensor("pool", pool, 2, (torch.uint8,))
     check_tensor("slot_mapping", slot_mapping, 1, INDEX_DTYPES)
     check_dim("pool", pool, 1, record_bytes(x.shape[1]))
     check_dim("slot_mapping", slot_mapping, 0, x.shape[0])
     device = check_same_device(**{name: x, "pool": pool, "slot_mapping": slot_mapping})
-    kernel = tilelang_launcher(op, device, supported=x.dtype in (torch.bfloat16, torch.float16))
+    kernel = tilelang_launcher(op, device, supported=x.dtype in (torch.bfloat16, torch.float16, torch.float32))
     if kernel is not None:
         kernel(x, pool, slot_mapping)
     else:
