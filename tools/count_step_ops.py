@@ -23,7 +23,8 @@ NOT_LAUNCHES = {"view", "_unsafe_view", "t", "expand", "slice", "select", "unsqu
                 "chunk", "narrow", "unflatten", "flatten", "view_as_real", "view_as_complex", "lift_fresh",
                 "scalar_tensor", "_local_scalar_dense", "sym_size", "sym_stride", "empty", "empty_like",
                 "movedim", "expand_as", "view_as"}
-TILELANG_OPS = ("store_kv_fp8", "store_index_k_fp4", "sparse_mla_attention", "indexer_scores", "routed_experts")
+TILELANG_OPS = ("store_kv_fp8", "store_index_k_fp4", "sparse_mla_attention", "indexer_scores", "indexer_topk_blocks",
+                "routed_experts")
 
 
 class StepOpCounter(TorchDispatchMode):

@@ -4,7 +4,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deepinfer_kernels.ops.indexer import BF16_MAX, candidate_block_max, indexer_scores, select_topk_blocks
+from deepinfer_kernels.ops.indexer import (
+    BF16_MAX,
+    candidate_block_max,
+    indexer_scores,
+    indexer_topk_blocks,
+    select_topk_blocks,
+)
 from deepinfer_kernels.ops.kv_fp4 import dequantize_index_k_fp4, quantize_index_k_fp4
 
 
@@ -67,3 +73,19 @@ def test_topk_selection_equals_brute_force(rows, n, block_size, topk, seed, coar
         assert sel[r].tolist() == want
         if int(valid[r]) > 0:  # the most recent block is always selected
             assert (int(valid[r]) - 1) // block_size in sel[r].tolist()
+
+
+def test_fused_topk_blocks_equal_the_chain():
+    """`indexer_topk_blocks` (one call, what the model uses) == scores -> block max -> top-k, with a
+    row that has no far entry and -1 candidates."""
+    g = torch.Generator().manual_seed(3)
+    rows, heads, di, n, slots = 5, 2, 32, 23, 40
+    q = torch.randn(rows, heads, di, generator=g).bfloat16()
+    w = torch.randn(rows, heads, generator=g)
+    pool = quantize_index_k_fp4(torch.randn(slots, di, generator=g))
+    idx = torch.randint(-1, slots, (rows, n), generator=g, dtype=torch.int32)
+    valid = torch.tensor([23, 0, 7, 1, 16])
+    got = indexer_topk_blocks(q, w, pool, idx, valid, 4, 3)
+    want = select_topk_blocks(*candidate_block_max(indexer_scores(q, w, pool, idx), valid, 4), 3)
+    assert got.dtype == torch.int32 and torch.equal(got, want)
+    assert got[1].tolist() == [-1, -1, -1] and got[3].tolist() == [0, -1, -1]

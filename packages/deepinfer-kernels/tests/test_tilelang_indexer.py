@@ -93,3 +93,23 @@ def test_fused_indexer_topk(rows, heads, di, n, bs, topk):
         fin = torch.isfinite(want_s)
         assert torch.equal(torch.isfinite(got_s), fin)
         torch.testing.assert_close(got_s[fin], want_s[fin], atol=1e-3, rtol=1e-3)
+
+
+def test_public_ops_pick_the_kernels_on_cuda():
+    """The public wrappers dispatch to TileLang on SM90 (bf16 queries) and agree with the chained
+    references; float32 queries keep the reference arithmetic exactly."""
+    from deepinfer_kernels.ops.indexer import candidate_block_max, indexer_topk_blocks, select_topk_blocks
+
+    c = T.make_indexer_case(6, 8, 128, 900, 3000, "cuda", seed=11, empty_frac=0.05)
+    s = ref.indexer_scores_ref(c.q, c.weights, c.k_pool, c.indices)
+    rb, rnv = ref.candidate_block_max_ref(s, c.valid_lens, 16)
+    gb, gnv = candidate_block_max(s, c.valid_lens, 16)
+    assert torch.equal(gb, rb) and torch.equal(gnv, rnv.to(torch.int32))
+    assert torch.equal(select_topk_blocks(rb, rnv, 16), ref.select_topk_blocks_ref(rb, rnv, 16))
+    fused = indexer_topk_blocks(c.q.bfloat16(), c.weights, c.k_pool, c.indices, c.valid_lens, 16, 16)
+    want = ref.select_topk_blocks_ref(rb, rnv, 16)
+    assert torch.equal(fused < 0, want < 0)
+    assert torch.equal(fused[:, 0], want[:, 0])                      # the forced last block leads
+    exact = indexer_topk_blocks(c.q.float(), c.weights, c.k_pool, c.indices, c.valid_lens, 16, 16)
+    assert torch.equal(exact, ref.indexer_topk_blocks_ref(c.q.float(), c.weights, c.k_pool, c.indices,
+                                                          c.valid_lens, 16, 16))

@@ -18,13 +18,14 @@ def test_every_wrapped_launcher_is_a_custom_op():
         assert hasattr(torch.ops.deepinfer, name)
 
 
-def _step(kv_plane, index_plane, new_kv, new_k, slots, q, idx, qi, wi, iidx, x, w, ids, w13, w2):
+def _step(kv_plane, index_plane, new_kv, new_k, slots, q, idx, qi, wi, iidx, vlen, x, w, ids, w13, w2):
     ops = torch.ops.deepinfer
     ops.store_kv_fp8(new_kv, kv_plane, slots)
     ops.store_index_k_fp4(new_k, index_plane, slots)
     out, lse = ops.sparse_mla_attention(q, kv_plane, idx, 0.125, "auto")
     scores = ops.indexer_scores(qi, wi, index_plane, iidx)
-    return out * 2, lse, scores.relu(), ops.routed_experts(x, w, ids, w13, w2) + 1
+    blocks = ops.indexer_topk_blocks(qi, wi, index_plane, iidx, vlen, 4, 2)
+    return out * 2, lse, scores.relu(), blocks, ops.routed_experts(x, w, ids, w13, w2) + 1
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
@@ -42,7 +43,7 @@ def test_custom_ops_compile_and_match_the_references(backend):
 
     def args(kv, ix):
         return (kv[slots:], ix[slots:], new_kv, new_k, slots_w, q, case.indices, icase.q.float(), icase.weights,
-                icase.indices, x, w, ids, w13, w2)
+                icase.indices, icase.valid_lens, x, w, ids, w13, w2)
 
     kv_c, ix_c = kv_pool.clone(), index_pool.clone()
     torch._dynamo.reset()
@@ -53,7 +54,9 @@ def test_custom_ops_compile_and_match_the_references(backend):
     kv_fp4.store_index_k_fp4_ref(new_k, ix_r[slots:], slots_w)
     out, lse = sparse_mla.sparse_mla_attention_ref(q, kv_r[slots:], case.indices, 0.125)
     scores = indexer.indexer_scores_ref(icase.q.float(), icase.weights, ix_r[slots:], icase.indices)
-    want = (out * 2, lse, scores.relu(), moe.routed_experts_ref(x, w, ids, w13, w2) + 1)
+    blocks = indexer.indexer_topk_blocks_ref(icase.q.float(), icase.weights, ix_r[slots:], icase.indices,
+                                             icase.valid_lens, 4, 2)
+    want = (out * 2, lse, scores.relu(), blocks, moe.routed_experts_ref(x, w, ids, w13, w2) + 1)
     assert torch.equal(kv_c, kv_r) and torch.equal(ix_c, ix_r)        # the views were written in place
     assert not torch.equal(kv_c, kv_pool)
     for g, e in zip(got, want, strict=True):

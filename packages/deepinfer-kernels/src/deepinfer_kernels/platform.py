@@ -103,7 +103,7 @@ def forced_backend() -> Backend | None:
 # ops whose TileLang kernel is wrapped as a torch custom op (tilelang/torch_ops.py): the only ones
 # that stay TileLang under torch.compile; inductor generates the code of every other op.
 CUSTOM_OP_KERNELS = frozenset({"sparse_mla_attention", "store_kv_fp8", "store_index_k_fp4", "indexer_scores",
-                               "routed_experts"})
+                               "indexer_topk_blocks", "routed_experts"})
 
 
 def select_backend(op_name: str, device: torch.device, has_kernel: bool = True) -> Backend:

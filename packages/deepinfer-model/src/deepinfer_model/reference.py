@@ -52,7 +52,7 @@ def compressed_entries(comp, v: torch.Tensor, kv_quant: bool) -> tuple[torch.Ten
 def select_far(indexer, q_lat, u, index_k, n_far, cfg) -> torch.Tensor:
     """Indexer selection, dense: -> bool [N, nE] (entry e visible to row n)."""
     q_idx, w = indexer.query(q_lat, u)
-    s = torch.einsum("nhd,ed->nhe", q_idx, index_k.float()).relu()
+    s = torch.einsum("nhd,ed->nhe", q_idx.float(), index_k.float()).relu()
     s = torch.einsum("nhe,nh->ne", s, w)
     bsz = cfg.index_block_size
     scores, nvalid = candidate_block_max_ref(s, n_far, bsz)

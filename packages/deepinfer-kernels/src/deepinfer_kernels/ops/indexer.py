@@ -9,6 +9,8 @@
    always selected; blocks past the last valid one are `-inf`.
 3. `select_topk_blocks`: the `topk` highest valid blocks per row, sorted by score (descending),
    ties broken by the lower block index; `-1` padded when a row has fewer valid blocks.
+4. `indexer_topk_blocks`: the three in one call (on SM90 one fused TileLang kernel for the scores
+   and block maxima, which never writes the per-entry scores, and one for the top-k).
 """
 
 from __future__ import annotations
@@ -24,9 +26,15 @@ from deepinfer_kernels.ops._checks import (
 )
 from deepinfer_kernels.ops.capture import host_checks
 from deepinfer_kernels.ops.kv_fp4 import dequantize_index_k_fp4_ref, fp4_record_bytes
-from deepinfer_kernels.platform import select_backend, tilelang_launcher
+from deepinfer_kernels.platform import tilelang_launcher
+from deepinfer_kernels.tilelang.indexer import (  # constants only (no TileLang import)
+    MAX_SORT,
+    TILE,
+    TILES_PER_CTA,
+)
 
 BF16_MAX = torch.finfo(torch.bfloat16).max
+FUSED_CANDIDATES = TILE * TILES_PER_CTA   # candidates per CTA of the fused kernel: its block size divides it
 
 
 def indexer_scores_ref(q: torch.Tensor, weights: torch.Tensor, k_pool: torch.Tensor,
@@ -75,6 +83,13 @@ def select_topk_blocks_ref(block_scores: torch.Tensor, num_valid_blocks: torch.T
     return out
 
 
+def indexer_topk_blocks_ref(q: torch.Tensor, weights: torch.Tensor, k_pool: torch.Tensor, indices: torch.Tensor,
+                           valid_lens: torch.Tensor, block_size: int, topk: int) -> torch.Tensor:
+    """The three references chained -> block ids int32 [rows, topk], -1 padded."""
+    scores = indexer_scores_ref(q, weights, k_pool, indices)
+    return select_topk_blocks_ref(*candidate_block_max_ref(scores, valid_lens, block_size), topk)
+
+
 # ---------------------------------------------------------------- public wrappers
 
 
@@ -110,7 +125,9 @@ def candidate_block_max(logits: torch.Tensor, valid_lens: torch.Tensor,
                                                            or int(valid_lens.min()) < 0):
         raise ValueError(f"valid_lens: must lie in [0, {logits.shape[1]}]")
     device = check_same_device(logits=logits, valid_lens=valid_lens)
-    select_backend("candidate_block_max", device, has_kernel=False)
+    kernel = tilelang_launcher("candidate_block_max", device)
+    if kernel is not None:
+        return kernel(logits, valid_lens, block_size)
     return candidate_block_max_ref(logits, valid_lens, block_size)
 
 
@@ -122,5 +139,36 @@ def select_topk_blocks(block_scores: torch.Tensor, num_valid_blocks: torch.Tenso
     if topk <= 0:
         raise ValueError(f"topk={topk}: must be > 0")
     device = check_same_device(block_scores=block_scores, num_valid_blocks=num_valid_blocks)
-    select_backend("select_topk_blocks", device, has_kernel=False)
+    kernel = tilelang_launcher("select_topk_blocks", device, supported=block_scores.shape[1] <= MAX_SORT)
+    if kernel is not None:
+        return kernel(block_scores, num_valid_blocks, topk)
     return select_topk_blocks_ref(block_scores, num_valid_blocks, topk)
+
+
+def indexer_topk_blocks(q: torch.Tensor, weights: torch.Tensor, k_pool: torch.Tensor, indices: torch.Tensor,
+                        valid_lens: torch.Tensor, block_size: int, topk: int) -> torch.Tensor:
+    """`select_topk_blocks(*candidate_block_max(indexer_scores(q, weights, k_pool, indices), valid_lens,
+    block_size), topk)`: q [rows, heads, Di], weights [rows, heads], k_pool uint8 [slots, Di/2+Di/32],
+    indices int32 [rows, n], valid_lens [rows] -> block ids int32 [rows, topk] (-1 padded).
+
+    On SM90 with a bf16 q and a block size dividing 512: the fused TileLang kernels. Its scores
+    round like `indexer_scores`' kernel (fp32 sums in another order than the reference), so a
+    near-tie between two blocks may resolve the other way; everything else runs the chain above."""
+    check_tensor("q", q, 3, FLOAT_DTYPES)
+    check_tensor("indices", indices, 2, INDEX_DTYPES)
+    check_tensor("valid_lens", valid_lens, 1, INDEX_DTYPES)
+    check_dim("valid_lens", valid_lens, 0, q.shape[0])
+    if block_size <= 0 or topk <= 0:
+        raise ValueError(f"block_size={block_size}, topk={topk}: both must be > 0")
+    device = check_same_device(q=q, weights=weights, k_pool=k_pool, indices=indices, valid_lens=valid_lens)
+    nb = (indices.shape[1] + block_size - 1) // block_size
+    kernel = tilelang_launcher("indexer_topk_blocks", device,
+                               supported=q.dtype == torch.bfloat16 and FUSED_CANDIDATES % block_size == 0
+                               and nb <= MAX_SORT)
+    if kernel is not None:
+        check_tensor("weights", weights, 2, FLOAT_DTYPES)
+        check_tensor("k_pool", k_pool, 2, (torch.uint8,))
+        check_dim("k_pool", k_pool, 1, fp4_record_bytes(q.shape[2]))
+        return kernel(q, weights, k_pool, indices, valid_lens, block_size, topk)
+    scores = indexer_scores(q, weights, k_pool, indices)
+    return select_topk_blocks(*candidate_block_max(scores, valid_lens, block_size), topk)

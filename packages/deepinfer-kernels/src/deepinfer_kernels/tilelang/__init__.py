@@ -31,6 +31,7 @@ LAUNCHERS = {
     "indexer_scores": "indexer:indexer_scores_tilelang",
     "candidate_block_max": "indexer:candidate_block_max_tilelang",
     "select_topk_blocks": "indexer:select_topk_blocks_tilelang",
+    "indexer_topk_blocks": "indexer:indexer_topk_blocks_tilelang",
     "grouped_expert_gemm": "moe:grouped_expert_gemm_tilelang",
     "routed_experts": "moe:routed_experts_tilelang",
 }

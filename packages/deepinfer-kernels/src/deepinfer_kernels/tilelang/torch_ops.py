@@ -22,7 +22,7 @@ def _ref(op_name: str):
     from deepinfer_kernels.ops import indexer, kv_fp4, kv_fp8, moe, sparse_mla
 
     module = {"sparse_mla_attention": sparse_mla, "store_kv_fp8": kv_fp8, "store_index_k_fp4": kv_fp4,
-              "indexer_scores": indexer, "routed_experts": moe}[op_name]
+              "indexer_scores": indexer, "indexer_topk_blocks": indexer, "routed_experts": moe}[op_name]
     return getattr(module, op_name + "_ref")
 
 
@@ -90,6 +90,22 @@ def _(q, weights, k_pool, indices):
     return q.new_empty(indices.shape, dtype=torch.float32)
 
 
+@torch.library.custom_op("deepinfer::indexer_topk_blocks", mutates_args=())
+def indexer_topk_blocks(q: torch.Tensor, weights: torch.Tensor, k_pool: torch.Tensor, indices: torch.Tensor,
+                        valid_lens: torch.Tensor, block_size: int, topk: int) -> torch.Tensor:
+    return get_launcher("indexer_topk_blocks")(q, weights, k_pool, indices, valid_lens, block_size, topk).contiguous()
+
+
+@indexer_topk_blocks.register_kernel("cpu")
+def _(q, weights, k_pool, indices, valid_lens, block_size, topk):
+    return _ref("indexer_topk_blocks")(q, weights, k_pool, indices, valid_lens, block_size, topk).contiguous()
+
+
+@indexer_topk_blocks.register_fake
+def _(q, weights, k_pool, indices, valid_lens, block_size, topk):
+    return q.new_empty((q.shape[0], topk), dtype=torch.int32)
+
+
 @torch.library.custom_op("deepinfer::routed_experts", mutates_args=())
 def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor,
                    w2: torch.Tensor) -> torch.Tensor:
@@ -116,5 +132,6 @@ COMPILED_LAUNCHERS = {
     "store_kv_fp8": store_kv_fp8,
     "store_index_k_fp4": store_index_k_fp4,
     "indexer_scores": indexer_scores,
+    "indexer_topk_blocks": indexer_topk_blocks,
     "routed_experts": routed_experts,
 }

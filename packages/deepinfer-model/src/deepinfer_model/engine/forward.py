@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from deepinfer_kernels.ops.capture import write_rows
-from deepinfer_kernels.ops.indexer import candidate_block_max, indexer_scores, select_topk_blocks
+from deepinfer_kernels.ops.indexer import indexer_topk_blocks
 from deepinfer_kernels.ops.kv_fp8 import store_kv_fp8
 from deepinfer_kernels.ops.sparse_mla import sparse_mla_attention
 from deepinfer_model.engine.compressed import update_compressed_source
@@ -125,10 +125,9 @@ def far_indices(model, layer, q_lat, u, rows: _Rows, meta: ForwardMetadata, cach
     if max_far == 0:
         return None
     q_idx, w = layer.self_attn.indexer.query(q_lat, u)
-    scores = indexer_scores(q_idx, w, cache.index_flat,
-                            to_flat(ent_slots, cache.layout.index_planes[src], ns).to(torch.int32))
-    bscores, nvalid = candidate_block_max(scores, n_far, cfg.index_block_size)
-    blocks = select_topk_blocks(bscores, nvalid, cfg.index_topk).long()           # [N, topk]
+    blocks = indexer_topk_blocks(q_idx, w, cache.index_flat,
+                                 to_flat(ent_slots, cache.layout.index_planes[src], ns).to(torch.int32),
+                                 n_far, cfg.index_block_size, cfg.index_topk).long()   # [N, topk]
     bsz = cfg.index_block_size
     ent = (blocks.unsqueeze(2) * bsz + torch.arange(bsz, device=blocks.device)).reshape(len(blocks), -1)
     ok = (blocks.unsqueeze(2) >= 0).expand(-1, -1, bsz).reshape(len(blocks), -1) & (ent < n_far.unsqueeze(1))

@@ -20,7 +20,10 @@ class LightningIndexer(nn.Module):
         self.weights_proj = nn.Linear(cfg.hidden_size, self.n_heads, bias=False)
 
     def query(self, q_latent: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q_latent [N, qr], u [N, H] -> (q_idx float32 [N, ni, Di], w float32 [N, ni])."""
-        q = self.wq_b(q_latent).float().view(-1, self.n_heads, self.head_dim)
+        """q_latent [N, qr], u [N, H] -> (q_idx [N, ni, Di] in the weights' dtype, w float32 [N, ni]).
+
+        q_idx stays in the weights' dtype (bf16 on the GPU): the scores multiply it in fp32 either
+        way, and a bf16 query is what the TileLang indexer kernel takes."""
+        q = self.wq_b(q_latent).view(-1, self.n_heads, self.head_dim)
         w = self.weights_proj(u).float() * self.n_heads ** -0.5
         return q, w
