@@ -51,6 +51,21 @@ def test_padded_whole_step_matches_piecewise(nextn, varlen, params, count_graph_
         assert stats.num_accepted_tokens > 0                    # drafts from the padded step were verified
 
 
+def test_bucket_request_slots_follow_max_num_seqs():
+    """Bucket G holds min(G, max_num_seqs) + 1 request slots, not G + 1: with speculation a step's
+    rows outnumber its requests (1 + nextn) to 1, and the per-request work of the padded step (the
+    draft head, the sampler's per-request ops) runs over the slots. The step tests above cover
+    the tokens (10 requests x 6 rows land in bucket 64, with 13 slots)."""
+    llm = LLM(device="cpu", block_size=16, max_num_batched_tokens=128, max_num_seqs=12, max_model_len=256,
+              num_speculative_tokens=5)
+    llm.engine.runner.enable_cuda_graphs(72, llm.engine.max_model_len, interval=8)
+    graphs = llm.engine.runner.graphs
+    assert [graphs.slots(g) for g in graphs.sizes] == [min(g, 12) + 1 for g in graphs.sizes]
+    inputs = graphs._inputs(64)
+    assert inputs.meta.num_reqs == 13 and inputs.meta.total_q == 64
+    assert inputs.batch.temperature.shape == inputs.mtp_slots.shape == (13,)
+
+
 @pytest.mark.parametrize("mix", ["all-greedy", "mixed"])
 def test_greedy_variant_serves_all_greedy_steps_only(mix, monkeypatch, count_graph_runner_calls):
     """A step whose requests are all greedy runs the greedy variant of the step (no uniforms, no

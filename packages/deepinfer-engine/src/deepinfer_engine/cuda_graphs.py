@@ -2,16 +2,19 @@
 
 A decode step of `total_q` rows over `R` requests replays the graph of the smallest bucket
 `G >= total_q`. Buckets: 1, 2, 4, 8, then every DEEPINFER_CUDAGRAPH_BATCH_SIZE_INTERVAL (8) up to
-the largest decode step the scheduler can emit. Every graph reads fixed-address buffers:
+the largest decode step the scheduler can emit. Bucket G has `S = min(G, max_reqs) + 1` request
+slots (`max_reqs` = max_num_seqs: a step never has more requests, and with speculation G is up to
+(1 + nextn) x larger than the request count, so per-request work such as the draft head runs
+over S slots, not G + 1). Every graph reads fixed-address buffers:
 
     rows      [0, total_q)        the step's rows
               [total_q, G)        padding rows: slot -1 (never written), position 0.., owned by
                                   the padding request
     requests  [0, R)              the step's requests
-              [R, G)              empty requests (seqlen 0)
-              G                   the padding request (seqlen G - total_q, block table all -1)
+              [R, S - 1)          empty requests (seqlen 0)
+              S - 1               the padding request (seqlen G - total_q, block table all -1)
 
-so the graph of G has G rows and G + 1 requests whatever the batch. Graphs per bucket:
+so the graph of G has G rows and S requests whatever the batch. Graphs per bucket:
 
 - the *step* graph (captured up front): the whole decode step of decode_step.py, target forward,
   sampler and draft head, for steps with plain temperature / greedy sampling; a *greedy* variant
@@ -73,15 +76,16 @@ class _Graph:
 
 class DecodeGraphRunner:
     def __init__(self, model, kv_cache, max_rows: int, max_blocks: int, block_size: int, interval: int,
-                 spec=None, compile: bool = False):
+                 spec=None, compile: bool = False, max_reqs: int | None = None):
         self.model, self.kv_cache, self.spec = model, kv_cache, spec
         self.block_size, self.max_blocks = block_size, max_blocks
         self.write_main_keys = spec is not None
         self.compile = compile
         self.sampler = Sampler()
         self.sizes = graph_sizes(max_rows, interval, min_rows=2 if compile else 1)
+        self.max_reqs = self.sizes[-1] if max_reqs is None else max_reqs   # requests of one step, at most
         dev = model.device
-        g, r = self.sizes[-1], self.sizes[-1] + 1
+        g, r = self.sizes[-1], self.slots(self.sizes[-1])
         self.input_ids = torch.zeros(g, dtype=torch.int64, device=dev)
         self.positions = torch.zeros(g, dtype=torch.int64, device=dev)
         self.slot_mapping = torch.full((g,), -1, dtype=torch.int64, device=dev)
@@ -117,18 +121,24 @@ class DecodeGraphRunner:
     def max_rows(self) -> int:
         return self.sizes[-1]
 
+    def slots(self, g: int) -> int:
+        """Request slots of bucket g: at most max_reqs requests, then the padding request."""
+        return min(g, self.max_reqs) + 1
+
     def _meta(self, g: int) -> ForwardMetadata:
+        s = self.slots(g)
         return ForwardMetadata(
-            input_ids=self.input_ids[:g], positions=self.positions[:g], seqlens_q=self.seqlens[: g + 1],
-            first_token_pos=self.ftp[: g + 1], context_lens=self.context_lens[: g + 1],
-            block_tables=self.block_tables[: g + 1], slot_mapping=self.slot_mapping[:g], block_size=self.block_size,
-            is_prefill=False, is_last_chunk=self.is_last_chunk[: g + 1], logit_rows=self.logit_rows[:g],
+            input_ids=self.input_ids[:g], positions=self.positions[:g], seqlens_q=self.seqlens[:s],
+            first_token_pos=self.ftp[:s], context_lens=self.context_lens[:s],
+            block_tables=self.block_tables[:s], slot_mapping=self.slot_mapping[:g], block_size=self.block_size,
+            is_prefill=False, is_last_chunk=self.is_last_chunk[:s], logit_rows=self.logit_rows[:g],
             return_dspark_features=self.write_main_keys, max_context_len=self.max_blocks * self.block_size)
 
     def _inputs(self, g: int, all_greedy: bool = False) -> DecodeStepInputs:
-        batch = SamplingBatch(self.temperature[: g + 1], self.top_k[: g + 1], self.top_p[: g + 1],
-                              self.seeds[: g + 1], [], all_greedy=all_greedy, filters=False)  # [] = no top-n
-        return DecodeStepInputs(self._meta(g), batch, self.mtp_slots[: g + 1])
+        s = self.slots(g)
+        batch = SamplingBatch(self.temperature[:s], self.top_k[:s], self.top_p[:s],
+                              self.seeds[:s], [], all_greedy=all_greedy, filters=False)  # [] = no top-n
+        return DecodeStepInputs(self._meta(g), batch, self.mtp_slots[:s])
 
     def _run_forward(self, meta: ForwardMetadata) -> ForwardOutput:
         out = self.model.forward(meta, self.kv_cache)
@@ -147,15 +157,15 @@ class DecodeGraphRunner:
 
     def _fill_sampling(self, g: int, batch: SamplingBatch | None, mtp_slots: torch.Tensor | None) -> None:
         """Copy a step's sampling parameters and MTP slots into the static buffers (None: padding only)."""
-        r = 0 if batch is None else batch.temperature.shape[0]
+        r, s = (0 if batch is None else batch.temperature.shape[0]), self.slots(g)
         if batch is not None:
             self.temperature[:r].copy_(batch.temperature)
             self.seeds[:r].copy_(batch.seeds)
-        self.temperature[r:g + 1].zero_()
-        self.seeds[r:g + 1].zero_()
+        self.temperature[r:s].zero_()
+        self.seeds[r:s].zero_()
         if mtp_slots is not None:
             self.mtp_slots[:r].copy_(mtp_slots)
-        self.mtp_slots[r:g + 1].zero_()
+        self.mtp_slots[r:s].zero_()
 
     def _fill(self, g: int, meta: ForwardMetadata | None) -> None:
         """Copy a step's metadata into the static buffers, padded to bucket g (device copies only)."""
@@ -171,16 +181,16 @@ class DecodeGraphRunner:
             w = meta.block_tables.shape[1]
             self.block_tables[:r, :w].copy_(meta.block_tables)
             self.block_tables[:r, w:].fill_(-1)
-        pad = g - t
+        pad, last = g - t, self.slots(g) - 1   # last: the padding request
         self.input_ids[t:g].zero_()
         self.positions[t:g].copy_(torch.arange(pad, device=self.positions.device))
         self.slot_mapping[t:g].fill_(-1)
-        self.seqlens[r:g].zero_()
-        self.ftp[r:g + 1].fill_(t)
-        self.context_lens[r:g].zero_()
-        self.block_tables[r:g + 1].fill_(-1)
-        self.seqlens[g] = pad
-        self.context_lens[g] = pad
+        self.seqlens[r:last].zero_()
+        self.ftp[r:last + 1].fill_(t)
+        self.context_lens[r:last].zero_()
+        self.block_tables[r:last + 1].fill_(-1)
+        self.seqlens[last] = pad
+        self.context_lens[last] = pad
 
     def _capture(self, g: int, fn, arg) -> _Graph:
         if self._pool is None:
@@ -224,7 +234,8 @@ class DecodeGraphRunner:
 
     def bucket_for(self, meta: ForwardMetadata) -> int | None:
         """The bucket whose graphs can run this decode step, None when none fits."""
-        return self.bucket(meta.total_q) if meta.block_tables.shape[1] <= self.max_blocks else None
+        g = self.bucket(meta.total_q) if meta.block_tables.shape[1] <= self.max_blocks else None
+        return g if g is not None and meta.num_reqs < self.slots(g) else None
 
     @torch.no_grad()
     def run(self, meta: ForwardMetadata) -> ForwardOutput | None:

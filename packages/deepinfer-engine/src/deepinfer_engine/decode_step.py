@@ -11,11 +11,11 @@
   it runs, then the bucket's tail graph (`run_decode_tail`: sampler with the masks + draft head).
 
 Both compute the same tokens: the same ops in the same order, every random decision keyed by
-(seed, position). The function reads the padded layout of cuda_graphs.py (G rows, G + 1
-requests: the step's requests, empty requests with seqlen 0, the padding request last, whose
-first row `ftp[G]` is where the step's rows end). Padding never leaks into real results:
+(seed, position). The function reads the padded layout of cuda_graphs.py (G rows, S = min(G,
+max_num_seqs) + 1 request slots: the step's requests, empty requests with seqlen 0, the padding
+request last, whose first row `ftp[S - 1]` is where the step's rows end). Padding never leaks into real results:
 
-- rows at or past `ftp[G]` read the MTP padding row (no draft) and sample throw-away tokens;
+- rows at or past `ftp[S - 1]` read the MTP padding row (no draft) and sample throw-away tokens;
 - empty requests own no rows: the verification ops give them final row 0 and nothing accepted;
 - requests other than the step's store their drafts at MTP slot 0 (padding, never verified) and,
   with an all -1 block table, read no DFlash key.
@@ -40,23 +40,23 @@ from deepinfer_model.metadata import ForwardMetadata
 class DecodeStepInputs:
     """Everything a whole decode step reads (static graph buffers, padded to bucket G)."""
 
-    meta: ForwardMetadata    # decode metadata, G rows, G + 1 requests
-    batch: SamplingBatch     # [G + 1] per request; filters off, no top-n logprobs
-    mtp_slots: torch.Tensor  # [G + 1] int32 MTP pool slot per request (0 = none: padding)
+    meta: ForwardMetadata    # decode metadata, G rows, S request slots
+    batch: SamplingBatch     # [S] per request; filters off, no top-n logprobs
+    mtp_slots: torch.Tensor  # [S] int32 MTP pool slot per request (0 = none: padding)
     # structured output: (vocab_mask [num_masks, W] int32, row_mask_ids [G] int32, -1 = unconstrained)
     masks: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass
 class DecodeStepOutputs:
-    """Per request [G + 1] / per row [G]; the caller keeps the step's own prefix."""
+    """Per request [S] / per row [G]; the caller keeps the step's own prefix."""
 
-    token_ids: torch.Tensor           # [G + 1] int64 main token
-    token_logprobs: torch.Tensor      # [G + 1] float32
+    token_ids: torch.Tensor           # [S] int64 main token
+    token_logprobs: torch.Tensor      # [S] float32
     verified_token_ids: torch.Tensor  # [G] int32 (VERIFIED_END past the accepted drafts)
     verified_logprobs: torch.Tensor   # [G] float32
-    num_accepted: torch.Tensor        # [G + 1] int32
-    confidence: torch.Tensor | None   # [G + 1, nextn] float32 next step's draft confidences
+    num_accepted: torch.Tensor        # [S] int32
+    confidence: torch.Tensor | None   # [S, nextn] float32 next step's draft confidences
 
 
 def padded_read_rows(spec, inputs: DecodeStepInputs) -> torch.Tensor:

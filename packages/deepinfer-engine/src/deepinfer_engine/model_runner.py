@@ -85,6 +85,7 @@ class ModelRunner:
         self.kv_cache = model.allocate_kv_cache(num_blocks, block_size, self.device)
         self.sampler = Sampler()
         self.nextn = nextn
+        self.max_num_seqs = max_num_seqs
         self.spec = SpeculativeDecoder(model, max_num_seqs, nextn) if nextn > 0 else None
         self.graphs: DecodeGraphRunner | None = None
         self.timeline: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None  # set to a list to record
@@ -99,7 +100,7 @@ class ModelRunner:
         headroom = 2 * (self.nextn + 1)  # ZOS upper-bound rows beyond max_model_len (scheduler)
         max_blocks = -(-(max_model_len + headroom) // self.block_size)
         self.graphs = DecodeGraphRunner(self.model, self.kv_cache, max_rows, max_blocks, self.block_size, interval,
-                                        spec=self.spec, compile=compile)
+                                        spec=self.spec, compile=compile, max_reqs=self.max_num_seqs)
         self.graphs.capture()
 
     def _tensor(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
