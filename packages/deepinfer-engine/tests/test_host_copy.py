@@ -25,21 +25,16 @@ def test_read_only_and_strided_arrays_convert_dtype():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_copy_does_not_wait_for_queued_work():
-    """The copy is enqueued behind queued device work and the host returns at once: the result is
-    right once the stream reaches it, and the host call took far less than the queued work."""
-    import time
+    """The copy is enqueued behind queued device work and the host returns before the stream
+    reaches it (a synchronizing copy would return only once the queued matmuls were done); the
+    result is right once the stream gets there."""
     x = torch.randn(4096, 4096, device="cuda")
     values_to_device([0], torch.int64, torch.device("cuda"))   # the first page-locked allocation is slow
     torch.cuda.synchronize()
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(40):
+    for _ in range(40):                                        # ~0.1 s of fp32 matmuls queued
         x = x @ x / 64.0
-    end.record()
-    t0 = time.perf_counter()
     out = values_to_device([3, 1, 2], torch.int64, torch.device("cuda"))
-    host_ms = (time.perf_counter() - t0) * 1e3
+    still_queued = not torch.cuda.current_stream().query()
     torch.cuda.synchronize()
+    assert still_queued, "values_to_device waited for the queued device work"
     assert out.tolist() == [3, 1, 2]
-    assert host_ms < 0.5 * start.elapsed_time(end)
