@@ -130,9 +130,10 @@ def far_indices(model, layer, q_lat, u, rows: _Rows, meta: ForwardMetadata, cach
                                  n_far, cfg.index_block_size, cfg.index_topk).long()   # [N, topk]
     bsz = cfg.index_block_size
     ent = (blocks.unsqueeze(2) * bsz + torch.arange(bsz, device=blocks.device)).reshape(len(blocks), -1)
-    ok = (blocks.unsqueeze(2) >= 0).expand(-1, -1, bsz).reshape(len(blocks), -1) & (ent < n_far.unsqueeze(1))
-    vpos = torch.where(ok, ent * r + r - 1, -1)
-    return to_flat(slots_of(meta.block_tables, rows.req, vpos, meta.block_size), cache.layout.comp_planes[src], ns)
+    ok = (ent >= 0) & (ent < n_far.unsqueeze(1))                  # a -1 block gives negative entry ids
+    # entry j's slot is ent_slots[:, j] (j < n_far <= max_far): a gather, not a second block-table walk
+    ent_slot = torch.gather(ent_slots, 1, torch.where(ok, ent, 0))
+    return to_flat(torch.where(ok, ent_slot, -1), cache.layout.comp_planes[src], ns)
 
 
 def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata, cache) -> torch.Tensor:
