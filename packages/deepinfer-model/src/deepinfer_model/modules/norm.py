@@ -24,8 +24,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     -> x's dtype, computed in float32.
 
     On CUDA with one weight vector: torch's fused RMSNorm kernel, one launch instead of five
-    (not in batch-invariant mode, whose last-dim reductions run on fixed row tiles)."""
+    (not in batch-invariant mode, whose last-dim reductions run on fixed row tiles). For x and
+    weight of one dtype it reads them as they are and computes in float32 inside (no cast kernels);
+    otherwise both are cast to float32 first."""
     if x.is_cuda and weight.dim() == 1 and not batch_invariant_enabled():
+        if x.dtype == weight.dtype:
+            return F.rms_norm(x, (x.shape[-1],), weight, eps)
         return F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps).to(x.dtype)
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
