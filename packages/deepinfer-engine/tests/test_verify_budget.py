@@ -53,6 +53,20 @@ def test_step_time_model_fit():
     assert np.isclose(base, 2.0) and np.isclose(slope, 0.5)
 
 
+def test_step_time_model_ignores_one_off_slow_steps():
+    """A step that captured a CUDA graph (seconds) must not flatten the line: with least squares
+    one such sample among 40 gave slope 0 and a base of ~70 ms on the H200."""
+    m = StepTimeModel()
+    rng = np.random.default_rng(0)
+    m.add(384, 4000.0)                                  # the first step: lazy graph capture
+    for _ in range(40):
+        rows = int(rng.choice([200, 280, 330, 384]))
+        m.add(rows, 2.5 + 0.006 * rows + rng.normal(0, 0.02))
+    m.add(300, 900.0)                                   # and a later one-off (inductor compile)
+    base, slope = m.fit()
+    assert abs(slope - 0.006) < 0.001 and abs(base - 2.5) < 0.3
+
+
 def test_probing_gives_the_step_time_model_a_spread_under_a_steady_batch():
     """A steady batch planned at one budget would show the step-time line a single row count and
     it would never fit (fixed-length forever): the probes vary the budget until it fits, then

@@ -27,7 +27,13 @@ from deepinfer_kernels.ops.verification import compute_seqlens_q_by_confidence_r
 
 
 class StepTimeModel:
-    """Least-squares line through the last `window` (rows, ms) decode-step measurements."""
+    """Robust line through the last `window` (rows, ms) decode-step measurements.
+
+    Theil-Sen: the slope is the median of the pairwise slopes, the base the median of
+    `ms - slope * rows`. A least-squares line would follow outliers: the first steps of a batch
+    include one-off work (a lazily captured CUDA graph, an inductor compile) that costs seconds,
+    and one such sample flattened the line to slope 0 for the next 64 steps, so the policy kept
+    every draft (what the fourth session measured as "varlen does not pay")."""
 
     def __init__(self, window: int = 64, min_samples: int = 8):
         self.samples: deque[tuple[int, float]] = deque(maxlen=window)
@@ -42,10 +48,14 @@ class StepTimeModel:
             return None
         x = np.array([s[0] for s in self.samples], dtype=np.float64)
         y = np.array([s[1] for s in self.samples], dtype=np.float64)
-        if np.ptp(x) == 0:
+        i, j = np.triu_indices(len(x), k=1)
+        dx = x[j] - x[i]
+        distinct = dx != 0
+        if not distinct.any():
             return None
-        slope, base = np.polyfit(x, y, 1)
-        return max(float(base), 1e-6), max(float(slope), 0.0)
+        slope = float(np.median((y[j] - y[i])[distinct] / dx[distinct]))
+        base = float(np.median(y - slope * x))
+        return max(base, 1e-6), max(slope, 0.0)
 
 
 def best_budget(gains: np.ndarray, base_ms: float, slope_ms: float) -> int:
