@@ -45,7 +45,7 @@ def test_plan_fixed_and_varlen():
 
 
 def test_step_time_model_fit():
-    m = StepTimeModel(min_samples=3)
+    m = StepTimeModel(min_samples=3, refit_every=1)
     assert m.fit() is None
     for rows in (8, 16, 24, 32):
         m.add(rows, 2.0 + 0.5 * rows)
@@ -87,3 +87,24 @@ def test_probing_gives_the_step_time_model_a_spread_under_a_steady_batch():
     best = best_budget(np.cumprod(conf, axis=1), base, slope)
     steady = [b for i, b in enumerate(budgets[8:], start=9) if i % 8]
     assert best < n * (nextn + 1) and all(abs(b - best) <= 1 for b in steady)
+
+
+def test_step_time_fit_is_recomputed_every_refit_every_samples():
+    m = StepTimeModel(min_samples=3, refit_every=4)
+    for rows in (8, 16, 24):
+        m.add(rows, 1.0 + 0.5 * rows)
+    assert np.allclose(m.fit(), (1.0, 0.5))
+    for rows in (8, 16, 24):                          # a slower device: not yet refitted
+        m.add(rows, 2.0 + 1.0 * rows)
+    assert np.allclose(m.fit(), (1.0, 0.5))
+    m.add(32, 34.0)                                   # the fourth new sample: refit
+    assert m.fit()[1] > 0.5
+
+
+def test_full_budget_plans_every_draft():
+    """Rows are free (flat line): the plan is fixed-length, without running the allocation."""
+    policy = VerifyBudgetPolicy(5, varlen=True, probe_interval=1000)
+    for rows in (10, 20, 30, 40, 50, 60, 10, 20):
+        policy.step_time.add(rows, 4.0)
+    conf = np.full((10, 5), 0.3, np.float32)
+    assert policy.plan(conf).tolist() == [5] * 10

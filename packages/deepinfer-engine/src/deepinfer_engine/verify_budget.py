@@ -35,15 +35,25 @@ class StepTimeModel:
     and one such sample flattened the line to slope 0 for the next 64 steps, so the policy kept
     every draft (what the fourth session measured as "varlen does not pay")."""
 
-    def __init__(self, window: int = 64, min_samples: int = 8):
+    def __init__(self, window: int = 64, min_samples: int = 8, refit_every: int = 8):
         self.samples: deque[tuple[int, float]] = deque(maxlen=window)
         self.min_samples = min_samples
+        self.refit_every = refit_every   # the policy asks every step: refit after this many new samples
+        self._fit: tuple[float, float] | None = None
+        self._since_fit = 0
 
     def add(self, rows: int, ms: float) -> None:
         self.samples.append((rows, ms))
+        self._since_fit += 1
 
     def fit(self) -> tuple[float, float] | None:
-        """(base_ms, slope_ms per row), or None until there are enough distinct row counts."""
+        """(base_ms, slope_ms per row), or None until there are enough distinct row counts.
+        Recomputed once `refit_every` samples arrived since the last fit (host time per step)."""
+        if self._fit is None or self._since_fit >= self.refit_every:
+            self._fit, self._since_fit = self._compute(), 0
+        return self._fit
+
+    def _compute(self) -> tuple[float, float] | None:
         if len(self.samples) < self.min_samples:
             return None
         x = np.array([s[0] for s in self.samples], dtype=np.float64)
@@ -96,6 +106,8 @@ class VerifyBudgetPolicy:
             budget = self._probe_budget(n)
         else:
             budget = best_budget(np.cumprod(conf, axis=1), *fit)
+        if budget >= n * (self.nextn + 1):   # every draft: no allocation to compute
+            return np.full(n, self.nextn, np.int32)
         seqlens = torch.zeros(n, dtype=torch.int32)
         compute_seqlens_q_by_confidence_rates(budget, torch.arange(n, dtype=torch.int32),
                                               torch.from_numpy(conf), seqlens)
