@@ -46,7 +46,8 @@ def _floats(name: str) -> tuple[float, ...] | None:
 @dataclass(frozen=True)
 class Envs:
     use_nextn_decode: int                  # DEEPINFER_USE_NEXTN_DECODE: drafts per step, 0 = no speculation
-    enable_mtp_varlen: bool                # DEEPINFER_ENABLE_MTP_VARLEN: confidence-scheduled draft lengths
+    enable_mtp_varlen: bool                # DEEPINFER_ENABLE_MTP_VARLEN: confidence-scheduled draft lengths (default
+                                           #   off: never faster than fixed on the H200, docs/benchmarks.md)
     max_backtracking_tokens: int           # DEEPINFER_MAX_BACKTRACKING_TOKENS (>= nextn + 1)
     zero_overhead_scheduling: bool         # DEEPINFER_ZERO_OVERHEAD_SCHEDULING
     cudagraph_batch_size_interval: int     # DEEPINFER_CUDAGRAPH_BATCH_SIZE_INTERVAL
@@ -63,7 +64,7 @@ class Envs:
         nextn = _int("DEEPINFER_USE_NEXTN_DECODE", 5, minimum=0)
         return cls(
             use_nextn_decode=nextn,
-            enable_mtp_varlen=_bool("DEEPINFER_ENABLE_MTP_VARLEN", True),
+            enable_mtp_varlen=_bool("DEEPINFER_ENABLE_MTP_VARLEN", False),
             max_backtracking_tokens=max(_int("DEEPINFER_MAX_BACKTRACKING_TOKENS", nextn + 1, 0), nextn + 1),
             zero_overhead_scheduling=_bool("DEEPINFER_ZERO_OVERHEAD_SCHEDULING", True),
             cudagraph_batch_size_interval=_int("DEEPINFER_CUDAGRAPH_BATCH_SIZE_INTERVAL", 8, minimum=1),
