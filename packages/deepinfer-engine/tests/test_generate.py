@@ -112,3 +112,16 @@ def test_prompt_longer_than_max_model_len_never_reaches_model(tiny_llm, monkeypa
     assert outs[0].finish_reason == "prompt_length_exceeded" and outs[0].token_ids == []
     assert outs[1].finish_reason == "length"
     assert outs[0].request_id not in seen and outs[1].request_id in seen
+
+
+def test_prefill_budget_default_follows_the_device():
+    """max_num_batched_tokens None = 8192 rows per step on CUDA (a prefill step's host cost barely
+    grows with its tokens), 2048 on the CPU; an explicit value wins; a bad one names the field."""
+    from deepinfer_engine.config import EngineConfig
+
+    assert EngineConfig().batched_tokens_for("cuda") == 8192
+    assert EngineConfig().batched_tokens_for("cpu") == 2048
+    assert EngineConfig(max_num_batched_tokens=512).batched_tokens_for("cuda") == 512
+    assert LLM(device="cpu", max_num_seqs=2, max_model_len=256).engine.max_num_batched_tokens == 2048
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        LLM(device="cpu", max_num_batched_tokens=0)

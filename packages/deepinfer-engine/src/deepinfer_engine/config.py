@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+DEFAULT_BATCHED_TOKENS_CUDA = 8192
+DEFAULT_BATCHED_TOKENS_CPU = 2048
+
 
 @dataclass
 class EngineConfig:
@@ -13,7 +16,9 @@ class EngineConfig:
     dtype: str | None = None               # "bfloat16" | "float32"; None = bf16 on CUDA, fp32 on the CPU
     max_num_seqs: int = 64                 # concurrent sequences per step
     max_model_len: int | None = None       # prompt + output limit; None = the model's max_position_embeddings
-    max_num_batched_tokens: int = 2048     # prefill token budget per step (chunked prefill)
+    max_num_batched_tokens: int | None = None  # rows per step (prefill chunk budget, decode rows); None =
+                                           #   8192 on CUDA (a prefill step's host cost barely grows with
+                                           #   its tokens: bigger chunks amortise it), 2048 on the CPU
     block_size: int = 128                  # tokens per KV block = prefix-cache grain (SPEC §3)
     num_kv_blocks: int | None = None       # KV pool size; None = sized from the memory budget
     kv_cache_memory_bytes: int | None = None  # CPU budget for the KV pool (None = 1 GiB or what fits)
@@ -34,9 +39,17 @@ class EngineConfig:
     structured_output_cache_bytes: int = 256 << 20      # compiled-grammar LRU cache bound (bytes)
     structured_output_compile_threads: int = 2          # compile worker threads
 
+    def batched_tokens_for(self, device_type: str) -> int:
+        """max_num_batched_tokens, or its default for the device."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return DEFAULT_BATCHED_TOKENS_CUDA if device_type == "cuda" else DEFAULT_BATCHED_TOKENS_CPU
+
     def validate(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             value = getattr(self, name)
+            if name == "max_num_batched_tokens" and value is None:
+                continue
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name}: must be a positive integer, got {value!r}")
         if self.max_model_len is not None and self.max_model_len <= 0:

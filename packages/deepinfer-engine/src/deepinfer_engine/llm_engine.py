@@ -63,9 +63,10 @@ class LLMEngine(OutputPath):
         self.max_model_len = min(config.max_model_len or mcfg.max_position_embeddings, mcfg.max_position_embeddings)
         # YOCO: the last prefill chunk must hold the decoder bounded-replay tokens (docs/model.md).
         min_final_chunk = mcfg.sliding_window if mcfg.topology.yoco_enabled else 1
-        if config.max_num_batched_tokens < min_final_chunk:
+        self.max_num_batched_tokens = config.batched_tokens_for(self.device.type)
+        if self.max_num_batched_tokens < min_final_chunk:
             raise ValueError(f"max_num_batched_tokens: must be >= {min_final_chunk} (the model's decoder "
-                             f"bounded-replay length), got {config.max_num_batched_tokens}")
+                             f"bounded-replay length), got {self.max_num_batched_tokens}")
         requested = self.envs.use_nextn_decode if config.num_speculative_tokens is None else config.num_speculative_tokens
         self.nextn = min(requested, mcfg.nextn)  # a model without a draft head cannot speculate
         varlen = self.envs.enable_mtp_varlen if config.enable_mtp_varlen is None else config.enable_mtp_varlen
@@ -73,12 +74,12 @@ class LLMEngine(OutputPath):
         blocks = num_kv_blocks(self.model, config, self.max_model_len)
         self.scheduler = Scheduler(SchedulerConfig(
             block_size=config.block_size, num_blocks=blocks, max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len,
+            max_num_batched_tokens=self.max_num_batched_tokens, max_model_len=self.max_model_len,
             nextn=self.nextn, min_final_chunk_tokens=min_final_chunk,
             enable_prefix_caching=config.enable_prefix_caching, eos_token_ids=loaded.eos_token_ids))
         self.runner = ModelRunner(self.model, blocks, config.block_size, config.max_num_seqs, self.nextn)
         if config.cuda_graphs and self.device.type == "cuda":
-            max_rows = min(config.max_num_batched_tokens, config.max_num_seqs * (self.nextn + 1))
+            max_rows = min(self.max_num_batched_tokens, config.max_num_seqs * (self.nextn + 1))
             compile_decode = self.envs.compile_decode if config.compile_decode is None else config.compile_decode
             compile_spec = self.envs.compile_speculation if config.compile_speculation is None \
                 else config.compile_speculation
