@@ -21,7 +21,7 @@ from deepinfer_engine.config import EngineConfig
 from deepinfer_engine.envs import Envs
 from deepinfer_engine.errors import InvalidRequestError
 from deepinfer_engine.host_copy import values_to_device
-from deepinfer_engine.kv_sizing import num_kv_blocks
+from deepinfer_engine.kv_sizing import num_kv_blocks, profile_activation_bytes
 from deepinfer_engine.model_loader import load_model, resolve_device
 from deepinfer_engine.model_runner import ModelRunner, StepResult
 from deepinfer_engine.output_path import OutputPath
@@ -71,7 +71,11 @@ class LLMEngine(OutputPath):
         self.nextn = min(requested, mcfg.nextn)  # a model without a draft head cannot speculate
         varlen = self.envs.enable_mtp_varlen if config.enable_mtp_varlen is None else config.enable_mtp_varlen
         self.budget = VerifyBudgetPolicy(self.nextn, varlen)
-        blocks = num_kv_blocks(self.model, config, self.max_model_len)
+        activations = 0
+        if self.device.type == "cuda" and config.num_kv_blocks is None:   # before the pool takes the memory
+            activations = profile_activation_bytes(self.model, config.block_size,
+                                                   min(self.max_num_batched_tokens, self.max_model_len))
+        blocks = num_kv_blocks(self.model, config, self.max_model_len, activations)
         self.scheduler = Scheduler(SchedulerConfig(
             block_size=config.block_size, num_blocks=blocks, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens, max_model_len=self.max_model_len,
