@@ -36,3 +36,18 @@ def test_decode_rows_pool_rounds_and_count_drafts(tmp_path):
 def test_host_timers_need_one_round(tmp_path):
     res = _bench(tmp_path, "--decode-batch-sizes", "1", "--rounds", "2", "--host-timers")
     assert res.returncode == 2 and "--host-timers needs --rounds 1" in res.stderr
+
+
+def test_prefill_chunk_sweep(tmp_path):
+    """--prefill-chunk-sizes: one prefill row per budget, each with its chunk size; the prefill
+    steps of a bigger budget carry more tokens."""
+    out = tmp_path / "prefill.jsonl"
+    res = subprocess.run([sys.executable, str(ROOT / "tools" / "benchmark.py"), "--device", "cpu",
+                          "--model", "preset:tiny", "--prompt-len", "48", "--max-model-len", "256",
+                          "--decode-batch-sizes", "", "--prefill-batch", "8", "--prefill-chunk-sizes", "64,256",
+                          "--result-jsonl", str(out)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["kind"], r["chunk_tokens"]) for r in rows] == [("prefill", 64), ("prefill", 256)]
+    assert all(r["tokens_per_s"] > 0 for r in rows)
+    assert rows[0]["tokens_per_step"] <= 64 < rows[1]["tokens_per_step"] <= 256

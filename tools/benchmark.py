@@ -192,10 +192,13 @@ def _time_host_phases(engine) -> dict[str, float]:
     return totals
 
 
-def bench_prefill(args) -> dict:
+def bench_prefill(args, chunk_tokens: int | None = None) -> dict:
+    """Prefill tokens/s with chunks of `chunk_tokens` rows (default --max-num-batched-tokens)."""
     from deepinfer_engine import SamplingParams
 
-    engine = _engine(args, max_num_seqs=args.prefill_batch, zero_overhead_scheduling=False, cuda_graphs=False)
+    chunk = chunk_tokens or args.max_num_batched_tokens
+    engine = _engine(args, max_num_seqs=args.prefill_batch, zero_overhead_scheduling=False, cuda_graphs=False,
+                     max_num_batched_tokens=chunk)
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     times, tokens, round_id = [], [], 0
     while len(times) < 15:
@@ -213,8 +216,14 @@ def bench_prefill(args) -> dict:
             times.append(time.perf_counter() - start)
             tokens.append(computed)
     t, n = sum(times[5:]), sum(tokens[5:])
-    return dict(kind="prefill", engine="deepinfer", model=args.model, batch=args.prefill_batch,
-                prompt_len=args.prompt_len, chunk_tokens=args.max_num_batched_tokens, tokens_per_s=n / t)
+    row = dict(kind="prefill", engine="deepinfer", model=args.model, batch=args.prefill_batch,
+               prompt_len=args.prompt_len, chunk_tokens=chunk, tokens_per_s=n / t,
+               tokens_per_step=n / len(times[5:]))
+    del engine
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return row
 
 
 def main() -> None:
@@ -250,6 +259,9 @@ def main() -> None:
     ap.add_argument("--host-timers", action="store_true",
                     help="report host ms per decode step of launch / complete / collect / ledger / masks")
     ap.add_argument("--no-prefill", action="store_true")
+    ap.add_argument("--prefill-chunk-sizes", default=None,
+                    help="comma-separated prefill budgets per step to sweep (SPEC §7: 4096..65536); "
+                         "default: --max-num-batched-tokens only")
     ap.add_argument("--peer", action="store_true", help="run the HF transformers peer in the same process")
     ap.add_argument("--result-jsonl", type=Path, default=None)
     args = ap.parse_args()
@@ -260,7 +272,7 @@ def main() -> None:
     if args.device == "cuda":
         rows.append(dict(kind="ceilings", **measure_ceilings()))
     first_nextn = int((args.nextn_list or str(args.nextn)).split(",")[0])
-    for b in (int(x) for x in args.decode_batch_sizes.split(",")):
+    for b in (int(x) for x in args.decode_batch_sizes.split(",") if x):   # "" = prefill only
         for nextn in (int(x) for x in (args.nextn_list or str(args.nextn)).split(",")):
             rows.append(bench_decode(args, b, zos=True, nextn=nextn))
             if args.varlen_compare and nextn > 0:  # the other verification-length mode, same run
@@ -279,7 +291,8 @@ def main() -> None:
         if args.compile_compare:
             rows.append(bench_decode(args, b, zos=True, compile_decode=False))
     if not args.no_prefill:
-        rows.append(bench_prefill(args))
+        for chunk in (int(c) for c in (args.prefill_chunk_sizes or str(args.max_num_batched_tokens)).split(",")):
+            rows.append(bench_prefill(args, chunk))
     if args.peer:
         from peer_hf import bench_peer
         rows.extend(bench_peer(args))

@@ -10,7 +10,8 @@
 #              through torch.compile (issue 7's 2.5x; a cold inductor cache compiles for ~2-3 min)
 #   batch64    default model, 64 sequences: nextn 5 varlen vs fixed, grammar masks and batch
 #              invariance beside plain decode; then the same at nextn 0 (issues 7 and 9)
-#   mini       `mini` vs HF transformers: decode batch 1 / 64 (ZOS on and off), prefill 64 x 512
+#   mini       `mini` vs HF transformers: decode batch 1 / 64 (ZOS on and off), prefill 64 x 512 in
+#              chunks of 8K / 16K / 32K rows
 #
 # Uses the installed packages (pip install -e the four of them first). Structured output needs
 # xgrammar >= 0.2.9 (0.2.8 builds speculative-step masks ~4x slower): when the device bundle is
@@ -53,7 +54,7 @@ case "$MODE" in
       --invariant-compare > "$OUT/batch64_nextn0.log" 2>&1 ;;
   mini)
     stage mini 560 "${BENCH[@]}" --model preset:mini --decode-batch-sizes 1,64 --prompt-len 512 --prefill-batch 64 \
-      --peer --zos-compare --warmup-steps 30 --steps 40 > "$OUT/mini.log" 2>&1 ;;
+      --prefill-chunk-sizes 8192,16384,32768 --peer --zos-compare --warmup-steps 30 --steps 40 > "$OUT/mini.log" 2>&1 ;;
   *) echo "usage: $0 tests|dspark|batch64|mini" >&2; exit 2 ;;
 esac
 cat "$SUMMARY"
