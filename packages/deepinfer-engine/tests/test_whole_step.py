@@ -66,6 +66,28 @@ def test_bucket_request_slots_follow_max_num_seqs():
     assert inputs.batch.temperature.shape == inputs.mtp_slots.shape == (13,)
 
 
+def test_steps_with_more_requests_than_slots_run_eagerly(count_graph_runner_calls):
+    """A step whose requests do not fit its bucket's request slots runs eagerly (same tokens), and
+    `runs_graphed` (the host-side decision) agrees with the graph runner's own bucket fit."""
+    prompts = _prompts(6, seed=8)
+    want, _, _ = _generate(False, 5, False, GREEDY, count_graph_runner_calls, prompts)
+    llm = LLM(device="cpu", block_size=16, max_num_batched_tokens=128, max_num_seqs=12, max_model_len=256,
+              num_speculative_tokens=5, enable_mtp_varlen=False, zero_overhead_scheduling=True)
+    runner = llm.engine.runner
+    runner.max_num_seqs = 2                                        # graphs with 3 request slots
+    runner.enable_cuda_graphs(72, llm.engine.max_model_len, interval=8)
+    graphed, eager = [], []
+    launch = runner.launch
+
+    def recording(out, batch, prev=None):
+        (graphed if runner.runs_graphed(out, batch) else eager).append(out.req_cnt)
+        return launch(out, batch, prev)
+    runner.launch = recording
+    got = llm.generate(prompt_token_ids=prompts, sampling_params=GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert 6 in eager and all(r <= 2 for r in graphed)            # a graph only once <= 2 requests are left
+
+
 @pytest.mark.parametrize("mix", ["all-greedy", "mixed"])
 def test_greedy_variant_serves_all_greedy_steps_only(mix, monkeypatch, count_graph_runner_calls):
     """A step whose requests are all greedy runs the greedy variant of the step (no uniforms, no

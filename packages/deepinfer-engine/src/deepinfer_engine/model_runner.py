@@ -242,8 +242,10 @@ class ModelRunner:
         """This step replays CUDA graphs end to end (whole step, or forward + tail with masks): a
         decode step with graph-compatible sampling that fits a bucket (rows and block-table width),
         decided from the host-side SchedulerOutput, the same way by `launch` and `defers_masks`."""
-        return (out.step_kind == StepKind.DECODE and self._graphed_sampling(batch)
-                and self.graphs.bucket(out.total_q) is not None
+        if out.step_kind != StepKind.DECODE or not self._graphed_sampling(batch):
+            return False
+        g = self.graphs.bucket(out.total_q)   # the same fit as DecodeGraphRunner.bucket_for
+        return (g is not None and out.req_cnt < self.graphs.slots(g)
                 and np.asarray(out.block_tables).shape[1] <= self.graphs.max_blocks)
 
     def defers_masks(self, out: SchedulerOutput, batch: SamplingBatch) -> bool:
