@@ -44,17 +44,21 @@ def test_cuda_budget_reserves_the_profiled_activations(monkeypatch):
         num_kv_blocks(_FakeCudaModel(), cfg, 4096, activation_peak_bytes=60 * gib)
 
 
-def test_profiling_prefill_is_one_valid_last_chunk_and_runs_the_forward():
+def test_profiling_prefill_is_whole_prompts_and_runs_the_forward():
     model = tiny_model()
-    meta = profile_prefill_metadata(100, 16, model.device)
+    meta = profile_prefill_metadata(100, 100, 16, model.device)
     meta.validate()
     assert meta.total_q == 100 and meta.block_tables.shape == (1, 7) and bool(meta.is_last_chunk.all())
+    many = profile_prefill_metadata(250, 100, 16, model.device)     # budget > max_model_len: 100 + 100 + 50
+    many.validate()
+    assert many.seqlens_q.tolist() == [100, 100, 50] and many.logit_rows.tolist() == [99, 199, 249]
+    assert len(set(many.slot_mapping.tolist())) == 250                # every row its own slot
     calls = []
     forward = model.forward
 
     def counting(m, cache):
-        calls.append((m.total_q, cache.num_slots))
+        calls.append((m.total_q, m.num_reqs, cache.num_slots))
         return forward(m, cache)
     model.forward = counting
-    assert profile_activation_bytes(model, 16, 100) == 0         # no allocator statistics off CUDA
-    assert calls == [(100, 7 * 16)]                               # over its own throwaway pool
+    assert profile_activation_bytes(model, 16, 250, 100) == 0    # no allocator statistics off CUDA
+    assert calls == [(250, 3, 3 * 7 * 16)]                         # over its own throwaway pool

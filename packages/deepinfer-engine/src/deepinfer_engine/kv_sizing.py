@@ -3,14 +3,15 @@
 CPU: enough blocks for `max_num_seqs` full-length sequences, capped by `kv_cache_memory_bytes`
 (default 1 GiB). CUDA: what `gpu_memory_utilization` leaves after the weights and a profiling
 forward's activation peak (`profile_activation_bytes`: the largest prefill step the scheduler can
-emit, one request of `max_num_batched_tokens` rows, run once over a throwaway pool before the real
-one is allocated), capped the same way by need.
+emit, `max_num_batched_tokens` rows of whole `max_model_len` prompts, run once over a throwaway
+pool before the real one is allocated), capped the same way by need.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from deepinfer_engine.config import EngineConfig
@@ -26,25 +27,34 @@ def blocks_needed(config: EngineConfig, max_model_len: int) -> int:
     return config.max_num_seqs * per_seq
 
 
-def profile_prefill_metadata(tokens: int, block_size: int, device) -> ForwardMetadata:
-    """One request whose whole prompt of `tokens` rows is one (last) prefill chunk, in blocks
-    0, 1, ...: the step with the most rows and the widest far-entry candidates."""
-    nblocks = -(-tokens // block_size)
-    i32, i64 = dict(dtype=torch.int32, device=device), dict(dtype=torch.int64, device=device)
+def profile_prefill_metadata(tokens: int, max_len: int, block_size: int, device) -> ForwardMetadata:
+    """The largest prefill step: `tokens` rows as whole prompts of `max_len` rows (the last one
+    shorter), each prompt one last chunk starting at position 0, blocks numbered in order. The
+    longest prompts give the widest far-entry candidates."""
+    lens = [max_len] * (tokens // max_len) + ([tokens % max_len] if tokens % max_len else [])
+    per_req = -(-max(lens) // block_size)
+    starts = np.cumsum([0] + lens[:-1])
+    positions = np.concatenate([np.arange(n) for n in lens])
+    req = np.repeat(np.arange(len(lens)), lens)
+    tables = np.arange(len(lens) * per_req).reshape(len(lens), per_req)
+    slots = tables[req, positions // block_size] * block_size + positions % block_size
+
+    def t(a, dtype):
+        return torch.as_tensor(np.asarray(a), dtype=dtype, device=device)
     return ForwardMetadata(
-        input_ids=torch.zeros(tokens, **i64), positions=torch.arange(tokens, **i64),
-        seqlens_q=torch.tensor([tokens], **i32), first_token_pos=torch.zeros(1, **i32),
-        context_lens=torch.tensor([tokens], **i32), block_tables=torch.arange(nblocks, **i32).unsqueeze(0),
-        slot_mapping=torch.arange(tokens, **i64), block_size=block_size, is_prefill=True,
-        is_last_chunk=torch.ones(1, dtype=torch.bool, device=device), logit_rows=torch.tensor([tokens - 1], **i64))
+        input_ids=torch.zeros(tokens, dtype=torch.int64, device=device), positions=t(positions, torch.int64),
+        seqlens_q=t(lens, torch.int32), first_token_pos=t(starts, torch.int32), context_lens=t(lens, torch.int32),
+        block_tables=t(tables, torch.int32), slot_mapping=t(slots, torch.int64), block_size=block_size,
+        is_prefill=True, is_last_chunk=torch.ones(len(lens), dtype=torch.bool, device=device),
+        logit_rows=t(starts + np.asarray(lens) - 1, torch.int64))
 
 
-def profile_activation_bytes(model, block_size: int, tokens: int) -> int:
-    """Bytes a prefill step of `tokens` rows allocates beyond the weights and its KV pool: the
-    forward (and the DFlash main keys) over a throwaway pool of just enough blocks. CUDA: the
-    allocator's peak; other devices: 0 (the forward still runs: same code path)."""
-    meta = profile_prefill_metadata(tokens, block_size, model.device)
-    cache = model.allocate_kv_cache(-(-tokens // block_size), block_size)
+def profile_activation_bytes(model, block_size: int, tokens: int, max_len: int) -> int:
+    """Bytes a prefill step of `tokens` rows (prompts of at most `max_len`) allocates beyond the
+    weights and its KV pool: the forward (and the DFlash main keys) over a throwaway pool of just
+    enough blocks. CUDA: the allocator's peak; other devices: 0 (the forward still runs: same path)."""
+    meta = profile_prefill_metadata(tokens, max_len, block_size, model.device)
+    cache = model.allocate_kv_cache(int(meta.block_tables.numel()), block_size)
     cuda = model.device.type == "cuda"
     if cuda:
         torch.cuda.synchronize(model.device)

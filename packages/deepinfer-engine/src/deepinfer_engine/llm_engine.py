@@ -73,8 +73,8 @@ class LLMEngine(OutputPath):
         self.budget = VerifyBudgetPolicy(self.nextn, varlen)
         activations = 0
         if self.device.type == "cuda" and config.num_kv_blocks is None:   # before the pool takes the memory
-            activations = profile_activation_bytes(self.model, config.block_size,
-                                                   min(self.max_num_batched_tokens, self.max_model_len))
+            activations = profile_activation_bytes(self.model, config.block_size, self.max_num_batched_tokens,
+                                                   self.max_model_len)
         blocks = num_kv_blocks(self.model, config, self.max_model_len, activations)
         self.scheduler = Scheduler(SchedulerConfig(
             block_size=config.block_size, num_blocks=blocks, max_num_seqs=config.max_num_seqs,
