@@ -1,6 +1,8 @@
 """KV pool sizing (kv_sizing.py): blocks from the memory budget, capped by need; on CUDA the budget
 is what gpu_memory_utilization leaves after the weights and a profiling prefill's activations."""
 
+import copy
+
 import pytest
 import torch
 
@@ -45,7 +47,7 @@ def test_cuda_budget_reserves_the_profiled_activations(monkeypatch):
 
 
 def test_profiling_prefill_is_whole_prompts_and_runs_the_forward():
-    model = tiny_model()
+    model = copy.deepcopy(tiny_model())                            # tiny_model() is shared (cached)
     meta = profile_prefill_metadata(100, 100, 16, model.device)
     meta.validate()
     assert meta.total_q == 100 and meta.block_tables.shape == (1, 7) and bool(meta.is_last_chunk.all())
