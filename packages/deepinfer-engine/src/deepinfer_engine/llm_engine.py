@@ -20,7 +20,7 @@ import torch
 from deepinfer_engine.config import EngineConfig
 from deepinfer_engine.envs import Envs
 from deepinfer_engine.errors import InvalidRequestError
-from deepinfer_engine.host_copy import values_to_device
+from deepinfer_engine.host_copy import arrays_to_device
 from deepinfer_engine.kv_sizing import num_kv_blocks, profile_activation_bytes
 from deepinfer_engine.model_loader import load_model, resolve_device
 from deepinfer_engine.model_runner import ModelRunner, StepResult
@@ -174,12 +174,13 @@ class LLMEngine(OutputPath):
         # A request can finish (ledger stop under ZOS, text stop, grammar end) after it was scheduled
         # for this step: it still has rows, whose results the ledger discards (pushes 0). Greedy.
         states = [self._requests.get(int(r), _FINISHED_PLACEHOLDER) for r in request_ids]
-        dev = self.device
+        temperature, top_k, top_p, seeds = arrays_to_device(
+            [(np.array([s.params.temperature for s in states], np.float32), torch.float32),
+             (np.array([s.params.top_k for s in states], np.int32), torch.int32),
+             (np.array([s.params.top_p for s in states], np.float32), torch.float32),
+             (np.array([_as_int64_bits(s.seed) for s in states], np.int64), torch.int64)], self.device)
         return SamplingBatch(
-            temperature=values_to_device([s.params.temperature for s in states], torch.float32, dev),
-            top_k=values_to_device([s.params.top_k for s in states], torch.int32, dev),
-            top_p=values_to_device([s.params.top_p for s in states], torch.float32, dev),
-            seeds=values_to_device([_as_int64_bits(s.seed) for s in states], torch.int64, dev),
+            temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds,
             num_top_logprobs=[s.num_top_logprobs for s in states],
             all_greedy=all(s.params.is_greedy for s in states),
             filters=any(s.params.top_k != -1 or s.params.top_p < 1.0 for s in states),

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from deepinfer_engine.cuda_graphs import DecodeGraphRunner
-from deepinfer_engine.host_copy import array_to_device
+from deepinfer_engine.host_copy import array_to_device, arrays_to_device
 from deepinfer_engine.sampler import Sampler, SamplingBatch, top_logprobs_per_request
 from deepinfer_engine.speculation import SpeculativeDecoder
 from deepinfer_model.metadata import ForwardMetadata
@@ -113,18 +113,17 @@ class ModelRunner:
             logit_rows = (ftp + seqlens - 1)[np.asarray(out.is_last_chunk, dtype=bool)]
         else:
             logit_rows = np.arange(out.total_q)
+        # one staging buffer and one copy per dtype for the 11 arrays (host time per step)
+        i64, i32 = torch.int64, torch.int32
+        (input_ids, positions, slot_mapping, logit_rows_t, seqlens_q, first_token_pos, context_lens, block_tables,
+         is_last_chunk) = arrays_to_device(
+            [(out.input_token_ids, i64), (out.positions, i64), (out.slot_mapping, i64), (logit_rows, i64),
+             (seqlens, i32), (ftp, i32), (out.context_lens, i32), (out.block_tables, i32),
+             (np.asarray(out.is_last_chunk, dtype=bool), torch.bool)], self.device)
         return ForwardMetadata(
-            input_ids=self._tensor(out.input_token_ids, torch.int64),
-            positions=self._tensor(out.positions, torch.int64),
-            seqlens_q=self._tensor(seqlens, torch.int32),
-            first_token_pos=self._tensor(ftp, torch.int32),
-            context_lens=self._tensor(out.context_lens, torch.int32),
-            block_tables=self._tensor(out.block_tables, torch.int32),
-            slot_mapping=self._tensor(out.slot_mapping, torch.int64),
-            block_size=self.block_size,
-            is_prefill=is_prefill,
-            is_last_chunk=self._tensor(np.asarray(out.is_last_chunk, dtype=bool), torch.bool),
-            logit_rows=self._tensor(logit_rows, torch.int64),
+            input_ids=input_ids, positions=positions, seqlens_q=seqlens_q, first_token_pos=first_token_pos,
+            context_lens=context_lens, block_tables=block_tables, slot_mapping=slot_mapping,
+            block_size=self.block_size, is_prefill=is_prefill, is_last_chunk=is_last_chunk, logit_rows=logit_rows_t,
             return_dspark_features=self.spec is not None,
         )
 
