@@ -51,3 +51,14 @@ def test_prefill_chunk_sweep(tmp_path):
     assert [(r["kind"], r["chunk_tokens"]) for r in rows] == [("prefill", 64), ("prefill", 256)]
     assert all(r["tokens_per_s"] > 0 for r in rows)
     assert rows[0]["tokens_per_step"] <= 64 < rows[1]["tokens_per_step"] <= 256
+
+
+def test_profile_step_tool_runs_a_step(tmp_path):
+    """tools/profile_step.py on the CPU: one profiled prefill step, its header and the op table."""
+    res = subprocess.run([sys.executable, str(ROOT / "tools" / "profile_step.py"), "--model", "preset:tiny",
+                          "--device", "cpu", "--mode", "prefill", "--batch", "2", "--prompt-len", "40",
+                          "--max-num-batched-tokens", "256", "--top", "5"],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "== preset:tiny prefill batch 2 prompt 40: 0 kernels" in res.stdout   # no CUDA kernels on the CPU
+    assert "aten::mm" in res.stdout
