@@ -232,10 +232,15 @@ class DecodeGraphRunner:
                 return g
         return None
 
+    def fitting_bucket(self, total_q: int, num_reqs: int, table_width: int) -> int | None:
+        """The bucket whose graphs can run a decode step of `total_q` rows over `num_reqs` requests
+        with block tables `table_width` wide, None when none fits (rows, request slots, width)."""
+        g = self.bucket(total_q) if table_width <= self.max_blocks else None
+        return g if g is not None and num_reqs < self.slots(g) else None
+
     def bucket_for(self, meta: ForwardMetadata) -> int | None:
-        """The bucket whose graphs can run this decode step, None when none fits."""
-        g = self.bucket(meta.total_q) if meta.block_tables.shape[1] <= self.max_blocks else None
-        return g if g is not None and meta.num_reqs < self.slots(g) else None
+        """`fitting_bucket` of this decode step's metadata."""
+        return self.fitting_bucket(meta.total_q, meta.num_reqs, meta.block_tables.shape[1])
 
     @torch.no_grad()
     def run(self, meta: ForwardMetadata) -> ForwardOutput | None:

@@ -241,11 +241,9 @@ class ModelRunner:
         """This step replays CUDA graphs end to end (whole step, or forward + tail with masks): a
         decode step with graph-compatible sampling that fits a bucket (rows and block-table width),
         decided from the host-side SchedulerOutput, the same way by `launch` and `defers_masks`."""
-        if out.step_kind != StepKind.DECODE or not self._graphed_sampling(batch):
-            return False
-        g = self.graphs.bucket(out.total_q)   # the same fit as DecodeGraphRunner.bucket_for
-        return (g is not None and out.req_cnt < self.graphs.slots(g)
-                and np.asarray(out.block_tables).shape[1] <= self.graphs.max_blocks)
+        return (out.step_kind == StepKind.DECODE and self._graphed_sampling(batch)
+                and self.graphs.fitting_bucket(out.total_q, out.req_cnt, np.asarray(out.block_tables).shape[1])
+                is not None)
 
     def defers_masks(self, out: SchedulerOutput, batch: SamplingBatch) -> bool:
         """`launch` of this grammar step stops after the forward graph and `complete` builds the masks
