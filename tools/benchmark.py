@@ -155,11 +155,17 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
                    idle_fraction=float(np.median(gaps) / np.median(spans)))
     if engine._structured is not None:
         engine._structured.shutdown()
-    del engine   # free the KV pool and graphs before the next engine sizes its pool from free memory
+    del engine
+    _free_device_memory()
+    return row
+
+
+def _free_device_memory() -> None:
+    """After the caller dropped its engine: free its KV pool and graphs before the next engine
+    sizes its pool from free memory."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return row
 
 
 def _abort_all(engine) -> None:
@@ -220,9 +226,7 @@ def bench_prefill(args, chunk_tokens: int | None = None) -> dict:
                prompt_len=args.prompt_len, chunk_tokens=chunk, tokens_per_s=n / t,
                tokens_per_step=n / len(times[5:]))
     del engine
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    _free_device_memory()
     return row
 
 
