@@ -18,13 +18,13 @@ import contextlib
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from deepinfer_kernels.tilelang import LAUNCHERS
+
 NOT_LAUNCHES = {"view", "_unsafe_view", "t", "expand", "slice", "select", "unsqueeze", "squeeze", "reshape",
                 "permute", "transpose", "as_strided", "alias", "detach", "unbind", "split", "split_with_sizes",
                 "chunk", "narrow", "unflatten", "flatten", "view_as_real", "view_as_complex", "lift_fresh",
                 "scalar_tensor", "_local_scalar_dense", "sym_size", "sym_stride", "empty", "empty_like",
                 "movedim", "expand_as", "view_as"}
-TILELANG_OPS = ("store_kv_fp8", "store_index_k_fp4", "sparse_mla_attention", "indexer_scores", "indexer_topk_blocks",
-                "routed_experts")
 
 
 class StepOpCounter(TorchDispatchMode):
@@ -92,7 +92,7 @@ def count(model: str | None, nextn: int, batch: int) -> dict[str, collections.Co
     counter, undo = StepOpCounter(), []
     for module in (eng_forward, eng_dspark, eng_compressed, mod_moe, ops_kv_fp8, ops_kv_fp4, ops_sparse_mla,
                    ops_indexer, ops_moe):
-        for op in TILELANG_OPS:
+        for op in LAUNCHERS:   # every op with a TileLang kernel on SM90
             if hasattr(module, op):
                 _wrap(module, op, lambda op=op: counter.one_kernel(op), undo)
     llm = LLM(model, device="cpu", dtype="bfloat16", block_size=16, max_num_batched_tokens=256,
