@@ -53,6 +53,8 @@ def test_graph_buckets_cover_decode_steps():
     graphs = llm.engine.runner.graphs
     assert graphs is not None and graphs.max_rows == 16 * 4
     assert graphs.bucket(1) == 1 and graphs.bucket(9) == 16 and graphs.bucket(64) == 64 and graphs.bucket(65) is None
+    # both step variants of every bucket exist before serving: a lazy capture would stall a step
+    assert sorted(graphs.step_graphs) == sorted(graphs.greedy_step_graphs) == graphs.sizes
 
 
 # Issue 7 on the GPU: the trained default model (real drafts, real acceptance) in bf16 with graphs

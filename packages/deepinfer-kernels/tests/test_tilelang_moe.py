@@ -18,6 +18,7 @@ def _offsets(counts):
 @pytest.mark.parametrize("counts,k,nout,cfg", [
     ([3, 0, 1, 70, 0, 5, 130, 2], 1024, 512, None),                       # ragged, empty experts, >64 rows
     ([1] * 48 + [0] * 16, 1024, 512, None),                                # decode: one row per expert
+    ([2, 5, 0, 1], 256, 320, None),                                        # decode, Nout not 128-aligned
     ([300, 0, 700, 45, 1000, 0, 3, 2000], 512, 1024, None),               # prefill tiles (rows > 64 E)
     ([200, 129, 0, 257], 512, 1024, "prefill"),                           # prefill config, small
 ])

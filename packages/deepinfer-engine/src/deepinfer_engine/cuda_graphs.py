@@ -18,8 +18,10 @@ so the graph of G has G rows and S requests whatever the batch. Graphs per bucke
 
 - the *step* graph (captured up front): the whole decode step of decode_step.py, target forward,
   sampler and draft head, for steps with plain temperature / greedy sampling; a *greedy* variant
-  (captured on first use) serves steps whose requests are all greedy: no uniforms are drawn, no
-  residual distribution is built, no draft distribution is read;
+  (also captured up front) serves steps whose requests are all greedy: no uniforms are drawn, no
+  residual distribution is built, no draft distribution is read. Both up front because a lazy
+  capture stalls the step that needs it for tens of ms, and variable-length verification visits
+  a different bucket almost every step;
 - the *forward* graph (captured on first use): the target forward and the DFlash main-key write
   only, for steps whose sampling runs eagerly (top-n logprobs, top-k / top-p) and for grammar steps;
 - the *tail* graph (captured on first use): sampler with grammar masks + draft head
@@ -209,22 +211,20 @@ class DecodeGraphRunner:
 
     @torch.no_grad()
     def capture(self) -> None:
-        """The step graph of every bucket, largest first (later graphs reuse its pool memory). With the
-        speculative part compiled, the all-greedy variants too: captured lazily, their first use
-        would stall serving for an inductor compile."""
+        """The step graphs of every bucket, general and all-greedy variants, largest first (later
+        graphs reuse its pool memory)."""
         if not self.use_graphs:
             return
         # every engine's model is a new guard target for the one compiled function: lift the limit
         cfg = torch._dynamo.config
         limit = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
-        variants = [False, True] if self.spec is not None and self.spec.compiled_tail is not None else [False]
         with cfg.patch(**{limit: max(getattr(cfg, limit), 256)}):
-            for greedy in variants:
+            for greedy in (False, True):
                 for g in reversed(self.sizes):
                     self._step_graphs(g, greedy)
         torch.cuda.synchronize()
-        logger.info("captured %d decode step graphs (sizes %s, compiled: %s)", len(self.sizes), self.sizes,
-                    self.compile)
+        logger.info("captured %d decode step graphs, general + all-greedy (sizes %s, compiled: %s)",
+                    2 * len(self.sizes), self.sizes, self.compile)
 
     def bucket(self, total_q: int) -> int | None:
         for g in self.sizes:
@@ -273,7 +273,7 @@ class DecodeGraphRunner:
 
     def _step_graphs(self, g: int, greedy: bool) -> dict[int, _Graph]:
         """The step graphs of the variant (general / all-greedy), bucket g's captured if missing
-        (the greedy variant is captured on first use unless `capture` took it up front)."""
+        (`capture` takes both up front; a bucket captured here is a stall of the step that needs it)."""
         graphs = self.greedy_step_graphs if greedy else self.step_graphs
         if self.use_graphs and g not in graphs:
             graphs[g] = self._capture(g, self._run_step, self._inputs(g, greedy))
