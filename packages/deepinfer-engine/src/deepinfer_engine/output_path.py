@@ -36,8 +36,14 @@ class OutputPath:
         ledger_finish: dict[int, tuple[str | None, int]] = {}
         first_new: dict[int, int] = {}
         order: list[int] = []
-        for j in range(len(cols["request_id"])):
-            rid = int(cols["request_id"][j])
+        # plain Python lists: one conversion per column instead of a numpy scalar per element
+        request_col, reason_col, finished_col = (cols["request_id"].tolist(), cols["finish_reason"].tolist(),
+                                                 cols["finished"].tolist())
+        token_col, logprob_col = cols["token_id"].tolist(), cols["token_logprob"].tolist()
+        draft_col, accept_col, stop_col = (cols["draft_tok"].tolist(), cols["accept_tok"].tolist(),
+                                           cols["stop_token_id"].tolist())
+        generated = accepted = 0
+        for j, rid in enumerate(request_col):
             state = self._requests.get(rid)
             if state is None:
                 if rid in self._finished_here:  # the ledger's echo of a request finished on this side
@@ -47,21 +53,21 @@ class OutputPath:
             if rid not in first_new:
                 first_new[rid] = len(state.output.token_ids)
                 order.append(rid)
-            reason = FINISH_REASONS[int(cols["finish_reason"][j])]
+            reason = FINISH_REASONS[reason_col[j]]
             if reason not in NON_TOKEN_FINISHES:
                 k = emitted.get(rid, 0)
                 emitted[rid] = k + 1
                 top_rows = res.top_logprobs[index_of[rid]] if rid in index_of else None
-                self.stats.num_generated_tokens += 1
-                draft_tok = int(cols["draft_tok"][j])
-                if draft_tok > 0:  # step statistics ride on the request's last output of a decode step
-                    state.output.num_draft_tokens += draft_tok - 1
-                    state.output.num_accepted_tokens += int(cols["accept_tok"][j]) - 1
-                    self.stats.num_accepted_tokens += int(cols["accept_tok"][j]) - 1
-                state.append(int(cols["token_id"][j]), float(cols["token_logprob"][j]),
-                             top_rows[k] if top_rows and k < len(top_rows) else None)
-            if bool(cols["finished"][j]):
-                ledger_finish[rid] = (reason, int(cols["stop_token_id"][j]))
+                generated += 1
+                if draft_col[j] > 0:  # step statistics ride on the request's last output of a decode step
+                    state.output.num_draft_tokens += draft_col[j] - 1
+                    state.output.num_accepted_tokens += accept_col[j] - 1
+                    accepted += accept_col[j] - 1
+                state.append(token_col[j], logprob_col[j], top_rows[k] if top_rows and k < len(top_rows) else None)
+            if finished_col[j]:
+                ledger_finish[rid] = (reason, stop_col[j])
+        self.stats.num_generated_tokens += generated
+        self.stats.num_accepted_tokens += accepted
         finished: list[GenerationOutput] = []
         for rid in order:
             out = self._advance_output(self._requests[rid], first_new[rid], ledger_finish.get(rid))
