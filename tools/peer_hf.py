@@ -66,7 +66,7 @@ def peer_prefill(model, batch: int, prompt_len: int, runs: int = 5) -> dict:
 def bench_peer(args) -> list[dict]:
     model = build_peer()
     rows = []
-    for b in (int(x) for x in args.decode_batch_sizes.split(",")):
+    for b in (int(x) for x in args.decode_batch_sizes.split(",") if x):   # "" = prefill only
         rows.append(peer_decode(model, b, args.prompt_len, warmup=5, steps=20))
     if not args.no_prefill:
         rows.append(peer_prefill(model, args.prefill_batch, args.prompt_len))
