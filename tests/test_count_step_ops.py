@@ -4,9 +4,11 @@ a launch-bound GPU step) runs and sees every phase."""
 import sys
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
-from count_step_ops import count  # noqa: E402
+from count_step_ops import _cuda_rms_norm_launches, count  # noqa: E402
 
 
 def test_counts_every_phase_of_a_speculative_step():
@@ -16,4 +18,14 @@ def test_counts_every_phase_of_a_speculative_step():
     assert set(totals) >= {"target forward", "draft head", "DFlash main keys", "sampler"}
     assert all(n > 0 for n in totals.values())
     assert spec["target forward"]["tilelang:sparse_mla_attention"] > 0      # TileLang ops count once each
+    assert spec["target forward"]["rms_norm (CUDA)"] > 0 and spec["target forward"]["rsqrt"] == 0  # as on CUDA
     assert "draft head" not in plain and sum(totals.values()) > sum(sum(o.values()) for o in plain.values())
+
+
+def test_rms_norm_counts_its_cuda_launches():
+    bf16, f32 = torch.bfloat16, torch.float32
+    x, w = torch.zeros(2, 8, dtype=bf16), torch.ones(8, dtype=bf16)
+    assert _cuda_rms_norm_launches(x, w) == 1                      # one fused kernel
+    assert _cuda_rms_norm_launches(x, w.float()) == 3              # x to float32 and back
+    assert _cuda_rms_norm_launches(x.float(), w) == 2              # the weight to float32
+    assert _cuda_rms_norm_launches(x, torch.ones(3, 1, 8, dtype=bf16)) == -1   # stacked: op by op

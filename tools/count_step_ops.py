@@ -3,9 +3,13 @@
 A small model's decode step is launch-bound on the GPU (docs/benchmarks.md), so the number of
 kernels it launches predicts its time. This runs one padded whole step (`run_decode_step`, what
 the CUDA graph replays) on the CPU's capturable path and counts the ATen ops it dispatches: ops
-that have a TileLang kernel on SM90 count as one launch, views and host scalars do not count.
-Calibration (2026-11-30, default model, batch 1): 2,663 ops at nextn 5 and 1,708 at nextn 0
-(ratio 1.559) against H200 steps of 7.47 and 4.81 ms (ratio 1.553).
+that have a TileLang kernel on SM90 count as one launch, an RMSNorm counts as the launches of its
+CUDA path (torch's fused kernel, plus float32 casts when x and the weight differ in dtype), views
+and host scalars do not count.
+Calibration (2026-11-30, default model, batch 1): third session 2,663 ops at nextn 5 and 1,708 at
+nextn 0 (ratio 1.559) against H200 steps of 7.47 and 4.81 ms (ratio 1.553); sixth session (RMSNorm
+counted as on CUDA) 1,534 and 1,013 against H200 device steps of 3.36 and 2.41 ms (2.2-2.4 us per
+launch).
 
     python tools/count_step_ops.py --nextn 5 [--model default] [--batch 1] [--top 12]
 """
@@ -63,6 +67,35 @@ class StepOpCounter(TorchDispatchMode):
             self.inside_kernel -= 1
 
 
+def _cuda_rms_norm_launches(x, weight) -> int:
+    """Kernel launches of `modules.norm.rms_norm` on CUDA (not batch-invariant): one fused kernel
+    for one weight vector, plus casts to float32 and back when x and the weight differ in dtype;
+    several stacked weights take the unfused formula (counted op by op: -1 here)."""
+    import torch
+    if weight.dim() != 1:
+        return -1
+    if x.dtype == weight.dtype:
+        return 1
+    return 1 + (x.dtype != torch.float32) * 2 + (weight.dtype != torch.float32)
+
+
+def _count_rms_norm_as_cuda(counter: StepOpCounter, module, undo: list) -> None:
+    original = module.rms_norm
+
+    def counted(x, weight, eps):
+        n = _cuda_rms_norm_launches(x, weight)
+        if n < 0 or not counter.active or counter.inside_kernel:
+            return original(x, weight, eps)
+        counter.by_phase[counter.phases[-1]]["rms_norm (CUDA)"] += n
+        counter.inside_kernel += 1
+        try:
+            return original(x, weight, eps)
+        finally:
+            counter.inside_kernel -= 1
+    module.rms_norm = counted
+    undo.append(lambda: setattr(module, "rms_norm", original))
+
+
 def _wrap(obj, attr: str, enter, undo: list) -> None:
     """obj.attr runs inside `enter()` until the callables in `undo` run."""
     original = getattr(obj, attr)
@@ -84,7 +117,9 @@ def count(model: str | None, nextn: int, batch: int) -> dict[str, collections.Co
     import deepinfer_model.engine.compressed as eng_compressed
     import deepinfer_model.engine.dspark as eng_dspark
     import deepinfer_model.engine.forward as eng_forward
+    import deepinfer_model.modules.dspark as mod_dspark
     import deepinfer_model.modules.moe as mod_moe
+    import deepinfer_model.modules.norm as mod_norm
     from deepinfer_engine import LLM, SamplingParams
     from deepinfer_engine.sampler import Sampler
     from deepinfer_kernels.ops.capture import force_capturable
@@ -95,6 +130,8 @@ def count(model: str | None, nextn: int, batch: int) -> dict[str, collections.Co
         for op in LAUNCHERS:   # every op with a TileLang kernel on SM90
             if hasattr(module, op):
                 _wrap(module, op, lambda op=op: counter.one_kernel(op), undo)
+    for module in (mod_norm, mod_dspark):   # RMSNorm.forward calls norm.rms_norm; the draft calls its import
+        _count_rms_norm_as_cuda(counter, module, undo)
     llm = LLM(model, device="cpu", dtype="bfloat16", block_size=16, max_num_batched_tokens=256,
               max_num_seqs=batch, max_model_len=512, num_speculative_tokens=nextn, enable_mtp_varlen=False)
     engine, net = llm.engine, llm.engine.runner.model
