@@ -23,7 +23,7 @@ def test_counts_every_phase_of_a_speculative_step():
 
 
 def test_rms_norm_counts_its_cuda_launches():
-    bf16, f32 = torch.bfloat16, torch.float32
+    bf16 = torch.bfloat16
     x, w = torch.zeros(2, 8, dtype=bf16), torch.ones(8, dtype=bf16)
     assert _cuda_rms_norm_launches(x, w) == 1                      # one fused kernel
     assert _cuda_rms_norm_launches(x, w.float()) == 3              # x to float32 and back
