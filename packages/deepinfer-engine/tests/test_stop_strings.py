@@ -163,10 +163,17 @@ def test_incremental_detokenizer_matches_decode_and_holds_back_utf8(llm0, table)
         if rng.random() < 0.5:  # splice in raw multi-byte pieces, sometimes truncated
             ids += [byte_token[b] for b in "é中😀".encode()[: int(rng.integers(1, 10))]]
         det = IncrementalDetokenizer(table)
-        for t in ids:
+        for j, t in enumerate(ids):
             det.push(t)
+            if j % 3 == 0:   # a read in the middle must not disturb later appends
+                assert det.text == det.text_since(0)
         det.finish()
-        assert det.text == tok.decode(ids), ids
+        text = det.text
+        assert text == tok.decode(ids), ids
+        # the per-token readers: length and tails, without joining the whole text
+        assert det.length == len(text) and det.offsets[-1] == len(text)
+        for start in range(len(text) + 2):
+            assert det.text_since(start) == text[start:]
 
 
 def test_streaming_deltas_concatenate_and_never_show_a_stop(llm0, free_runs):

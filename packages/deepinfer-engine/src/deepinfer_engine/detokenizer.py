@@ -9,12 +9,16 @@ skip_special_tokens=True)` drops them). The same table feeds xgrammar's `Tokeniz
 ends inside a multi-byte character contributes nothing until the character completes (held back),
 invalid bytes become U+FFFD as in the tokenizer's own lossy decode. After each token `offsets[k]`
 is the length of the stable text covering tokens 0..k, which is what stop strings cut against.
+The text is kept as one piece per token (appending to one string copies it whole: quadratic in
+the output length, ~10 us per token at 275K characters); `length` and `text_since(start)` serve
+the per-token readers (stop strings, streaming) from the pieces, `text` joins them once.
 For tokenizers whose decoder is not ByteLevel, `GenericDetokenizer` re-decodes the whole output
 (slower, same interface) and holds back a trailing U+FFFD (an incomplete character).
 """
 
 from __future__ import annotations
 
+import bisect
 import codecs
 
 from deepinfer_model.byte_level import unicode_to_bytes
@@ -57,16 +61,44 @@ class IncrementalDetokenizer:
     def __init__(self, table: TokenTable):
         self._table = table.token_bytes
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        self.text = ""                  # stable text (complete characters only)
+        self._pieces: list[str] = []    # stable text added by each token (then the finish tail)
+        self._piece_ends: list[int] = []  # len(text) after each piece
+        self._joined = ""               # "".join(self._pieces[:self._num_joined])
+        self._num_joined = 0
+        self.length = 0                 # len(text), without joining it
         self.offsets: list[int] = []    # len(text) after each token
         self.finished = False
+
+    @property
+    def text(self) -> str:
+        """The stable text (complete characters only)."""
+        if self._num_joined < len(self._pieces):
+            self._joined += "".join(self._pieces[self._num_joined:])
+            self._num_joined = len(self._pieces)
+        return self._joined
+
+    def text_since(self, start: int) -> str:
+        """text[start:] from the pieces that cover it (no copy of the text before it)."""
+        ends = self._piece_ends
+        if ends and start >= ends[-1] - len(self._pieces[-1]):   # inside the last piece (the common case)
+            return self._pieces[-1][start - ends[-1]:] if start < ends[-1] else ""
+        k = bisect.bisect_right(ends, start)   # first piece ending past start
+        head = ends[k - 1] if k > 0 else 0
+        return "".join(self._pieces[k:])[start - head:]
+
+    def _add(self, piece: str) -> None:
+        self.length += len(piece)
+        self._pieces.append(piece)
+        self._piece_ends.append(self.length)
 
     def push(self, token_id: int) -> str:
         """Append one token; returns the newly stable text (may be "" while a character is open)."""
         b = self._table[token_id] if 0 <= token_id < len(self._table) else b""
         new = self._decoder.decode(b) if b else ""
-        self.text += new
-        self.offsets.append(len(self.text))
+        self.length += len(new)
+        self._pieces.append(new)
+        self._piece_ends.append(self.length)
+        self.offsets.append(self.length)
         return new
 
     def finish(self) -> str:
@@ -75,9 +107,9 @@ class IncrementalDetokenizer:
             return ""
         self.finished = True
         tail = self._decoder.decode(b"", final=True)
-        self.text += tail
-        if self.offsets:
-            self.offsets[-1] = len(self.text)
+        self._add(tail)
+        if self.offsets:   # the tail belongs to the last token
+            self.offsets[-1] = self.length
         return tail
 
 
@@ -90,6 +122,13 @@ class GenericDetokenizer:
         self.text = ""
         self.offsets: list[int] = []
         self.finished = False
+
+    @property
+    def length(self) -> int:
+        return len(self.text)
+
+    def text_since(self, start: int) -> str:
+        return self.text[start:]
 
     def push(self, token_id: int) -> str:
         self._ids.append(token_id)

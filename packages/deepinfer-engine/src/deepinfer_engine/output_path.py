@@ -187,10 +187,13 @@ class OutputPath:
         if self._stream_deltas is None:
             return
         out = state.output
-        text = (out.text or "") if finished else state.visible_text()
-        new_text = text[state.text_sent:] if len(text) > state.text_sent else ""
+        if finished:
+            text = out.text or ""
+            new_text, shown = (text[state.text_sent:] if len(text) > state.text_sent else ""), len(text)
+        else:
+            new_text, shown = state.visible_text_since(state.text_sent)
         new_tokens = out.token_ids[state.tokens_sent:]
-        state.text_sent = max(state.text_sent, len(text))
+        state.text_sent = max(state.text_sent, shown)
         state.tokens_sent = len(out.token_ids)
         if new_text or new_tokens or finished:
             self._stream_deltas.append(StreamDelta(self._stream_index.get(state.request_id, -1), state.request_id,

@@ -63,7 +63,9 @@ class RequestState:
     # ------------------------------------------------------------------ text
     def push_text(self, first_new: int) -> int | None:
         """Detokenize output tokens first_new.. one by one; at the first stop string, record the
-        match and return how many output tokens to keep (through the token that completed it)."""
+        match and return how many output tokens to keep (through the token that completed it).
+        Stop strings are searched in the text's new tail only (`checked_chars` onwards, plus the
+        longest stop string's overlap), never in a copy of the whole text."""
         det = self.detokenizer
         if det is None:
             return None
@@ -71,13 +73,14 @@ class RequestState:
         for k in range(first_new, len(ids)):
             det.push(ids[k])
             if self.stops and k + 1 >= self.params.min_tokens:
-                m = self.stops.find(det.text, self.checked_chars)
-                self.checked_chars = len(det.text)
+                lo = max(0, self.checked_chars - self.stops.max_len + 1)
+                m = self.stops.find(det.text_since(lo), self.checked_chars - lo)
+                self.checked_chars = det.length
                 if m is not None:
-                    self.stop_match = m
+                    self.stop_match = StopMatch(m.stop, m.start + lo, m.end + lo)
                     return k + 1
             else:
-                self.checked_chars = len(det.text)
+                self.checked_chars = det.length
         return None
 
     def final_text(self) -> str | None:
@@ -90,14 +93,13 @@ class RequestState:
             return det.text
         return det.text[: m.end if self.params.include_stop_str_in_output else m.start]
 
-    def visible_text(self) -> str:
-        """Text that can be streamed now: no possible stop-string prefix at the end."""
+    def visible_text_since(self, start: int) -> tuple[str, int]:
+        """(text that can be streamed now from character `start` on, the streamable length): no
+        possible stop-string prefix at the end; read from the detokenizer's tail, not its whole text."""
         det = self.detokenizer
         if det is None:
-            return ""
-        text = det.text
+            return "", 0
+        end = det.length
         if self.stops:
-            hold = self.stops.holdback(text)
-            if hold:
-                text = text[: len(text) - hold]
-        return text
+            end -= self.stops.holdback(det.text_since(max(0, end - self.stops.max_len + 1)))
+        return (det.text_since(start)[: end - start] if end > start else ""), end
