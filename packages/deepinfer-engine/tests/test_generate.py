@@ -119,7 +119,7 @@ def test_prefill_budget_default_follows_the_device():
     grows with its tokens), 2048 on the CPU; an explicit value wins; a bad one names the field."""
     from deepinfer_engine.config import EngineConfig
 
-    assert EngineConfig().batched_tokens_for("cuda") == 8192
+    assert EngineConfig().batched_tokens_for("cuda") == 16384
     assert EngineConfig().batched_tokens_for("cpu") == 2048
     assert EngineConfig(max_num_batched_tokens=512).batched_tokens_for("cuda") == 512
     assert LLM(device="cpu", max_num_seqs=2, max_model_len=256).engine.max_num_batched_tokens == 2048
