@@ -250,7 +250,8 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--max-model-len", type=int, default=1024)
-    ap.add_argument("--zos-compare", action="store_true", help="also run decode with ZOS off")
+    ap.add_argument("--zos-compare", action="store_true",
+                    help="also run every decode row with ZOS off (with --varlen-compare: both varlen modes)")
     ap.add_argument("--compile-compare", action="store_true",
                     help="also run decode with the graphed step not compiled (compile_decode=False)")
     ap.add_argument("--compile-spec-compare", action="store_true",
@@ -286,8 +287,10 @@ def main() -> None:
                 if args.varlen_compare:
                     rows.append(bench_decode(args, b, zos=True, nextn=nextn, varlen=not args.varlen,
                                              compile_speculation=True))
-        if args.zos_compare:
-            rows.append(bench_decode(args, b, zos=False))
+            if args.zos_compare:   # the same rows with ZOS off (varlen: its split is not one step late then)
+                rows.append(bench_decode(args, b, zos=False, nextn=nextn))
+                if args.varlen_compare and nextn > 0:
+                    rows.append(bench_decode(args, b, zos=False, nextn=nextn, varlen=not args.varlen))
         if args.grammar_compare:   # every request under a JSON schema, same nextn as the first row
             rows.append(bench_decode(args, b, zos=True, nextn=first_nextn, grammar=True))
         if args.invariant_compare:
