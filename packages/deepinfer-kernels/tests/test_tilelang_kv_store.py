@@ -42,6 +42,26 @@ def test_store_kv_fp8_bit_exact(d, dtype, slot_dtype):
     assert torch.equal(quantize_kv_fp8_tilelang(x), kv_fp8.quantize_kv_fp8_ref(x))
 
 
+def test_stores_into_one_plane_of_a_planed_pool():
+    """The engine passes one plane of a [planes, slots, rec] cache (a view at an offset): rows land
+    in that plane only, bit-exact, and the other planes stay untouched."""
+    from deepinfer_kernels.tilelang.kv_store import store_index_k_fp4_tilelang, store_kv_fp8_tilelang
+
+    n, slots = 200, 700
+    for store, ref, d, dtype in ((store_kv_fp8_tilelang, kv_fp8.store_kv_fp8_ref, 512, torch.bfloat16),
+                                 (store_index_k_fp4_tilelang, kv_fp4.store_index_k_fp4_ref, 128, torch.float32)):
+        x = _inputs(n, d, dtype, 11)
+        rec = kv_fp8.fp8_record_bytes(d) if d == 512 else kv_fp4.fp4_record_bytes(d)
+        slot_map = torch.randperm(slots, device="cuda")[:n]
+        slot_map[::5] = -1
+        pool = torch.randint(0, 256, (3, slots, rec), dtype=torch.uint8, device="cuda")
+        want = pool.clone()
+        ref(x, want[2], slot_map)
+        store(x, pool[2], slot_map)
+        torch.cuda.synchronize()
+        assert torch.equal(pool, want)
+
+
 @pytest.mark.parametrize("d", [128, 64, 32])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_store_index_k_fp4_bit_exact(d, dtype):

@@ -20,14 +20,14 @@ import torch
 from deepinfer_kernels.ops.capture import host_checks, write_rows
 from deepinfer_kernels.ops.kv_fp4 import store_index_k_fp4
 from deepinfer_kernels.ops.kv_fp8 import store_kv_fp8
-from deepinfer_model.engine.indexing import slots_of, to_flat
+from deepinfer_model.engine.indexing import slots_of
 
 
 def update_compressed_source(model, src: int, v: torch.Tensor, positions: torch.Tensor, req: torch.Tensor,
                              slots: torch.Tensor, block_tables: torch.Tensor, cache, static: bool = False) -> None:
     """v [N, H] compressor input of the rows, positions/req/slots [N]; slot -1 rows write nothing."""
     comp = model.model.layers[src].self_attn.compressor
-    layout, ns = cache.layout, cache.num_slots
+    layout = cache.layout
     r = comp.ratio
     terms = comp.token_terms(v)                                                   # [N, S] float32
     if r == 1 and static:
@@ -57,5 +57,5 @@ def update_compressed_source(model, src: int, v: torch.Tensor, positions: torch.
         dslots = torch.where(done, slots, torch.full_like(slots, -1)) if static else slots[done]
     if dslots.numel() == 0:
         return
-    store_kv_fp8(latent, cache.kv_flat, to_flat(dslots, layout.comp_planes[src], ns))
-    store_index_k_fp4(ik, cache.index_flat, to_flat(dslots, layout.index_planes[src], ns))
+    store_kv_fp8(latent, cache.kv[layout.comp_planes[src]], dslots)          # the source's planes: slots
+    store_index_k_fp4(ik, cache.index_k[layout.index_planes[src]], dslots)   # index them directly

@@ -84,6 +84,13 @@ class _Rows:
             self._memo["window"] = slots_of(meta.block_tables, self.req, win, meta.block_size)
         return self._memo["window"]
 
+    def window_slots_int32(self, meta: ForwardMetadata, width: int) -> torch.Tensor:
+        """`window_slots` as the attention kernel's int32 indices into one plane, shared by every
+        window-only layer (each reads its own plane of the pool: no per-layer index arithmetic)."""
+        if "window_i32" not in self._memo:
+            self._memo["window_i32"] = self.window_slots(meta, width).to(torch.int32)
+        return self._memo["window_i32"]
+
     def far_entry_slots(self, meta: ForwardMetadata, width: int, ratio: int,
                         max_far: int | None) -> tuple[torch.Tensor, torch.Tensor, int]:
         """-> (n_far [N], slots [N, max_far] of the far entries' positions, max_far)."""
@@ -147,17 +154,20 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
     rope = rows.rope(attn.rope_dim, attn.theta)
     q, q_lat, latent = attn.query_and_latent(u, rope)
     plane = cache.layout.window_planes[l]
-    store_kv_fp8(latent, cache.kv_flat, to_flat(rows.slots, plane, ns))
+    store_kv_fp8(latent, cache.kv[plane], rows.slots)   # the layer's own plane: slots index it directly
     if attn.compressor is not None and not layer.is_consumer:
         update_compressed_source(model, l, u, rows.positions, rows.req, rows.slots, meta.block_tables, cache,
                                  static=not meta.is_prefill)
-    idx = to_flat(rows.window_slots(meta, cfg.sliding_window), plane, ns)
+    far = None
     if layer.ratio > 0:
         max_far = None if meta.is_prefill else static_max_far(meta, cfg.sliding_window, layer.ratio)
         far = far_indices(model, layer, q_lat, u, rows, meta, cache, max_far)
-        if far is not None:
-            idx = torch.cat([idx, far], dim=1)
-    o, _ = sparse_mla_attention(q, cache.kv_flat, idx.to(torch.int32), attn.sm_scale)
+    if far is None:   # window only: attend within the layer's plane
+        o, _ = sparse_mla_attention(q, cache.kv[plane], rows.window_slots_int32(meta, cfg.sliding_window),
+                                    attn.sm_scale)
+    else:             # window + far entries live in two planes: flat rows of the whole pool
+        idx = torch.cat([to_flat(rows.window_slots(meta, cfg.sliding_window), plane, ns), far], dim=1)
+        o, _ = sparse_mla_attention(q, cache.kv_flat, idx.to(torch.int32), attn.sm_scale)
     x = x + attn.output(o)
     return x + layer.mlp(layer.post_attention_layernorm(x))
 
