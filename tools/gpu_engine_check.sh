@@ -6,6 +6,9 @@
 #
 #   tests      pytest -m "gpu and not slow": batch invariance (CUDA), model graph test, CUDA PPL
 #              baseline, engine graphs/ZOS/speculation tests (~7 min: run it alone)
+#   quick      the engine's core GPU checks in four parallel pytest processes (~2 min): graphs + ZOS
+#              vs the CPU reference, greedy speculation at nextn 5 (fixed, varlen), batch invariance,
+#              the CUDA PPL baseline, the plane-view store / attention kernel tests
 #   dspark     default model, batch 1 over 16 prompts, nextn 0 vs 5, the speculative part plain and
 #              through torch.compile (issue 7's 2.5x; a cold inductor cache compiles for ~2-3 min)
 #   batch64    default model, 64 sequences: nextn 5 varlen vs fixed, grammar masks and batch
@@ -21,7 +24,7 @@
 # run) and summary.txt (rc and seconds of every stage).
 set -uo pipefail
 
-MODE=${1:?usage: $0 tests|dspark|batch64|mini}
+MODE=${1:?usage: $0 tests|quick|dspark|batch64|mini}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 OUT=${OUT:-$ROOT/out}
@@ -44,6 +47,19 @@ case "$MODE" in
     stage tests 560 "$PY" -m pytest -p no:cacheprovider -m "gpu and not slow" --benchmark-skip -v -rf \
       -o faulthandler_timeout=150 packages/deepinfer-engine/tests/test_batch_invariance.py packages/deepinfer-model/tests \
       tests packages/deepinfer-engine/tests/test_gpu_engine.py > "$OUT/tests.log" 2>&1 ;;
+  quick)
+    T=("$PY" -m pytest -p no:cacheprovider --benchmark-skip -v -rf -o faulthandler_timeout=170)
+    E=packages/deepinfer-engine/tests
+    K=packages/deepinfer-kernels/tests
+    stage quick_reference 200 "${T[@]}" -m "gpu and not slow" $E/test_gpu_engine.py -k match_cpu_reference \
+      > "$OUT/quick_reference.log" 2>&1 &
+    stage quick_kernels 200 "${T[@]}" -m gpu tests/test_default_model_ppl.py $K/test_tilelang_kv_store.py \
+      $K/test_tilelang_sparse_mla.py -k "plane or cuda_baseline" > "$OUT/quick_kernels.log" 2>&1 &
+    stage quick_invariance 200 "${T[@]}" -m "gpu and not slow" $E/test_batch_invariance.py \
+      > "$OUT/quick_invariance.log" 2>&1 &
+    stage quick_speculation 200 "${T[@]}" -m "gpu and not slow" $E/test_gpu_engine.py \
+      -k "greedy_speculation and 5" > "$OUT/quick_speculation.log" 2>&1 &
+    wait ;;
   dspark)
     stage dspark 500 "${BENCH[@]}" "${CODE[@]}" --decode-batch-sizes 1 --nextn-list 0,5 --rounds 16 \
       --compile-spec-compare > "$OUT/dspark.log" 2>&1 ;;
@@ -55,6 +71,6 @@ case "$MODE" in
   mini)
     stage mini 560 "${BENCH[@]}" --model preset:mini --decode-batch-sizes 1,64 --prompt-len 512 --prefill-batch 64 \
       --prefill-chunk-sizes 8192,16384,32768 --peer --zos-compare --warmup-steps 30 --steps 40 > "$OUT/mini.log" 2>&1 ;;
-  *) echo "usage: $0 tests|dspark|batch64|mini" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|quick|dspark|batch64|mini" >&2; exit 2 ;;
 esac
 cat "$SUMMARY"
