@@ -12,7 +12,7 @@ from count_step_ops import _cuda_rms_norm_launches, count  # noqa: E402
 
 
 def test_counts_every_phase_of_a_speculative_step():
-    spec = count("preset:tiny", nextn=3, batch=1)
+    spec, by_function = count("preset:tiny", nextn=3, batch=1, by_function=True)
     plain = count("preset:tiny", nextn=0, batch=1)
     totals = {label: sum(ops.values()) for label, ops in spec.items()}
     assert set(totals) >= {"target forward", "draft head", "DFlash main keys", "sampler"}
@@ -20,6 +20,8 @@ def test_counts_every_phase_of_a_speculative_step():
     assert spec["target forward"]["tilelang:sparse_mla_attention"] > 0      # TileLang ops count once each
     assert spec["target forward"]["rms_norm (CUDA)"] > 0 and spec["target forward"]["rsqrt"] == 0  # as on CUDA
     assert "draft head" not in plain and sum(totals.values()) > sum(sum(o.values()) for o in plain.values())
+    # every launch is attributed to the function of ours that issued it
+    assert sum(by_function.values()) == sum(totals.values()) and by_function["forward.py:run_layer"] > 0
 
 
 def test_rms_norm_counts_its_cuda_launches():

@@ -11,7 +11,7 @@ nextn 0 (ratio 1.559) against H200 steps of 7.47 and 4.81 ms (ratio 1.553); sixt
 counted as on CUDA) 1,534 and 1,013 against H200 device steps of 3.36 and 2.41 ms (2.2-2.4 us per
 launch).
 
-    python tools/count_step_ops.py --nextn 5 [--model default] [--batch 1] [--top 12]
+    python tools/count_step_ops.py --nextn 5 [--model default] [--batch 1] [--top 12] [--by-function 20]
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import sys
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -31,8 +32,23 @@ NOT_LAUNCHES = {"view", "_unsafe_view", "t", "expand", "slice", "select", "unsqu
                 "movedim", "expand_as", "view_as"}
 
 
+_OUR_SOURCES = ("/deepinfer_model/", "/deepinfer_kernels/ops/", "/deepinfer_engine/")
+
+
+def _our_caller() -> str:
+    """`file.py:function` of the innermost deepinfer frame on the stack (where a launch is written)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if any(src in path for src in _OUR_SOURCES) and "/count_step_ops" not in path:
+            return f"{path.rsplit('/', 1)[-1]}:{frame.f_code.co_name}"
+        frame = frame.f_back
+    return "-"
+
+
 class StepOpCounter(TorchDispatchMode):
-    """Counts dispatched ops per phase (a stack of labels pushed by `phase`)."""
+    """Counts dispatched ops per phase (a stack of labels pushed by `phase`) and per function of
+    the model / kernels / engine code that issued them."""
 
     def __init__(self):
         super().__init__()
@@ -40,11 +56,16 @@ class StepOpCounter(TorchDispatchMode):
         self.inside_kernel = 0
         self.active = False   # counting: inside the one step measured
         self.by_phase: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        self.by_function: collections.Counter = collections.Counter()
+
+    def add(self, name: str, n: int = 1) -> None:
+        self.by_phase[self.phases[-1]][name] += n
+        self.by_function[_our_caller()] += n
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.__name__.split(".")[0]
         if name not in NOT_LAUNCHES and not self.inside_kernel:
-            self.by_phase[self.phases[-1]][name] += 1
+            self.add(name)
         return func(*args, **(kwargs or {}))
 
     @contextlib.contextmanager
@@ -59,7 +80,7 @@ class StepOpCounter(TorchDispatchMode):
     def one_kernel(self, label: str):
         """A call that is one TileLang launch on the GPU: counted once, its reference's ops not."""
         if self.active and not self.inside_kernel:
-            self.by_phase[self.phases[-1]]["tilelang:" + label] += 1
+            self.add("tilelang:" + label)
         self.inside_kernel += 1
         try:
             yield
@@ -86,7 +107,7 @@ def _count_rms_norm_as_cuda(counter: StepOpCounter, module, undo: list) -> None:
         n = _cuda_rms_norm_launches(x, weight)
         if n < 0 or not counter.active or counter.inside_kernel:
             return original(x, weight, eps)
-        counter.by_phase[counter.phases[-1]]["rms_norm (CUDA)"] += n
+        counter.add("rms_norm (CUDA)", n)
         counter.inside_kernel += 1
         try:
             return original(x, weight, eps)
@@ -107,7 +128,7 @@ def _wrap(obj, attr: str, enter, undo: list) -> None:
     undo.append(lambda: setattr(obj, attr, original))
 
 
-def count(model: str | None, nextn: int, batch: int) -> dict[str, collections.Counter]:
+def count(model: str | None, nextn: int, batch: int, by_function: bool = False):
     import deepinfer_engine.cuda_graphs as cuda_graphs
     import deepinfer_kernels.ops.indexer as ops_indexer
     import deepinfer_kernels.ops.kv_fp4 as ops_kv_fp4
@@ -162,7 +183,7 @@ def count(model: str | None, nextn: int, batch: int) -> dict[str, collections.Co
         cuda_graphs.run_decode_step = step
         for restore in reversed(undo):
             restore()
-    return counter.by_phase
+    return (counter.by_phase, counter.by_function) if by_function else counter.by_phase
 
 
 def main() -> None:
@@ -171,12 +192,19 @@ def main() -> None:
     ap.add_argument("--nextn", type=int, default=5)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--top", type=int, default=0, help="also list the most frequent ops of each phase")
+    ap.add_argument("--by-function", type=int, default=0, metavar="N",
+                    help="also list the N functions of the model / kernels / engine code issuing the most launches")
     args = ap.parse_args()
-    by_phase = count(None if args.model == "default" else args.model, args.nextn, args.batch)
+    by_phase, by_function = count(None if args.model == "default" else args.model, args.nextn, args.batch,
+                                  by_function=True)
     total = sum(sum(c.values()) for c in by_phase.values())
     print(f"{args.model}, nextn {args.nextn}, batch {args.batch}: {total} kernel launches per decode step")
     for label, ops in sorted(by_phase.items(), key=lambda kv: -sum(kv[1].values())):
         print(f"  {label:18s} {sum(ops.values()):6d}" + (f"  {ops.most_common(args.top)}" if args.top else ""))
+    if args.by_function:
+        print("launches by issuing function:")
+        for where, n in by_function.most_common(args.by_function):
+            print(f"  {n:6d}  {where}")
 
 
 if __name__ == "__main__":
