@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -31,6 +33,28 @@ def test_decode_rows_pool_rounds_and_count_drafts(tmp_path):
     assert fixed["drafts_verified_per_step"] == 2 * 3          # every request verifies nextn drafts
     assert 0 < varlen["drafts_verified_per_step"] <= 2 * 3
     assert "step_time_fit" not in fixed and varlen["step_time_fit"]["slope_ms_per_row"] >= 0
+
+
+def test_batch_one_reports_the_weight_bytes_a_step_reads(tmp_path):
+    """Batch 1 without speculation: weight bytes per step (active-decode params + lm_head) and
+    weights / step time; not with drafts (the draft head reads more)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from benchmark import weight_bytes_per_decode_step
+
+    from deepinfer_model import param_counts
+    from deepinfer_model.model import V41ForCausalLM
+    from deepinfer_model.presets import tiny
+
+    cfg = tiny()
+    model = V41ForCausalLM(cfg, device="cpu", dtype=torch.bfloat16)
+    assert weight_bytes_per_decode_step(model) == 2 * (param_counts(cfg).active_decode + cfg.vocab_size * cfg.hidden_size)
+    out = tmp_path / "rows.jsonl"
+    res = _bench(tmp_path, "--decode-batch-sizes", "1", "--nextn-list", "0,3", "--result-jsonl", str(out))
+    assert res.returncode == 0, res.stderr[-2000:]
+    plain, spec = [json.loads(line) for line in out.read_text().splitlines()]
+    assert plain["weight_bytes_per_step"] > 0
+    assert abs(plain["weight_read_tb_s"] - plain["weight_bytes_per_step"] * plain["avg_sps"] / 1e12) < 1e-12
+    assert "weight_bytes_per_step" not in spec
 
 
 def test_host_timers_need_one_round(tmp_path):

@@ -11,6 +11,9 @@ Prefill: rounds of --prefill-batch fresh prompts (prefix cache off, max_tokens 1
 prefill steps, time 10 steps; tokens/s = prompt tokens computed / s.
 ZOS idle: with CUDA events at each step's device start and end, the idle gap between consecutive
 decode steps as a fraction of the step time.
+Decode at batch 1 without speculation also reports the weight bytes a step must read and
+weights / step time (`weight_read_tb_s`, and its fraction of the measured copy bandwidth on CUDA:
+issue 6's `flash-slice` roofline, e.g. `--model preset:flash-slice --decode-batch-sizes 1`).
 Every row of --result-jsonl is one measurement with its configuration.
 """
 
@@ -153,11 +156,26 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
     if spans:
         row.update(device_step_ms=float(np.median(spans)), idle_gap_ms=float(np.median(gaps)),
                    idle_fraction=float(np.median(gaps) / np.median(spans)))
+    if batch == 1 and engine.nextn == 0:   # issue 6's decode roofline: bytes that must be read / step time
+        wbytes = weight_bytes_per_decode_step(engine.runner.model)
+        row.update(weight_bytes_per_step=wbytes, weight_read_tb_s=wbytes * sps / 1e12)
     if engine._structured is not None:
         engine._structured.shutdown()
     del engine
     _free_device_memory()
     return row
+
+
+def weight_bytes_per_decode_step(model) -> int:
+    """Weight bytes one batch-1 decode step without speculation must read: the config's
+    active-decode parameters (every backbone layer, routed experts counted top-k times, Engram by
+    rows looked up; deepinfer_model.param_counts) plus the lm_head, at the model's weight dtype.
+    KV and activations excluded, so bytes / step time is a lower bound of the bandwidth used."""
+    from deepinfer_model import param_counts
+
+    cfg = model.config
+    element = model.lm_head.weight.element_size()
+    return (param_counts(cfg).active_decode + cfg.vocab_size * cfg.hidden_size) * element
 
 
 def _free_device_memory() -> None:
@@ -303,7 +321,10 @@ def main() -> None:
     if args.peer:
         from peer_hf import bench_peer
         rows.extend(bench_peer(args))
+    copy_bw = next((r["copy_bw_tb_s"] for r in rows if r["kind"] == "ceilings"), None)
     for row in rows:
+        if copy_bw and "weight_read_tb_s" in row:
+            row["weight_read_fraction_of_copy"] = row["weight_read_tb_s"] / copy_bw
         print(json.dumps(row), flush=True)
     if args.result_jsonl:
         with args.result_jsonl.open("a") as f:

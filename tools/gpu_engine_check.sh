@@ -13,6 +13,9 @@
 #              through torch.compile (issue 7's 2.5x; a cold inductor cache compiles for ~2-3 min)
 #   batch64    default model, 64 sequences: nextn 5 varlen vs fixed, grammar masks and batch
 #              invariance beside plain decode; then the same at nextn 0 (issues 7 and 9)
+#   flashslice `flash-slice` (full flash width, 4 layers, 91 GB of random bf16 weights made on the GPU)
+#              decode at batch 1: weight bytes per step / step time vs copy bandwidth (issue 6; not
+#              yet run on the H200)
 #   mini       `mini` vs HF transformers: decode batch 1 / 64 (ZOS on and off), prefill 64 x 512 in
 #              chunks of 8K / 16K / 32K rows
 #
@@ -24,7 +27,7 @@
 # run) and summary.txt (rc and seconds of every stage).
 set -uo pipefail
 
-MODE=${1:?usage: $0 tests|quick|dspark|batch64|mini}
+MODE=${1:?usage: $0 tests|quick|dspark|batch64|flashslice|mini}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 OUT=${OUT:-$ROOT/out}
@@ -68,9 +71,12 @@ case "$MODE" in
       --grammar-compare --invariant-compare --host-timers > "$OUT/batch64_nextn5.log" 2>&1
     stage batch64_nextn0 200 "${BENCH[@]}" "${CODE[@]}" --decode-batch-sizes 64 --nextn-list 0 --grammar-compare \
       --invariant-compare > "$OUT/batch64_nextn0.log" 2>&1 ;;
+  flashslice)
+    stage flashslice 560 "${BENCH[@]}" --model preset:flash-slice --decode-batch-sizes 1 --max-num-seqs 1 \
+      --no-prefill --prompt-len 512 --max-model-len 1024 --warmup-steps 20 --steps 40 > "$OUT/flashslice.log" 2>&1 ;;
   mini)
     stage mini 560 "${BENCH[@]}" --model preset:mini --decode-batch-sizes 1,64 --prompt-len 512 --prefill-batch 64 \
       --prefill-chunk-sizes 8192,16384,32768 --peer --zos-compare --warmup-steps 30 --steps 40 > "$OUT/mini.log" 2>&1 ;;
-  *) echo "usage: $0 tests|quick|dspark|batch64|mini" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|quick|dspark|batch64|flashslice|mini" >&2; exit 2 ;;
 esac
 cat "$SUMMARY"
