@@ -77,10 +77,11 @@ class StepOpCounter(TorchDispatchMode):
             self.phases.pop()
 
     @contextlib.contextmanager
-    def one_kernel(self, label: str):
-        """A call that is one TileLang launch on the GPU: counted once, its reference's ops not."""
+    def launches(self, label: str, n: int = 1):
+        """A call that is `n` kernel launches on the GPU (a TileLang kernel: 1): counted as such, the
+        ops of its CPU path not."""
         if self.active and not self.inside_kernel:
-            self.add("tilelang:" + label)
+            self.add(label, n)
         self.inside_kernel += 1
         try:
             yield
@@ -105,14 +106,10 @@ def _count_rms_norm_as_cuda(counter: StepOpCounter, module, undo: list) -> None:
 
     def counted(x, weight, eps):
         n = _cuda_rms_norm_launches(x, weight)
-        if n < 0 or not counter.active or counter.inside_kernel:
+        if n < 0:   # the formula op by op
             return original(x, weight, eps)
-        counter.add("rms_norm (CUDA)", n)
-        counter.inside_kernel += 1
-        try:
+        with counter.launches("rms_norm (CUDA)", n):
             return original(x, weight, eps)
-        finally:
-            counter.inside_kernel -= 1
     module.rms_norm = counted
     undo.append(lambda: setattr(module, "rms_norm", original))
 
@@ -150,7 +147,7 @@ def count(model: str | None, nextn: int, batch: int, by_function: bool = False):
                    ops_indexer, ops_moe):
         for op in LAUNCHERS:   # every op with a TileLang kernel on SM90
             if hasattr(module, op):
-                _wrap(module, op, lambda op=op: counter.one_kernel(op), undo)
+                _wrap(module, op, lambda op=op: counter.launches("tilelang:" + op), undo)
     for module in (mod_norm, mod_dspark):   # RMSNorm.forward calls norm.rms_norm; the draft calls its import
         _count_rms_norm_as_cuda(counter, module, undo)
     llm = LLM(model, device="cpu", dtype="bfloat16", block_size=16, max_num_batched_tokens=256,
