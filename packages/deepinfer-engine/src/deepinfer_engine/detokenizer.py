@@ -95,9 +95,7 @@ class IncrementalDetokenizer:
         """Append one token; returns the newly stable text (may be "" while a character is open)."""
         b = self._table[token_id] if 0 <= token_id < len(self._table) else b""
         new = self._decoder.decode(b) if b else ""
-        self.length += len(new)
-        self._pieces.append(new)
-        self._piece_ends.append(self.length)
+        self._add(new)
         self.offsets.append(self.length)
         return new
 
