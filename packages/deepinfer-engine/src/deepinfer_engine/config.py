@@ -20,8 +20,7 @@ class EngineConfig:
     max_num_seqs: int = 64                 # concurrent sequences per step
     max_model_len: int | None = None       # prompt + output limit; None = the model's max_position_embeddings
     max_num_batched_tokens: int | None = None  # rows per step (prefill chunk budget, decode rows); None =
-                                           #   8192 on CUDA (a prefill step's host cost barely grows with
-                                           #   its tokens: bigger chunks amortise it), 2048 on the CPU
+                                           #   DEFAULT_BATCHED_TOKENS_CUDA / _CPU (above)
     block_size: int = 128                  # tokens per KV block = prefix-cache grain (SPEC §3)
     num_kv_blocks: int | None = None       # KV pool size; None = sized from the memory budget
     kv_cache_memory_bytes: int | None = None  # CPU budget for the KV pool (None = 1 GiB or what fits)
