@@ -14,6 +14,7 @@ bucket (the static dims: heads, head dim, ...) and cached for the process
 | ``indexer`` | ``indexer_scores_tilelang``, ``candidate_block_max_tilelang``, ``select_topk_blocks_tilelang``, ``indexer_topk_blocks_tilelang`` (the three fused) |
 | ``moe`` | ``grouped_expert_gemm_tilelang``, ``routed_experts_tilelang`` |
 | ``norm`` | ``rms_norm_tilelang`` |
+| ``moe_route`` | ``moe_route_tilelang`` |
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ LAUNCHERS = {
     "grouped_expert_gemm": "moe:grouped_expert_gemm_tilelang",
     "routed_experts": "moe:routed_experts_tilelang",
     "rms_norm": "norm:rms_norm_tilelang",
+    "moe_route": "moe_route:moe_route_tilelang",
 }
 
 
