@@ -26,8 +26,9 @@ def test_counts_every_phase_of_a_speculative_step():
 
 def test_rms_norm_counts_its_cuda_launches():
     bf16 = torch.bfloat16
-    x, w = torch.zeros(2, 8, dtype=bf16), torch.ones(8, dtype=bf16)
-    assert _cuda_rms_norm_launches(x, w) == 1                      # one fused kernel
-    assert _cuda_rms_norm_launches(x, w.float()) == 3              # x to float32 and back
+    x, w = torch.zeros(2, 64, dtype=bf16), torch.ones(64, dtype=bf16)
+    assert _cuda_rms_norm_launches(x, w) == 1                      # torch's fused kernel
+    assert _cuda_rms_norm_launches(x, w.float()) == 1              # the TileLang mixed-dtype kernel
+    assert _cuda_rms_norm_launches(torch.zeros(2, 40, dtype=bf16), torch.ones(40)) == 3   # D % 32: casts + norm
     assert _cuda_rms_norm_launches(x.float(), w) == 2              # the weight to float32
-    assert _cuda_rms_norm_launches(x, torch.ones(3, 1, 8, dtype=bf16)) == -1   # stacked: op by op
+    assert _cuda_rms_norm_launches(x, torch.ones(3, 1, 64, dtype=bf16)) == -1   # stacked: op by op

@@ -4,8 +4,8 @@ A small model's decode step is launch-bound on the GPU (docs/benchmarks.md), so 
 kernels it launches predicts its time. This runs one padded whole step (`run_decode_step`, what
 the CUDA graph replays) on the CPU's capturable path and counts the ATen ops it dispatches: ops
 that have a TileLang kernel on SM90 count as one launch, an RMSNorm counts as the launches of its
-CUDA path (torch's fused kernel, plus float32 casts when x and the weight differ in dtype), views
-and host scalars do not count.
+CUDA path (one fused kernel; float32 casts for dtype mixes the mixed-dtype kernel does not take),
+views and host scalars do not count.
 Calibration (2026-11-30, default model, batch 1): third session 2,663 ops at nextn 5 and 1,708 at
 nextn 0 (ratio 1.559) against H200 steps of 7.47 and 4.81 ms (ratio 1.553); sixth session (RMSNorm
 counted as on CUDA) 1,534 and 1,013 against H200 device steps of 3.36 and 2.41 ms (2.2-2.4 us per
@@ -90,13 +90,16 @@ class StepOpCounter(TorchDispatchMode):
 
 
 def _cuda_rms_norm_launches(x, weight) -> int:
-    """Kernel launches of `modules.norm.rms_norm` on CUDA (not batch-invariant): one fused kernel
-    for one weight vector, plus casts to float32 and back when x and the weight differ in dtype;
-    several stacked weights take the unfused formula (counted op by op: -1 here)."""
+    """Kernel launches of `modules.norm.rms_norm` on CUDA (not batch-invariant): one for one weight
+    vector, torch's fused norm or (bf16 / fp16 x, float32 weight) the TileLang mixed-dtype norm;
+    other mixes add float32 casts; several stacked weights take the unfused formula (counted op by
+    op: -1 here)."""
     import torch
     if weight.dim() != 1:
         return -1
-    if x.dtype == weight.dtype:
+    d = x.shape[-1]
+    if x.dtype == weight.dtype or (x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == torch.float32
+                                   and d % 32 == 0 and 32 <= d <= 8192):
         return 1
     return 1 + (x.dtype != torch.float32) * 2 + (weight.dtype != torch.float32)
 

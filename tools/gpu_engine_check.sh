@@ -8,7 +8,8 @@
 #              baseline, engine graphs/ZOS/speculation tests (~7 min: run it alone)
 #   quick      the engine's core GPU checks in four parallel pytest processes (~2 min): graphs + ZOS
 #              vs the CPU reference, greedy speculation at nextn 5 (fixed, varlen), batch invariance,
-#              the CUDA PPL baseline, the plane-view store / attention kernel tests
+#              the CUDA PPL baseline, the plane-view store / attention kernel tests, the RMSNorm and
+#              MoE-routing kernels
 #   dspark     default model, batch 1 over 16 prompts, nextn 0 vs 5, the speculative part plain and
 #              through torch.compile (issue 7's 2.5x; a cold inductor cache compiles for ~2-3 min)
 #   batch64    default model, 64 sequences: nextn 5 varlen vs fixed, grammar masks and batch
@@ -62,6 +63,8 @@ case "$MODE" in
       > "$OUT/quick_invariance.log" 2>&1 &
     stage quick_speculation 200 "${T[@]}" -m "gpu and not slow" $E/test_gpu_engine.py \
       -k "greedy_speculation and 5" > "$OUT/quick_speculation.log" 2>&1 &
+    stage quick_new_kernels 200 "${T[@]}" -m gpu $K/test_tilelang_norm.py $K/test_tilelang_moe_route.py \
+      packages/deepinfer-model/tests/test_norm_cuda.py > "$OUT/quick_new_kernels.log" 2>&1 &
     wait ;;
   dspark)
     stage dspark 500 "${BENCH[@]}" "${CODE[@]}" --decode-batch-sizes 1 --nextn-list 0,5 --rounds 16 \

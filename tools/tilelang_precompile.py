@@ -85,6 +85,17 @@ def _specs():
     for tokens in (8, 256, 32768):
         add("moe", "moe", moe.precompile_specs("gemm", tokens * 6, 64, 512, 1024))
 
+    # ---- RMSNorm (bf16 / fp16 rows, float32 or same-dtype weight) and MoE routing, the model widths
+    for d in (64, 192, 256, 384, 448, 1024, 3072):
+        for xd, wd in ((bf16, f32), (f16, f32), (bf16, bf16)):
+            add("norm", "norm", [("_kernel", (d, xd, wd, 1e-6))])
+    add("norm", "norm", [("_kernel", (256, bf16, f32, 1e-5))])
+    for e, k in ((8, 2), (64, 6), (384, 6), (256, 8), (16, 4)):
+        for ld in (bf16, f32):
+            for normalise in (True, False):
+                add("moe_route", "moe_route", [("_kernel", (e, k, ld, f32, normalise, 2.5))])
+    add("moe_route", "moe_route", [("_kernel", (64, 6, f32, f32, True, 1.0))])
+
     uniq, seen = [], set()
     for item in out:
         key = (item[1], item[2], repr(item[3]))

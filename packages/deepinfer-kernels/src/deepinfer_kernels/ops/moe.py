@@ -171,7 +171,9 @@ def moe_route(router_logits: torch.Tensor, bias: torch.Tensor, top_k: int, norm_
     if not 0 < top_k <= router_logits.shape[1]:
         raise ValueError(f"top_k={top_k}: must lie in [1, {router_logits.shape[1]}]")
     device = check_same_device(router_logits=router_logits, bias=bias)
-    select_backend("moe_route", device, has_kernel=False)
+    kernel = tilelang_launcher("moe_route", device, supported=top_k <= 16 and router_logits.shape[1] <= 1024)
+    if kernel is not None:   # one launch instead of ~10 (sigmoid, bias, sort, gather, sum, ...)
+        return kernel(router_logits, bias, top_k, norm_topk_prob, routed_scaling_factor)
     return moe_route_ref(router_logits, bias, top_k, norm_topk_prob, routed_scaling_factor)
 
 

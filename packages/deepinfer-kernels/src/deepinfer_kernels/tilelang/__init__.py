@@ -13,6 +13,8 @@ bucket (the static dims: heads, head dim, ...) and cached for the process
 | ``kv_store`` | ``store_kv_fp8_tilelang``, ``quantize_kv_fp8_tilelang``, ``store_index_k_fp4_tilelang``, ``quantize_index_k_fp4_tilelang`` |
 | ``indexer`` | ``indexer_scores_tilelang``, ``candidate_block_max_tilelang``, ``select_topk_blocks_tilelang``, ``indexer_topk_blocks_tilelang`` (the three fused) |
 | ``moe`` | ``grouped_expert_gemm_tilelang``, ``routed_experts_tilelang`` |
+| ``norm`` | ``rms_norm_tilelang`` |
+| ``moe_route`` | ``moe_route_tilelang`` |
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ LAUNCHERS = {
     "indexer_topk_blocks": "indexer:indexer_topk_blocks_tilelang",
     "grouped_expert_gemm": "moe:grouped_expert_gemm_tilelang",
     "routed_experts": "moe:routed_experts_tilelang",
+    "rms_norm": "norm:rms_norm_tilelang",
+    "moe_route": "moe_route:moe_route_tilelang",
 }
 
 

@@ -106,6 +106,14 @@ class _Rows:
             self._memo[key] = (n_far, ent, width_far)
         return self._memo[key]
 
+    def far_entry_slots_int32(self, ratio: int, max_far: int) -> torch.Tensor:
+        """The slots of `far_entry_slots(..., ratio, max_far)` (called first) as the indexer's int32
+        indices into one plane, shared by every layer of that ratio."""
+        key = ("far_i32", ratio, max_far)
+        if key not in self._memo:
+            self._memo[key] = self._memo[("far", ratio, max_far)][1].to(torch.int32)
+        return self._memo[key]
+
 
 def engram_windows(model, meta: ForwardMetadata, cache, rows: _Rows) -> torch.Tensor:
     n_max = model.config.engram_max_ngram_size
@@ -128,13 +136,15 @@ def far_indices(model, layer, q_lat, u, rows: _Rows, meta: ForwardMetadata, cach
     for padding rows); None = the batch's max, read on the host (prefill)."""
     cfg = model.config
     r, src, ns = layer.ratio, layer.source, cache.num_slots
-    n_far, ent_slots, max_far = rows.far_entry_slots(meta, cfg.sliding_window, r, max_far)
+    requested = max_far
+    n_far, ent_slots, max_far = rows.far_entry_slots(meta, cfg.sliding_window, r, requested)
     if max_far == 0:
         return None
     q_idx, w = layer.self_attn.indexer.query(q_lat, u)
-    blocks = indexer_topk_blocks(q_idx, w, cache.index_flat,
-                                 to_flat(ent_slots, cache.layout.index_planes[src], ns).to(torch.int32),
-                                 n_far, cfg.index_block_size, cfg.index_topk).long()   # [N, topk]
+    # the source's index plane, addressed by the entries' slots as they are
+    blocks = indexer_topk_blocks(q_idx, w, cache.index_k[cache.layout.index_planes[src]],
+                                 rows.far_entry_slots_int32(r, requested), n_far, cfg.index_block_size,
+                                 cfg.index_topk).long()   # [N, topk]
     bsz = cfg.index_block_size
     ent = (blocks.unsqueeze(2) * bsz + torch.arange(bsz, device=blocks.device)).reshape(len(blocks), -1)
     ok = (ent >= 0) & (ent < n_far.unsqueeze(1))                  # a -1 block gives negative entry ids

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from deepinfer_kernels.batch_invariant import batch_invariant_enabled
+from deepinfer_kernels.ops.norm import rms_norm as mixed_dtype_rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -23,14 +24,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., dim], weight broadcastable to x (several norms at once: [K, 1, dim] against x [K, N, dim])
     -> x's dtype, computed in float32.
 
-    On CUDA with one weight vector: torch's fused RMSNorm kernel, one launch instead of five
-    (not in batch-invariant mode, whose last-dim reductions run on fixed row tiles). For x and
-    weight of one dtype it reads them as they are and computes in float32 inside (no cast kernels);
-    otherwise both are cast to float32 first."""
+    On CUDA with one weight vector (not in batch-invariant mode, whose last-dim reductions run on
+    fixed row tiles), one launch instead of five: for x and weight of one dtype torch's fused
+    RMSNorm, which computes in float32 inside; for bf16 x with the float32 weights the models keep,
+    the kernels package's mixed-dtype norm (a TileLang kernel on SM90; torch's norm with casts
+    elsewhere)."""
     if x.is_cuda and weight.dim() == 1 and not batch_invariant_enabled():
         if x.dtype == weight.dtype:
             return F.rms_norm(x, (x.shape[-1],), weight, eps)
-        return F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps).to(x.dtype)
+        return mixed_dtype_rms_norm(x, weight, eps)
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (y * weight.float()).to(x.dtype)

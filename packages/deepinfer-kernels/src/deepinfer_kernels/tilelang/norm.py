@@ -1,0 +1,75 @@
+"""RMSNorm in one launch (TileLang, SM90): bf16 / fp16 rows, float32 (or same-dtype) weight.
+
+Same function as ``deepinfer_kernels.ops.norm.rms_norm_ref``: ``y = (x * rsqrt(mean(x^2) + eps)) * w``
+in float32, rounded to x's dtype. One warp per row: lane l holds elements l, l + 32, ... (coalesced
+loads), sums their squares, and a butterfly of shuffles gives every lane the row's sum. Its float32
+summation order differs from torch's mean, so results agree with the reference to rounding, not
+bit for bit (like torch's own fused CUDA norm).
+"""
+
+import torch
+
+from deepinfer_kernels.tilelang._common import compile_cached, require, require_cuda
+
+# No `from __future__ import annotations` (TileLang evaluates prim_func annotations).
+
+NT = 128              # threads per CTA: 4 warps, one row each
+ROWS_PER_CTA = NT // 32
+_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+def _build(d: int, x_dtype: str, w_dtype: str, eps: float):
+    import tilelang.language as T
+
+    PER_LANE = d // 32
+    N = T.dynamic("N")
+
+    @T.prim_func
+    def main(
+        X: T.Tensor((N, d), x_dtype),
+        W: T.Tensor((d,), w_dtype),
+        Y: T.Tensor((N, d), x_dtype),
+    ):
+        with T.Kernel(T.ceildiv(N, ROWS_PER_CTA), threads=NT) as bx:
+            tx = T.get_thread_binding()
+            lane = tx % 32
+            row = bx * ROWS_PER_CTA + tx // 32
+            xv = T.alloc_local((PER_LANE,), T.float32)
+            total = T.alloc_var(T.float32)
+            rstd = T.alloc_var(T.float32)
+            safe_row = T.min(row, N - 1)
+            total = 0.0
+            for k in T.serial(PER_LANE):
+                xv[k] = T.cast(X[safe_row, lane + 32 * k], T.float32)
+                total = total + xv[k] * xv[k]
+            total = total + T.shfl_xor(total, 16)   # butterfly: every lane ends with the row's sum
+            total = total + T.shfl_xor(total, 8)
+            total = total + T.shfl_xor(total, 4)
+            total = total + T.shfl_xor(total, 2)
+            total = total + T.shfl_xor(total, 1)
+            rstd = T.rsqrt(total / T.float32(d) + T.float32(eps))
+            if row < N:
+                for k in T.serial(PER_LANE):
+                    Y[row, lane + 32 * k] = T.cast(xv[k] * rstd * T.cast(W[lane + 32 * k], T.float32), x_dtype)
+
+    return main
+
+
+def _kernel(d: int, x_dtype: torch.dtype, w_dtype: torch.dtype, eps: float):
+    key = (d, _DTYPES[x_dtype], _DTYPES[w_dtype], float(eps))
+    return compile_cached("rms_norm", key, lambda: _build(d, _DTYPES[x_dtype], _DTYPES[w_dtype], float(eps)))
+
+
+def rms_norm_tilelang(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., D] bf16 / fp16, weight [D] float32 or x's dtype -> x's dtype; like ``rms_norm_ref``.
+    D a multiple of 32 (one warp per row, D / 32 values per lane), at most 8192."""
+    require(x.dtype in (torch.bfloat16, torch.float16), f"x: bf16 or fp16, got {x.dtype}")
+    require(weight.dim() == 1 and weight.dtype in (torch.float32, x.dtype), "weight: [D], float32 or x's dtype")
+    d = x.shape[-1]
+    require(weight.shape[0] == d and d % 32 == 0 and 32 <= d <= 8192, f"D={d}: a multiple of 32 in [32, 8192]")
+    require_cuda(x=x, weight=weight)
+    rows = x.reshape(-1, d).contiguous()
+    out = torch.empty_like(rows)
+    if rows.shape[0]:
+        _kernel(d, x.dtype, weight.dtype, eps)(rows, weight.contiguous(), out)
+    return out.view(x.shape)

@@ -1,0 +1,39 @@
+"""GPU tests: the TileLang mixed-dtype RMSNorm against `rms_norm_ref` (float32 math, rounding apart)."""
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+ref = pytest.importorskip("deepinfer_kernels.ops.norm")
+
+
+@pytest.mark.parametrize("d", [64, 192, 448, 1024, 3072])
+@pytest.mark.parametrize("dtype, weight_dtype", [(torch.bfloat16, torch.float32), (torch.float16, torch.float32),
+                                                 (torch.bfloat16, torch.bfloat16)])
+@pytest.mark.parametrize("rows", [1, 5, 1027])
+def test_rms_norm_matches_reference(d, dtype, weight_dtype, rows):
+    from deepinfer_kernels.tilelang.norm import rms_norm_tilelang
+
+    g = torch.Generator(device="cuda").manual_seed(d + rows)
+    x = (torch.randn(rows, d, device="cuda", generator=g) * torch.logspace(-2, 2, rows, device="cuda")[:, None])
+    x = x.to(dtype)
+    w = torch.randn(d, device="cuda", generator=g).to(weight_dtype)
+    got = rms_norm_tilelang(x, w, 1e-6)
+    want = ref.rms_norm_ref(x, w, 1e-6)
+    assert got.dtype == dtype and got.shape == x.shape
+    ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10
+    torch.testing.assert_close(got.float(), want.float(), rtol=ulp, atol=1e-6)
+    assert (got == want).float().mean() > 0.95      # the same value but for rounding near-ties
+
+
+def test_rms_norm_keeps_leading_dims_and_dispatches():
+    from deepinfer_kernels.tilelang.norm import rms_norm_tilelang
+
+    x = torch.randn(3, 7, 256, device="cuda").to(torch.bfloat16)
+    w = torch.rand(256, device="cuda") + 0.5
+    got = rms_norm_tilelang(x, w, 1e-5)
+    assert got.shape == (3, 7, 256)
+    torch.testing.assert_close(got.float(), ref.rms_norm_ref(x, w, 1e-5).float(), rtol=2.0 ** -7, atol=1e-6)
+    assert torch.equal(ref.rms_norm(x, w, 1e-5), got)   # the op picks the kernel on SM90
+    assert rms_norm_tilelang(x[:0], w, 1e-5).shape == (0, 7, 256)
