@@ -13,8 +13,8 @@ Two variants share that math:
   both wgmmas and the online softmax; producer warpgroup 1 gathers the FP8 records with 128-bit
   loads straight into registers, prefetching the next block while it dequantizes the current one
   into the bf16 stage; mbarriers hand the stage back and forth. Each FP8 byte crosses shared
-  memory once, as bf16. (A two-producer version, "ws2", hung in its H200 tests on 2026-11-30;
-  ``_build_ws(producers=2)`` still builds it for debugging, nothing dispatches to it.)
+  memory once, as bf16. (A two-producer version, "ws2", hung in its H200 tests on 2026-11-30 and
+  is gone; ``"bulk"`` in ``sparse_mla_bulk.py`` has two dequantizing warpgroups instead.)
 * ``"pipelined"``: 128 threads, ``T.Pipelined`` cp.async gathers of the FP8 records into a
   two-stage FP8 tile, then dequantize -> QK -> softmax -> PV in program order. Simpler; kept as
   the fallback and as a cross-check of the warp-specialized one.

@@ -14,14 +14,13 @@ from deepinfer_kernels.tilelang.sparse_mla_builders import (
 )
 
 
-def _build_ws(heads: int, d: int, hb: int, split: bool, producers: int = 1):
+def _build_ws(heads: int, d: int, hb: int, split: bool):
     """Warp-specialized kernel. Dynamic: rows R, width W, slots S, splits NS; ``bps`` (blocks per
     split) is even.
 
-    producers = 1 ("ws"): one producer warpgroup walks all blocks, loading block i+1 into one
-    register buffer while it dequantizes block i from the other (one block, 33 KB per SM, of loads
-    in flight). producers = 2 ("ws2"): producer warpgroup p owns bf16 stage p and the blocks of
-    parity p, so two blocks are in flight per SM; 384 threads, registers rebalanced with setmaxnreg.
+    One producer warpgroup walks all blocks, loading block i+1 into one register buffer while it
+    dequantizes block i from the other (one block, 33 KB per SM, of loads in flight); each block's
+    slots are loaded two blocks ahead, so a record load never waits on its index load.
     """
     import tilelang.language as T
 
@@ -33,7 +32,7 @@ def _build_ws(heads: int, d: int, hb: int, split: bool, producers: int = 1):
     VW = _vec_bytes(REC)
     H = heads
     HG = (H + hb - 1) // hb
-    assert BI * CH % PT == 0 and d % 64 == 0 and producers in (1, 2)
+    assert BI * CH % PT == 0 and d % 64 == 0
     block_softmax, finish = _softmax_macros(T, hb, d, H, split)
 
     # Producer thread layout: a thread owns RPT records x CPR consecutive 16-byte chunks of each
@@ -50,12 +49,21 @@ def _build_ws(heads: int, d: int, hb: int, split: bool, producers: int = 1):
     assert RPT * CPR == NCH and P * CPR == CH and RW * P == 32 and SB >= 1
 
     @T.macro
-    def load_block(Idx, Pool, r, W, blk, ok_blk, tp, qbuf, sbuf, ibuf):
+    def load_indices(Idx, r, W, blk, ok_blk, tp, pidx):
+        # the slots of this thread's records of block ``blk`` (-1: none)
         for k in T.unroll(RPT):
-            rec = k * (PT // P) + (tp // 32) * RW + (tp % 32) % RW
+            col = blk * BI + k * (PT // P) + (tp // 32) * RW + (tp % 32) % RW
+            pidx[k] = T.if_then_else(ok_blk & (col < W), Idx[r, T.min(col, W - 1)], -1)
+
+    @T.macro
+    def load_block(Idx, Pool, r, W, blk, ok_blk, tp, qbuf, sbuf, ibuf, pidx):
+        # pidx holds block blk's slots (prefetched two blocks earlier): the record loads do not
+        # wait on an index load, and pidx is refilled with block blk + 2's slots for next time
+        for k in T.unroll(RPT):
+            ibuf[k] = pidx[k]
+        load_indices(Idx, r, W, blk + 2, ok_blk, tp, pidx)
+        for k in T.unroll(RPT):
             part = (tp % 32) // RW
-            col = blk * BI + rec
-            ibuf[k] = T.if_then_else(ok_blk & (col < W), Idx[r, T.min(col, W - 1)], -1)
             if ibuf[k] >= 0:
                 for jj in T.unroll(CPR):
                     for u in T.unroll(16 // VW):
@@ -83,58 +91,42 @@ def _build_ws(heads: int, d: int, hb: int, split: bool, producers: int = 1):
                 vm[stage, rec] = T.if_then_else(ibuf[k] >= 0, 0.0, -T.infinity(T.float32))
 
     @T.macro
-    def produce(Idx, Pool, Kb, vm, bar_full, bar_empty, r, W, b0, bps, nj, tp, pid):
-        # pid is a Python constant: one code path per producer warpgroup (own named barriers)
+    def produce(Idx, Pool, Kb, vm, bar_full, bar_empty, r, W, b0, bps, nj, tp):
         qa = T.alloc_local((NCH * 16,), T.uint8)
         qb = T.alloc_local((NCH * 16,), T.uint8)
         sa = T.alloc_local((RPT * SB,), T.uint8)
         sb = T.alloc_local((RPT * SB,), T.uint8)
         ia = T.alloc_local((RPT,), T.int32)
         ib = T.alloc_local((RPT,), T.int32)
+        pa = T.alloc_local((RPT,), T.int32)
+        pb = T.alloc_local((RPT,), T.int32)
         bv = T.alloc_local((16,), T.bfloat16)
-        if producers == 1:
-            # block 2j+s goes to register buffer s (a/b) one step before it is dequantized into
-            # bf16 stage s
-            for j in T.serial(nj + 1):
-                for s in T.unroll(2):
+        # block 2j+s goes to register buffer s (a/b) one step before it is dequantized into
+        # bf16 stage s; its slots were loaded into p(a/b) one step before that
+        load_indices(Idx, r, W, b0, 0 < bps, tp, pa)
+        load_indices(Idx, r, W, b0 + 1, 1 < bps, tp, pb)
+        for j in T.serial(nj + 1):
+            for s in T.unroll(2):
+                if s == 0:
+                    load_block(Idx, Pool, r, W, b0 + 2 * j, 2 * j + 2 < bps, tp, qa, sa, ia, pa)
+                else:
+                    load_block(Idx, Pool, r, W, b0 + 2 * j + 1, 2 * j + 3 < bps, tp, qb, sb, ib, pb)
+                pj = 2 * j + s - 1       # block dequantized now, into stage 1 - s
+                if (pj >= 0) and (pj < bps):
+                    T.barrier_wait(bar_empty[1 - s], ((pj // 2) & 1) ^ 1)
                     if s == 0:
-                        load_block(Idx, Pool, r, W, b0 + 2 * j, 2 * j < bps, tp, qa, sa, ia)
+                        store_block(Kb, vm, 1, tp, qb, sb, ib, bv)
                     else:
-                        load_block(Idx, Pool, r, W, b0 + 2 * j + 1, 2 * j + 1 < bps, tp, qb, sb, ib)
-                    pj = 2 * j + s - 1       # block dequantized now, into stage 1 - s
-                    if (pj >= 0) and (pj < bps):
-                        T.barrier_wait(bar_empty[1 - s], ((pj // 2) & 1) ^ 1)
-                        if s == 0:
-                            store_block(Kb, vm, 1, tp, qb, sb, ib, bv)
-                        else:
-                            store_block(Kb, vm, 0, tp, qa, sa, ia, bv)
-                        T.fence_proxy_async()
-                        T.barrier_arrive(bar_full[1 - s])
-        else:
-            # producer pid owns stage pid; its m-th block is block 2m+pid, loaded into buffer
-            # m % 2 one step before it is dequantized
-            for mm in T.serial(nj // 2 + 1):
-                for u in T.unroll(2):
-                    m = 2 * mm + u
-                    if u == 0:
-                        load_block(Idx, Pool, r, W, b0 + 2 * m + pid, m < nj, tp, qa, sa, ia)
-                    else:
-                        load_block(Idx, Pool, r, W, b0 + 2 * m + pid, m < nj, tp, qb, sb, ib)
-                    if (m >= 1) and (m <= nj):
-                        T.barrier_wait(bar_empty[pid], ((m - 1) & 1) ^ 1)
-                        if u == 0:
-                            store_block(Kb, vm, pid, tp, qb, sb, ib, bv)
-                        else:
-                            store_block(Kb, vm, pid, tp, qa, sa, ia, bv)
-                        T.fence_proxy_async()
-                        T.barrier_arrive(bar_full[pid])
+                        store_block(Kb, vm, 0, tp, qa, sa, ia, bv)
+                    T.fence_proxy_async()
+                    T.barrier_arrive(bar_full[1 - s])
 
     R = T.dynamic("R")
     W = T.dynamic("W")
     S = T.dynamic("S")
     NS = T.dynamic("NS")
     RP = T.dynamic("RP")          # rows of the split partials (1 when not splitting)
-    NTH = 128 + PT * producers
+    NTH = 128 + PT
 
     @T.prim_func
     def main(
@@ -167,8 +159,6 @@ def _build_ws(heads: int, d: int, hb: int, split: bool, producers: int = 1):
             nj = bps // 2
             if tx < 128:
                 # ---------------------------------------------------------------- consumer
-                if producers == 2:
-                    T.set_max_nreg(160, 0)
                 acc_s = T.alloc_fragment((BI, hb), T.float32)
                 acc_o = T.alloc_fragment((d, hb), T.float32)
                 st = T.alloc_local((4,), T.float32)
@@ -189,14 +179,8 @@ def _build_ws(heads: int, d: int, hb: int, split: bool, producers: int = 1):
                         T.gemm(Kb[s, :, :], P_s, acc_o, transpose_A=True)
                         T.barrier_arrive(bar_empty[s])
                 finish(tx, r, hg, sp, st, inv_s, acc_o, Out, Lse, Opart, Lpart, scale)
-            elif (producers == 1) or (tx < 256):
-                # ---------------------------------------------------------------- producer 0
-                if producers == 2:
-                    T.set_max_nreg(176, 1)
-                produce(Idx, Pool, Kb, vm, bar_full, bar_empty, r, W, b0, bps, nj, tx - 128, 0)
             else:
-                # ---------------------------------------------------------------- producer 1
-                T.set_max_nreg(176, 1)
-                produce(Idx, Pool, Kb, vm, bar_full, bar_empty, r, W, b0, bps, nj, tx - 256, 1)
+                # ---------------------------------------------------------------- producer
+                produce(Idx, Pool, Kb, vm, bar_full, bar_empty, r, W, b0, bps, nj, tx - 128)
 
     return main
