@@ -40,14 +40,14 @@ def _specs():
         for fn, args in specs:
             out.append((group, module, fn, args))
 
-    # ---- sparse MLA: (rows, heads, D, width, num_splits) of the tests and benchmarks, both variants
+    # ---- sparse MLA: (rows, heads, D, width, num_splits) of the tests and benchmarks, every variant
     calls = [(5, 16, 512, 256, None), (9, 16, 512, 200, None), (6, 8, 64, 130, None), (4, 24, 128, 96, None),
              (3, 64, 512, 128, None), (4, 16, 512, 300, None), (3, 16, 512, 64, None), (2, 16, 512, 1, None),
              (3, 16, 512, 2048, None), (3, 16, 512, 2048, 3), (3, 16, 512, 2048, 8),
              (24, 16, 512, 320, None), (200, 16, 512, 192, None), (4, 16, 512, 192, None), (5, 16, 512, 160, None),
              (132, 16, 512, 2048, None), (384, 16, 512, 2048, None), (16, 16, 512, 2048, None),
              (4096, 16, 512, 384, None)]
-    for variant in ("ws", "pipelined"):
+    for variant in ("ws", "bulk", "pipelined"):
         for rows, heads, d, width, ns in calls:
             add("sparse_mla", "sparse_mla", sparse_mla.precompile_specs(rows, heads, d, width, variant, ns))
 

@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 
 from deepinfer_kernels.ops.kv_fp8 import dequantize_kv_fp8, quantize_kv_fp8
@@ -34,3 +35,15 @@ def test_sparse_attention_bf16_output_dtype():
     pool = quantize_kv_fp8(torch.randn(4, 32))
     out, _ = sparse_mla_attention(q, pool, torch.tensor([[0, 1], [2, 3]], dtype=torch.int32), 0.1)
     assert out.dtype == torch.bfloat16
+
+
+def test_kernel_variant_comes_from_the_environment(monkeypatch):
+    from deepinfer_kernels.ops.sparse_mla import VARIANT_ENV, kernel_variant
+
+    monkeypatch.delenv(VARIANT_ENV, raising=False)
+    assert kernel_variant() == "auto"
+    monkeypatch.setenv(VARIANT_ENV, " Bulk ")
+    assert kernel_variant() == "bulk"
+    monkeypatch.setenv(VARIANT_ENV, "fast")
+    with pytest.raises(ValueError, match=VARIANT_ENV):
+        kernel_variant()

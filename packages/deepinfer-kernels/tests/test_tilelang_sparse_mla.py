@@ -13,6 +13,7 @@ T = pytest.importorskip("deepinfer_kernels.tilelang.testing")
 # ids: the device runner selects variants with -k (a bare "ws" would also match "rows"); the
 # tests without a variant parameter run the default ("auto": ws) and are named "default".
 VARIANTS = [pytest.param("ws", id="warpspec1"),
+            pytest.param("bulk", id="bulkcopy"),
             pytest.param("pipelined", id="pipelined")]
 
 
@@ -103,3 +104,56 @@ def test_sparse_mla_default_rejects_bad_inputs():
     with pytest.raises(ValueError):
         sparse_mla_attention_tilelang(case.q, case.pool, case.indices[:1], case.sm_scale)
     assert math.isfinite(case.sm_scale)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_sparse_mla_one_key_returns_its_dequantized_record_exactly(variant):
+    """With one valid key per row the softmax weight is exactly 1, so ``out`` is the record's
+    dequantized bf16 value: a bit-exact check of the kernel's FP8 dequantization over random
+    e4m3 codes and ue8m0 scales from 2^-126 to 2^33 (both of its multiply paths)."""
+    from deepinfer_kernels.ops.kv_fp8 import dequantize_kv_fp8_ref
+
+    d, rows, slots = 512, 40, 64
+    g = torch.Generator().manual_seed(5)
+    body = torch.randint(0, 256, (slots, d), generator=g, dtype=torch.uint8)
+    body[(body & 0x7F) == 0x7F] = 0x3C                    # no e4m3 NaN codes
+    scales = torch.randint(1, 161, (slots, d // 32), generator=g, dtype=torch.uint8)
+    pool = torch.cat([body, scales], dim=1).cuda()
+    # tiny queries: |score x scale| < 1 for every key (up to 448 x 2^33 here), so the softmax
+    # exponent's rounding (~ulp of that product) leaves the lone key's weight at exactly 1
+    q = (torch.randn(rows, 16, d, generator=g) * 1e-13).to(torch.bfloat16).cuda()
+    idx = torch.full((rows, 64), -1, dtype=torch.int32)
+    idx[torch.arange(rows), torch.randint(0, 64, (rows,), generator=g)] = torch.randperm(slots, generator=g)[:rows].int()
+    idx = idx.cuda()
+    from deepinfer_kernels.tilelang.sparse_mla import sparse_mla_attention_tilelang
+
+    out, lse = sparse_mla_attention_tilelang(q, pool, idx, 0.04, variant=variant)
+    want = dequantize_kv_fp8_ref(pool[idx.max(dim=1).values.long()], d).to(torch.bfloat16)
+    assert torch.equal(out, want.unsqueeze(1).expand(rows, 16, d))
+    assert bool(torch.isfinite(lse).all())
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_sparse_mla_runs_of_consecutive_slots(variant):
+    """The engine's index lists are runs of consecutive slots (KV blocks of 128 tokens), which the
+    bulk kernel copies one run at a time: runs of every length, crossing lane 31/32 and block
+    boundaries, broken by -1 holes and by a slot repeated or stepping back."""
+    case = T.make_sparse_mla_case(6, 16, 512, 640, 20000, "cuda", seed=21)
+    g = torch.Generator().manual_seed(22)
+    idx = torch.empty(6, 640, dtype=torch.int64)
+    for r in range(6):
+        row, n = [], 0
+        while n < 640:
+            length = int(torch.randint(1, 150, (1,), generator=g))
+            start = int(torch.randint(0, 20000 - 150, (1,), generator=g))
+            row.extend(range(start, start + length))
+            n += length
+        idx[r] = torch.tensor(row[:640])
+    idx[0, 100:103] = -1                  # holes inside a run
+    idx[1, 31] = -1                       # a hole at the lane 31 / 32 seam
+    idx[2, 64:70] = idx[2, 63]            # a repeated slot
+    idx[3, 200] = idx[3, 199] - 1         # a step back
+    idx[4, :] = torch.arange(1000, 1640)  # one run through every block
+    idx[5, 320:] = -1                     # ragged tail
+    case.indices = idx.to(torch.int32).cuda()
+    _check(case, *_run(case, variant))

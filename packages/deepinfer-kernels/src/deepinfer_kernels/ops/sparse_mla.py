@@ -14,6 +14,8 @@ dtype of `q`. Duplicate indices count twice (callers never produce them).
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from deepinfer_kernels.ops._checks import (
@@ -26,6 +28,17 @@ from deepinfer_kernels.ops._checks import (
 from deepinfer_kernels.ops.capture import host_checks
 from deepinfer_kernels.ops.kv_fp8 import dequantize_kv_fp8_ref, fp8_record_bytes
 from deepinfer_kernels.platform import tilelang_launcher
+
+VARIANT_ENV = "DEEPINFER_SPARSE_MLA_VARIANT"
+KERNEL_VARIANTS = ("auto", "ws", "bulk", "pipelined")
+
+
+def kernel_variant() -> str:
+    """The TileLang kernel ``$DEEPINFER_SPARSE_MLA_VARIANT`` asks for ("auto" when unset)."""
+    variant = os.environ.get(VARIANT_ENV, "auto").strip().lower() or "auto"
+    if variant not in KERNEL_VARIANTS:
+        raise ValueError(f"{VARIANT_ENV}={variant!r}: expected one of {', '.join(KERNEL_VARIANTS)}")
+    return variant
 
 
 def sparse_mla_attention_ref(q: torch.Tensor, kv_pool: torch.Tensor, indices: torch.Tensor,
@@ -60,6 +73,5 @@ def sparse_mla_attention(q: torch.Tensor, kv_pool: torch.Tensor, indices: torch.
     kernel = tilelang_launcher("sparse_mla_attention", device,
                                supported=q.dtype == torch.bfloat16 and q.shape[2] % 64 == 0)
     if kernel is not None:
-        # "ws" (one producer warpgroup): ws2 hung in its GPU tests on the H200 (2026-11-30 run).
-        return kernel(q, kv_pool, indices, sm_scale, variant="ws")
+        return kernel(q, kv_pool, indices, sm_scale, variant=kernel_variant())
     return sparse_mla_attention_ref(q, kv_pool, indices, sm_scale)

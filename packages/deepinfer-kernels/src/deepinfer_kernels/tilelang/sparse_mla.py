@@ -21,6 +21,7 @@ import math
 import torch
 
 from deepinfer_kernels.batch_invariant import batch_invariant_enabled
+from deepinfer_kernels.ops.sparse_mla import KERNEL_VARIANTS
 from deepinfer_kernels.tilelang._common import compile_cached, num_sms, require, require_cuda
 from deepinfer_kernels.tilelang.sparse_mla_builders import (  # noqa: F401  (BLOCK_TOKENS: public)
     BLOCK_TOKENS,
@@ -29,20 +30,28 @@ from deepinfer_kernels.tilelang.sparse_mla_builders import (  # noqa: F401  (BLO
     _build_pipelined,
     _record_bytes,
 )
+from deepinfer_kernels.tilelang.sparse_mla_bulk import _build_bulk
 from deepinfer_kernels.tilelang.sparse_mla_ws import _build_ws
 
-VARIANTS = ("auto", "ws", "pipelined")   # "ws2" hung on the H200 (2026-11-30): not selectable
+VARIANTS = KERNEL_VARIANTS
 
 
 def resolve_variant(variant: str, heads: int, d: int) -> str:
-    """"auto" = "ws" (the one-producer warp-specialized kernel, every shape)."""
+    """"auto": "bulk" for one head group of 512-multiple records (the mini / flash MLA shape;
+    1.43x "ws" over the engine's block layout, 0.94x over random slots, H200 2026-11-30), "ws"
+    otherwise. "bulk" copies whole records, so it needs them 16-byte sized (D a multiple of
+    512); other D run "ws"."""
+    bulk_ok = _record_bytes(d) % 16 == 0
+    if variant == "bulk" and not bulk_ok:
+        return "ws"
     if variant != "auto":
         return variant
-    return "ws"
+    return "bulk" if bulk_ok and heads <= 16 else "ws"
 
 
-def _heads_per_cta(heads: int) -> int:
-    return 16 if heads <= 16 else 32
+def _heads_per_cta(heads: int, variant: str = "ws") -> int:
+    # "bulk" holds two fp8 stages beside the bf16 ones: 32 heads' Q tile would not fit in 227 KB
+    return 16 if heads <= 16 or variant == "bulk" else 32
 
 
 def pipelined_bucket(bps: int) -> int:
@@ -53,11 +62,12 @@ def get_kernel(heads: int, d: int, variant: str = "ws", split: bool = False, hb:
                bps: int = 0):
     """Compiled kernel for one shape bucket: (heads, D, heads per CTA, split) [+ the static block
     count bucket for the pipelined variant]."""
-    hb = hb or _heads_per_cta(heads)
-    if variant in ("ws", "ws2"):
-        np_ = 1 if variant == "ws" else 2
-        return compile_cached("sparse_mla_" + variant, (heads, d, hb, split),
-                              lambda: _build_ws(heads, d, hb, split, np_))
+    hb = hb or _heads_per_cta(heads, variant)
+    if variant == "bulk":
+        # two dequantizing warpgroups: 1.25x one in the H200 diagnostics (2026-11-30)
+        return compile_cached("sparse_mla_bulk", (heads, d, hb, split), lambda: _build_bulk(heads, d, hb, split, 2))
+    if variant == "ws":
+        return compile_cached("sparse_mla_ws", (heads, d, hb, split), lambda: _build_ws(heads, d, hb, split))
     nblk = pipelined_bucket(bps)
     return compile_cached("sparse_mla_pipelined", (heads, d, hb, split, nblk),
                           lambda: _build_pipelined(heads, d, hb, split, nblk))
@@ -80,15 +90,16 @@ def choose_num_splits(rows: int, head_groups: int, width: int, sms: int) -> int:
     return max(1, min(want, blocks // 2))
 
 
-def plan(rows: int, heads: int, d: int, width: int, sms: int, num_splits: int | None = None) -> dict:
+def plan(rows: int, heads: int, d: int, width: int, sms: int, num_splits: int | None = None,
+         variant: str = "ws") -> dict:
     """Launch plan of one call: heads per CTA, number of splits, blocks per split."""
-    hb = _heads_per_cta(heads)
+    hb = _heads_per_cta(heads, variant)
     hgroups = math.ceil(heads / hb)
     blocks = math.ceil(width / BLOCK_TOKENS)
     ns = num_splits if num_splits is not None else choose_num_splits(rows, hgroups, width, sms)
     ns = max(1, min(ns, blocks))
     bps = math.ceil(blocks / ns)
-    bps += bps % 2                                   # the ws loop handles blocks in pairs
+    bps += bps % 2                                   # the ws and bulk loops handle blocks in pairs
     ns = math.ceil(blocks / bps)
     return {"hb": hb, "num_splits": ns, "bps": bps}
 
@@ -99,7 +110,7 @@ def precompile_specs(rows: int, heads: int, d: int, width: int, variant: str = "
     if rows == 0 or width == 0:
         return []
     variant = resolve_variant(variant, heads, d)
-    p = plan(rows, heads, d, width, sms, num_splits)
+    p = plan(rows, heads, d, width, sms, num_splits, variant)
     split = p["num_splits"] > 1
     specs = [("get_kernel", (heads, d, variant, split, p["hb"], p["bps"]))]
     if split:
@@ -143,7 +154,7 @@ def sparse_mla_attention_tilelang(q: torch.Tensor, kv_pool: torch.Tensor, indice
         return out, lse
     if num_splits is None and batch_invariant_enabled():
         num_splits = 1    # split-KV changes the accumulation order with the row count
-    p = plan(rows, heads, d, width, num_sms(device), num_splits)
+    p = plan(rows, heads, d, width, num_sms(device), num_splits, variant)
     hb, ns, bps = p["hb"], p["num_splits"], p["bps"]
     scale = float(sm_scale) * LOG2E
     if ns == 1:

@@ -65,12 +65,18 @@ def make_pool(slots: int, d: int, device, seed: int = 0, scale: float = 1.0) -> 
 def make_sparse_mla_case(rows: int, heads: int, d: int, width: int, slots: int, device, *, seed: int = 0,
                          empty_frac: float = 0.0, ragged: bool = False, empty_rows: tuple[int, ...] = (),
                          duplicates: bool = False, q_scale: float = 1.0, pool: torch.Tensor | None = None,
-                         distinct: bool = False) -> SparseMLACase:
+                         distinct: bool = False, paged: int = 0) -> SparseMLACase:
+    """``distinct``: every row reads its own random slots; ``paged`` = B > 0: every row reads
+    width / B whole KV blocks of B consecutive slots (the engine's layout), none shared."""
     g = _gen(seed + 1)
     if pool is None:
         pool = make_pool(slots, d, device, seed)
     q = (torch.randn(rows, heads, d, generator=g) * q_scale).to(torch.bfloat16).to(device)
-    if distinct:
+    if paged:
+        per_row = width // paged
+        blocks = torch.randperm(slots // paged, generator=g)[: rows * per_row].view(rows, per_row, 1)
+        idx = (blocks * paged + torch.arange(paged)).view(rows, per_row * paged)
+    elif distinct:
         idx = torch.stack([torch.randperm(slots, generator=g)[:width] for _ in range(rows)])
     else:
         idx = torch.randint(0, slots, (rows, width), generator=g)

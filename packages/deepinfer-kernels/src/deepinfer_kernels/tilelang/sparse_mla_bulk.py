@@ -1,0 +1,185 @@
+"""TileLang builder of the bulk-copy sparse MLA kernel ("bulk"; see ``sparse_mla_builders.py``
+for the shared layout and math).
+
+Why a third variant: in ``"ws"`` the producer warpgroup gathers each 64-token block into its
+registers, so at most one block (33 KB) per SM is in flight and every block waits a full memory
+latency (~121 us for 132 rows x 2,048 keys: 21% of copy bandwidth). Here one producer warp issues
+each record as a single ``cp.async.bulk`` (528 bytes, global -> shared, completion counted in
+bytes on an mbarrier): no registers hold data in flight, so two FP8 stages (2 x 33 KB) are loading
+while the rest of the producer warpgroup dequantizes a third block into the bf16 stage.
+
+Pipeline of one CTA (one query row x ``HB`` heads, blocks of 64 tokens, two of each stage):
+
+    producer warp 0:   issue block i+2 -> fp8[s]          (after fp8_empty[s])
+    producer (128):    fp8[s] -> dequant -> kb[s]         (after fp8_full[s], kb_empty[s])
+    consumer (128):    S = K q, online softmax, O += V p  (after kb_full[s])
+
+Only valid indices are copied (the expected byte count is the warp's popcount x 528); the
+producer writes zeros and a ``-inf`` mask for the others, as in ``"ws"``.
+"""
+
+# No `from __future__ import annotations`: TileLang evaluates the prim_func annotations at
+# decoration time against the builder locals.
+
+from deepinfer_kernels.tilelang._cuda import BULK_COPY_SRC, DEQUANT_SRC
+from deepinfer_kernels.tilelang.sparse_mla_builders import (
+    BLOCK_TOKENS,
+    NEG_INIT,
+    _record_bytes,
+    _softmax_macros,
+)
+
+
+def _build_bulk(heads: int, d: int, hb: int, split: bool, producers: int = 1):
+    """Bulk-copy warp-specialized kernel; same signature and dynamic shapes as ``_build_ws``
+    (``bps``, blocks per split, is even). ``producers`` dequantizing warpgroups (1 or 2) share
+    each block."""
+    import tilelang.language as T
+
+    BI = BLOCK_TOKENS
+    REC = _record_bytes(d)
+    CH = d // 16                      # 16-byte chunks per record body
+    PT = 128 * producers              # producer threads
+    NCH = BI * CH // PT               # chunks per producer thread per block
+    H = heads
+    HG = (H + hb - 1) // hb
+    RPL = BI // 32                    # records issued per lane of the issuing warp
+    assert BI * CH % PT == 0 and d % 64 == 0 and REC % 16 == 0 and BI == 64 and producers in (1, 2)
+    block_softmax, finish = _softmax_macros(T, hb, d, H, split)
+
+    # Dequant thread layout (as in "ws"): a thread owns RPT records x CPR consecutive 16-byte
+    # chunks of each; lane L of warp w takes row L % RW and part L // RW, so the 8 lanes of a
+    # quarter-warp touch 8 different rows: the fp8 reads (row stride 528 B = 4 banks apart) and the
+    # swizzled bf16 writes are both conflict-free.
+    CPR = min(8, NCH)
+    RPT = NCH // CPR
+    P = CH // CPR
+    RW = 32 // P
+    SB = CPR // 2                     # scale bytes per thread-part (CPR chunks = CPR/2 groups)
+    assert RPT * CPR == NCH and P * CPR == CH and RW * P == 32 and SB >= 1
+
+    @T.macro
+    def load_indices(Idx, r, W, blk, ok_blk, lane, ib, o):
+        # the slots of records k * 32 + lane of block ``blk`` (-1: none) into ib[o:o + RPL],
+        # two blocks ahead of their copies: a copy never waits on its index load
+        for k in T.unroll(RPL):
+            col = blk * BI + k * 32 + lane
+            ib[o + k] = T.if_then_else(ok_blk & (col < W), Idx[r, T.min(col, W - 1)], -1)
+
+    @T.macro
+    def issue_block(Pool, K8, ix_s, fp8_full, stage, lane, ib, o):
+        # lanes 0..31 of producer warp 0: block's slots to ix_s (the dequantizers' validity), then
+        # one bulk copy per run of consecutive slots into fp8[stage] (``di_issue_record_runs``)
+        for k in T.unroll(RPL):
+            ix_s[stage, k * 32 + lane] = ib[o + k]
+        T.sync_warp()                                   # ix_s writes before the release below
+        ib[o + RPL] = T.call_extern("int32", "di_issue_record_runs", ib[o], ib[o + 1],
+                                    T.access_ptr(Pool[0, 0], "r"), REC,
+                                    T.access_ptr(K8[stage, 0, 0], "w"), T.access_ptr(fp8_full[stage], "rw"),
+                                    lane)
+
+    @T.macro
+    def dequant_block(K8, ix_s, Kb, vm, stage, tp, qv, bv):
+        for k in T.unroll(RPT):
+            rec = k * (PT // P) + (tp // 32) * RW + (tp % 32) % RW
+            part = (tp % 32) // RW
+            ok = ix_s[stage, rec] >= 0
+            for jj in T.unroll(CPR):
+                if ok:
+                    for v in T.vectorized(16):
+                        qv[v] = K8[stage, rec, (part * CPR + jj) * 16 + v]
+                    T.call_extern("handle", "di_dequant16", T.access_ptr(qv, "r"), T.access_ptr(bv, "w"),
+                                  K8[stage, rec, d + part * SB + jj // 2])
+                else:
+                    for v in T.vectorized(16):
+                        bv[v] = T.bfloat16(0)
+                for v in T.vectorized(16):
+                    Kb[stage, rec, (part * CPR + jj) * 16 + v] = bv[v]
+            if part == 0:
+                vm[stage, rec] = T.if_then_else(ok, 0.0, -T.infinity(T.float32))
+
+    R = T.dynamic("R")
+    W = T.dynamic("W")
+    S = T.dynamic("S")
+    NS = T.dynamic("NS")
+    RP = T.dynamic("RP")          # rows of the split partials (1 when not splitting)
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor((R, H, d), T.bfloat16),
+        Pool: T.Tensor((S, REC), T.uint8),
+        Idx: T.Tensor((R, W), T.int32),
+        Out: T.Tensor((R, H, d), T.bfloat16),
+        Lse: T.Tensor((R, H), T.float32),
+        Opart: T.Tensor((NS, RP, H, d), T.float32),
+        Lpart: T.Tensor((NS, RP, H), T.float32),
+        scale: T.float32,          # sm_scale * log2(e)
+        bps: T.int32,              # blocks per split (even)
+    ):
+        with T.Kernel(R * HG, NS, threads=128 + PT) as (bx, sp):
+            r = bx // HG
+            hg = bx % HG
+            T.import_source(DEQUANT_SRC + BULK_COPY_SRC)     # one import per kernel
+            Q_s = T.alloc_shared((hb, d), T.bfloat16)
+            K8 = T.alloc_shared((2, BI, REC), T.uint8)
+            Kb = T.alloc_shared((2, BI, d), T.bfloat16)
+            ix_s = T.alloc_shared((2, BI), T.int32)
+            vm = T.alloc_shared((2, BI), T.float32)
+            S_sm = T.alloc_shared((BI, hb + 1), T.float32)
+            P_s = T.alloc_shared((BI, hb), T.bfloat16)
+            alpha_s = T.alloc_shared((hb,), T.float32)
+            inv_s = T.alloc_shared((hb,), T.float32)
+            fp8_full = T.alloc_barrier(arrive_count=[1, 1])
+            fp8_empty = T.alloc_barrier(arrive_count=[PT, PT])
+            kb_full = T.alloc_barrier(arrive_count=[PT, PT])
+            kb_empty = T.alloc_barrier(arrive_count=[128, 128])
+            tx = T.get_thread_binding()
+            b0 = sp * bps                 # first block of this split
+            nj = bps // 2
+            if tx < 128:
+                # ---------------------------------------------------------------- consumer
+                acc_s = T.alloc_fragment((BI, hb), T.float32)
+                acc_o = T.alloc_fragment((d, hb), T.float32)
+                st = T.alloc_local((4,), T.float32)
+                for h, k in T.Parallel(hb, d):
+                    Q_s[h, k] = T.if_then_else(hg * hb + h < H, Q[r, T.min(hg * hb + h, H - 1), k], T.bfloat16(0))
+                T.fill(acc_o, 0)
+                st[0] = NEG_INIT
+                st[1] = 0.0
+                for j in T.serial(nj):
+                    for s in T.unroll(2):
+                        T.barrier_wait(kb_full[s], j & 1)
+                        T.clear(acc_s)
+                        T.gemm(Kb[s, :, :], Q_s, acc_s, transpose_B=True)
+                        T.copy(acc_s, S_sm[:, 0:hb])
+                        block_softmax(tx, S_sm, vm, s, P_s, alpha_s, st, scale)
+                        for k, h in T.Parallel(d, hb):
+                            acc_o[k, h] *= alpha_s[h]
+                        T.gemm(Kb[s, :, :], P_s, acc_o, transpose_A=True)
+                        T.barrier_arrive(kb_empty[s])
+                finish(tx, r, hg, sp, st, inv_s, acc_o, Out, Lse, Opart, Lpart, scale)
+            else:
+                # ---------------------------------------------------------------- producer
+                tp = tx - 128
+                qv = T.alloc_local((16,), T.uint8)
+                bv = T.alloc_local((16,), T.bfloat16)
+                ib = T.alloc_local((2 * (RPL + 1),), T.int32)   # slots + count, per stage
+                if tp < 32:
+                    for s in T.unroll(2):
+                        load_indices(Idx, r, W, b0 + s, s < bps, tp, ib, s * (RPL + 1))
+                        issue_block(Pool, K8, ix_s, fp8_full, s, tp, ib, s * (RPL + 1))
+                        load_indices(Idx, r, W, b0 + 2 + s, 2 + s < bps, tp, ib, s * (RPL + 1))
+                for j in T.serial(nj):
+                    for s in T.unroll(2):
+                        T.barrier_wait(fp8_full[s], j & 1)
+                        T.barrier_wait(kb_empty[s], (j & 1) ^ 1)
+                        dequant_block(K8, ix_s, Kb, vm, s, tp, qv, bv)
+                        T.fence_proxy_async()
+                        T.barrier_arrive(kb_full[s])
+                        T.barrier_arrive(fp8_empty[s])
+                        if (tp < 32) and (j + 1 < nj):
+                            T.barrier_wait(fp8_empty[s], j & 1)
+                            issue_block(Pool, K8, ix_s, fp8_full, s, tp, ib, s * (RPL + 1))
+                            load_indices(Idx, r, W, b0 + 2 * j + 4 + s, 2 * j + 4 + s < bps, tp, ib, s * (RPL + 1))
+
+    return main
