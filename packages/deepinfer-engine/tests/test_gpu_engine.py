@@ -47,6 +47,26 @@ def test_graphs_and_zos_each_on_and_off_agree_in_bf16(graphs, zos):
                 compile_decode=False) == base
 
 
+def test_sparse_mla_kernel_variants_give_the_same_tokens(tmp_path, monkeypatch):
+    """The engine path through the "bulk" sparse-MLA kernel ("auto" at 16 heads of 512-wide
+    latents, the mini / flash shape) and through "ws": bf16, graphs + ZOS, identical tokens (the
+    kernels compute the same values; `tiny`'s 64-wide latents never reach "bulk")."""
+    import dataclasses
+
+    from deepinfer_model import presets
+    from deepinfer_model.checkpoint.writer import save_checkpoint
+    from deepinfer_model.model import V41ForCausalLM
+
+    cfg = dataclasses.replace(presets.tiny(), head_dim=512, qk_rope_head_dim=64, num_attention_heads=16)
+    save_checkpoint(V41ForCausalLM(cfg).init_random_weights(0), tmp_path)
+    tokens = {}
+    for variant in ("ws", "bulk", "auto"):
+        monkeypatch.setenv("DEEPINFER_SPARSE_MLA_VARIANT", variant)
+        tokens[variant] = _run("cuda", None, model=str(tmp_path), cuda_graphs=True, zero_overhead_scheduling=True,
+                               num_speculative_tokens=0, compile_decode=False)
+    assert tokens["bulk"] == tokens["ws"] == tokens["auto"]
+
+
 def test_graph_buckets_cover_decode_steps():
     llm = LLM(device="cuda", block_size=16, max_num_batched_tokens=256, max_num_seqs=16, max_model_len=512,
               num_speculative_tokens=3, compile_decode=False)

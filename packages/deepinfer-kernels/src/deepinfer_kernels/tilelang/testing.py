@@ -74,6 +74,8 @@ def make_sparse_mla_case(rows: int, heads: int, d: int, width: int, slots: int, 
     q = (torch.randn(rows, heads, d, generator=g) * q_scale).to(torch.bfloat16).to(device)
     if paged:
         per_row = width // paged
+        if rows * per_row > slots // paged:
+            raise ValueError(f"paged={paged}: {rows} rows x {per_row} blocks need more than {slots} slots")
         blocks = torch.randperm(slots // paged, generator=g)[: rows * per_row].view(rows, per_row, 1)
         idx = (blocks * paged + torch.arange(paged)).view(rows, per_row * paged)
     elif distinct:
