@@ -55,10 +55,10 @@ case "$MODE" in
     T=("$PY" -m pytest -p no:cacheprovider --benchmark-skip -v -rf -o faulthandler_timeout=170)
     E=packages/deepinfer-engine/tests
     K=packages/deepinfer-kernels/tests
-    stage quick_reference 200 "${T[@]}" -m "gpu and not slow" $E/test_gpu_engine.py -k match_cpu_reference \
+    stage quick_reference 200 "${T[@]}" -m "gpu and not slow" $E/test_gpu_engine.py -k "match_cpu_reference or kernel_variants" \
       > "$OUT/quick_reference.log" 2>&1 &
     stage quick_kernels 200 "${T[@]}" -m gpu tests/test_default_model_ppl.py $K/test_tilelang_kv_store.py \
-      $K/test_tilelang_sparse_mla.py -k "plane or cuda_baseline" > "$OUT/quick_kernels.log" 2>&1 &
+      $K/test_tilelang_sparse_mla.py -k "plane or cuda_baseline or bit_for_bit" > "$OUT/quick_kernels.log" 2>&1 &
     stage quick_invariance 200 "${T[@]}" -m "gpu and not slow" $E/test_batch_invariance.py \
       > "$OUT/quick_invariance.log" 2>&1 &
     stage quick_speculation 200 "${T[@]}" -m "gpu and not slow" $E/test_gpu_engine.py \
