@@ -1,8 +1,9 @@
 """Benchmarks: TileLang sparse MLA over the paged FP8 KV pool in the memory-bound regime.
 
 Effective bytes = records read (each valid index once per row, and each distinct slot once) +
-q + out + lse + indices; ratios against 4.29 TB/s. Two decode layouts: random slots (the worst
-case) and whole KV blocks of 128 consecutive slots (how the engine's pool is laid out). Run: pytest packages/deepinfer-kernels
+q + out + lse + indices; ratios against 4.29 TB/s. Three decode layouts: random slots (the worst
+case), whole KV blocks of 128 consecutive slots, and the engine's mix (a 128-slot window run +
+16 blocks of 16 ratio-4 compressed entries, 4 slots apart). Run: pytest packages/deepinfer-kernels
 --benchmark-only -k sparse_mla (GPU; skipped on CPU).
 """
 
@@ -25,6 +26,8 @@ def _case(name):
         return T.make_sparse_mla_case(132, 16, 512, 2048, SLOTS, "cuda", pool=pool, distinct=True, seed=1)
     if name == "decode_132x16_w2048_paged128":     # 16 KV blocks of 128 consecutive slots per row
         return T.make_sparse_mla_case(132, 16, 512, 2048, SLOTS, "cuda", pool=pool, paged=128, seed=1)
+    if name == "decode_132x16_engine_w384":       # 128 window slots + 16 blocks of 16 ratio-4 entries
+        return T.make_engine_decode_case(132, 16, 512, 128, 16, 16, 4, SLOTS, "cuda", pool=pool, seed=5)
     if name == "verify_64req_x6_w2048":
         return T.make_verify_case(64, 6, 16, 512, 128, 1920, SLOTS, "cuda", pool=pool, seed=2)
     if name == "decode_16x16_w2048_splitkv":
@@ -37,7 +40,8 @@ def _case(name):
 @pytest.mark.parametrize("variant", [pytest.param("ws", id="warpspec1"),
                                      pytest.param("bulk", id="bulkcopy"),
                                      pytest.param("pipelined", id="pipelined")])
-@pytest.mark.parametrize("name", ["decode_132x16_w2048", "decode_132x16_w2048_paged128", "verify_64req_x6_w2048", "decode_16x16_w2048_splitkv",
+@pytest.mark.parametrize("name", ["decode_132x16_w2048", "decode_132x16_w2048_paged128", "decode_132x16_engine_w384",
+                                  "verify_64req_x6_w2048", "decode_16x16_w2048_splitkv",
                                   "prefill_4096x16_w384"])
 def test_bench_sparse_mla_tilelang(benchmark, name, variant):
     from deepinfer_kernels.ops.sparse_mla import sparse_mla_attention_ref
