@@ -2,20 +2,24 @@
 for the shared layout and math).
 
 Why a third variant: in ``"ws"`` the producer warpgroup gathers each 64-token block into its
-registers, so at most one block (33 KB) per SM is in flight and every block waits a full memory
-latency (~121 us for 132 rows x 2,048 keys: 21% of copy bandwidth). Here one producer warp issues
-each record as a single ``cp.async.bulk`` (528 bytes, global -> shared, completion counted in
-bytes on an mbarrier): no registers hold data in flight, so two FP8 stages (2 x 33 KB) are loading
-while the rest of the producer warpgroup dequantizes a third block into the bf16 stage.
+registers, so at most one block (33 KB) per SM is in flight. Here one producer warp stages
+records with ``cp.async.bulk`` (global -> shared by the TMA unit, completion counted in bytes on
+an mbarrier): no registers hold data in flight, and two FP8 stages (2 x 33 KB) load while two
+dequantizing warpgroups turn a third block into the bf16 stage.
+
+The TMA unit takes ~40 ns per request whatever its size (H200 diagnostics, 2026-11-30), so the
+warp issues one copy per *run* of consecutive slots (``_cuda.di_issue_record_runs``): a KV block
+of the engine's pool is one request, while random slots are one request each and stay slower
+than ``"ws"`` (1.44x and 0.95x ``"ws"`` at 132 rows x 2,048 keys; kernels README).
 
 Pipeline of one CTA (one query row x ``HB`` heads, blocks of 64 tokens, two of each stage):
 
-    producer warp 0:   issue block i+2 -> fp8[s]          (after fp8_empty[s])
-    producer (128):    fp8[s] -> dequant -> kb[s]         (after fp8_full[s], kb_empty[s])
+    producer warp 0:   issue block i+2 -> fp8[s]          (after fp8_empty[s]; slots loaded 2 blocks ahead)
+    producers:         fp8[s] -> dequant -> kb[s]         (after fp8_full[s], kb_empty[s])
     consumer (128):    S = K q, online softmax, O += V p  (after kb_full[s])
 
-Only valid indices are copied (the expected byte count is the warp's popcount x 528); the
-producer writes zeros and a ``-inf`` mask for the others, as in ``"ws"``.
+Only valid indices are copied (the barrier expects 528 bytes per valid record); the producers
+write zeros and a ``-inf`` mask for the others, as in ``"ws"``.
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations at
