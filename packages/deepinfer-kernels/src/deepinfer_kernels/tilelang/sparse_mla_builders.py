@@ -50,7 +50,7 @@ def _vec_bytes(rec: int) -> int:
 
 
 def _softmax_macros(T, hb: int, d: int, H: int, split: bool):
-    """Macros shared by both variants (128 "consumer" threads ``t`` in 0..127).
+    """Macros shared by every variant (128 "consumer" threads ``t`` in 0..127).
 
     Online softmax in a column-per-thread-group layout: the 64 x hb score tile goes through
     shared memory (fp32), thread t owns head column ``t // TPC`` and tokens ``k * TPC + t % TPC``;
@@ -106,6 +106,40 @@ def _softmax_macros(T, hb: int, d: int, H: int, split: bool):
                     Out[r, hg * hb + h, k] = T.cast(acc_o[k, h] * inv_s[h], T.bfloat16)
 
     return block_softmax, finish
+
+
+def _staged_consumer_macro(T, hb: int, d: int, H: int, split: bool):
+    """The consumer warpgroup of the warp-specialized variants ("ws", "bulk"): for each of the
+    ``2 * nj`` blocks it waits for bf16 stage ``s`` (``bar_full[s]``), runs QK, the online softmax
+    and PV over it, and hands the stage back (``bar_empty[s]``); then it writes the row's output."""
+    BI = BLOCK_TOKENS
+    block_softmax, finish = _softmax_macros(T, hb, d, H, split)
+
+    @T.macro
+    def consume(tx, r, hg, sp, nj, Q, Q_s, Kb, vm, S_sm, P_s, alpha_s, inv_s, bar_full, bar_empty,
+                Out, Lse, Opart, Lpart, scale):
+        acc_s = T.alloc_fragment((BI, hb), T.float32)
+        acc_o = T.alloc_fragment((d, hb), T.float32)
+        st = T.alloc_local((4,), T.float32)
+        for h, k in T.Parallel(hb, d):
+            Q_s[h, k] = T.if_then_else(hg * hb + h < H, Q[r, T.min(hg * hb + h, H - 1), k], T.bfloat16(0))
+        T.fill(acc_o, 0)
+        st[0] = NEG_INIT
+        st[1] = 0.0
+        for j in T.serial(nj):
+            for s in T.unroll(2):
+                T.barrier_wait(bar_full[s], j & 1)
+                T.clear(acc_s)
+                T.gemm(Kb[s, :, :], Q_s, acc_s, transpose_B=True)
+                T.copy(acc_s, S_sm[:, 0:hb])
+                block_softmax(tx, S_sm, vm, s, P_s, alpha_s, st, scale)
+                for k, h in T.Parallel(d, hb):
+                    acc_o[k, h] *= alpha_s[h]
+                T.gemm(Kb[s, :, :], P_s, acc_o, transpose_A=True)
+                T.barrier_arrive(bar_empty[s])
+        finish(tx, r, hg, sp, st, inv_s, acc_o, Out, Lse, Opart, Lpart, scale)
+
+    return consume
 
 
 def _build_pipelined(heads: int, d: int, hb: int, split: bool, nblk: int):

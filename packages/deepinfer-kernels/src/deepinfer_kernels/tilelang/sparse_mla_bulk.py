@@ -28,9 +28,8 @@ write zeros and a ``-inf`` mask for the others, as in ``"ws"``.
 from deepinfer_kernels.tilelang._cuda import BULK_COPY_SRC, DEQUANT_SRC
 from deepinfer_kernels.tilelang.sparse_mla_builders import (
     BLOCK_TOKENS,
-    NEG_INIT,
     _record_bytes,
-    _softmax_macros,
+    _staged_consumer_macro,
 )
 
 
@@ -49,7 +48,7 @@ def _build_bulk(heads: int, d: int, hb: int, split: bool, producers: int = 1):
     HG = (H + hb - 1) // hb
     RPL = BI // 32                    # records issued per lane of the issuing warp
     assert BI * CH % PT == 0 and d % 64 == 0 and REC % 16 == 0 and BI == 64 and producers in (1, 2)
-    block_softmax, finish = _softmax_macros(T, hb, d, H, split)
+    consume = _staged_consumer_macro(T, hb, d, H, split)
 
     # Dequant thread layout (as in "ws"): a thread owns RPT records x CPR consecutive 16-byte
     # chunks of each; lane L of warp w takes row L % RW and part L // RW, so the 8 lanes of a
@@ -142,26 +141,8 @@ def _build_bulk(heads: int, d: int, hb: int, split: bool, producers: int = 1):
             nj = bps // 2
             if tx < 128:
                 # ---------------------------------------------------------------- consumer
-                acc_s = T.alloc_fragment((BI, hb), T.float32)
-                acc_o = T.alloc_fragment((d, hb), T.float32)
-                st = T.alloc_local((4,), T.float32)
-                for h, k in T.Parallel(hb, d):
-                    Q_s[h, k] = T.if_then_else(hg * hb + h < H, Q[r, T.min(hg * hb + h, H - 1), k], T.bfloat16(0))
-                T.fill(acc_o, 0)
-                st[0] = NEG_INIT
-                st[1] = 0.0
-                for j in T.serial(nj):
-                    for s in T.unroll(2):
-                        T.barrier_wait(kb_full[s], j & 1)
-                        T.clear(acc_s)
-                        T.gemm(Kb[s, :, :], Q_s, acc_s, transpose_B=True)
-                        T.copy(acc_s, S_sm[:, 0:hb])
-                        block_softmax(tx, S_sm, vm, s, P_s, alpha_s, st, scale)
-                        for k, h in T.Parallel(d, hb):
-                            acc_o[k, h] *= alpha_s[h]
-                        T.gemm(Kb[s, :, :], P_s, acc_o, transpose_A=True)
-                        T.barrier_arrive(kb_empty[s])
-                finish(tx, r, hg, sp, st, inv_s, acc_o, Out, Lse, Opart, Lpart, scale)
+                consume(tx, r, hg, sp, nj, Q, Q_s, Kb, vm, S_sm, P_s, alpha_s, inv_s, kb_full, kb_empty,
+                        Out, Lse, Opart, Lpart, scale)
             else:
                 # ---------------------------------------------------------------- producer
                 tp = tx - 128

@@ -1,4 +1,4 @@
-"""TileLang builder of the warp-specialized sparse MLA kernel ("ws", the default; see
+"""TileLang builder of the warp-specialized sparse MLA kernel ("ws"; see
 ``sparse_mla_builders.py`` for the layout and the other variants)."""
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations at
@@ -7,9 +7,8 @@
 from deepinfer_kernels.tilelang._cuda import DEQUANT_SRC
 from deepinfer_kernels.tilelang.sparse_mla_builders import (
     BLOCK_TOKENS,
-    NEG_INIT,
     _record_bytes,
-    _softmax_macros,
+    _staged_consumer_macro,
     _vec_bytes,
 )
 
@@ -33,7 +32,7 @@ def _build_ws(heads: int, d: int, hb: int, split: bool):
     H = heads
     HG = (H + hb - 1) // hb
     assert BI * CH % PT == 0 and d % 64 == 0
-    block_softmax, finish = _softmax_macros(T, hb, d, H, split)
+    consume = _staged_consumer_macro(T, hb, d, H, split)
 
     # Producer thread layout: a thread owns RPT records x CPR consecutive 16-byte chunks of each
     # (one contiguous run of the record body, so its scale bytes are SB consecutive bytes loaded
@@ -159,26 +158,8 @@ def _build_ws(heads: int, d: int, hb: int, split: bool):
             nj = bps // 2
             if tx < 128:
                 # ---------------------------------------------------------------- consumer
-                acc_s = T.alloc_fragment((BI, hb), T.float32)
-                acc_o = T.alloc_fragment((d, hb), T.float32)
-                st = T.alloc_local((4,), T.float32)
-                for h, k in T.Parallel(hb, d):
-                    Q_s[h, k] = T.if_then_else(hg * hb + h < H, Q[r, T.min(hg * hb + h, H - 1), k], T.bfloat16(0))
-                T.fill(acc_o, 0)
-                st[0] = NEG_INIT
-                st[1] = 0.0
-                for j in T.serial(nj):
-                    for s in T.unroll(2):
-                        T.barrier_wait(bar_full[s], j & 1)
-                        T.clear(acc_s)
-                        T.gemm(Kb[s, :, :], Q_s, acc_s, transpose_B=True)
-                        T.copy(acc_s, S_sm[:, 0:hb])
-                        block_softmax(tx, S_sm, vm, s, P_s, alpha_s, st, scale)
-                        for k, h in T.Parallel(d, hb):
-                            acc_o[k, h] *= alpha_s[h]
-                        T.gemm(Kb[s, :, :], P_s, acc_o, transpose_A=True)
-                        T.barrier_arrive(bar_empty[s])
-                finish(tx, r, hg, sp, st, inv_s, acc_o, Out, Lse, Opart, Lpart, scale)
+                consume(tx, r, hg, sp, nj, Q, Q_s, Kb, vm, S_sm, P_s, alpha_s, inv_s, bar_full, bar_empty,
+                        Out, Lse, Opart, Lpart, scale)
             else:
                 # ---------------------------------------------------------------- producer
                 produce(Idx, Pool, Kb, vm, bar_full, bar_empty, r, W, b0, bps, nj, tx - 128)
