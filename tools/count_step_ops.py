@@ -138,16 +138,18 @@ def count(model: str | None, nextn: int, batch: int, by_function: bool = False):
     import deepinfer_model.engine.compressed as eng_compressed
     import deepinfer_model.engine.dspark as eng_dspark
     import deepinfer_model.engine.forward as eng_forward
+    import deepinfer_model.engine.indexing as eng_indexing
     import deepinfer_model.modules.dspark as mod_dspark
     import deepinfer_model.modules.moe as mod_moe
     import deepinfer_model.modules.norm as mod_norm
+    import deepinfer_model.modules.rope as mod_rope
     from deepinfer_engine import LLM, SamplingParams
     from deepinfer_engine.sampler import Sampler
     from deepinfer_kernels.ops.capture import force_capturable
 
     counter, undo = StepOpCounter(), []
-    for module in (eng_forward, eng_dspark, eng_compressed, mod_moe, ops_kv_fp8, ops_kv_fp4, ops_sparse_mla,
-                   ops_indexer, ops_moe):
+    for module in (eng_forward, eng_indexing, eng_dspark, eng_compressed, mod_moe, mod_rope, ops_kv_fp8,
+                   ops_kv_fp4, ops_sparse_mla, ops_indexer, ops_moe):
         for op in LAUNCHERS:   # every op with a TileLang kernel on SM90
             if hasattr(module, op):
                 _wrap(module, op, lambda op=op: counter.launches("tilelang:" + op), undo)

@@ -96,6 +96,15 @@ def _specs():
                 add("moe_route", "moe_route", [("_kernel", (e, k, ld, f32, normalise, 2.5))])
     add("moe_route", "moe_route", [("_kernel", (64, 6, f32, f32, True, 1.0))])
 
+    # ---- RoPE in place (heads, D, rotary width: the model's q / KV heads and the tests), the
+    # attention index list and the block-table lookup (one kernel each, every shape dynamic)
+    for h, d, r in ((16, 512, 64), (64, 512, 64), (4, 64, 16), (1, 512, 64), (1, 64, 16), (17, 512, 64),
+                    (8, 128, 32)):
+        for dt in (bf16, f16):
+            add("rope", "rope", [("_kernel", (h, d, r, dt))])
+    add("attention_indices", "attention_indices", [("_kernel", ())])
+    add("paged_slots", "paged_slots", [("_kernel", ())])
+
     uniq, seen = [], set()
     for item in out:
         key = (item[1], item[2], repr(item[3]))

@@ -38,6 +38,9 @@ LAUNCHERS = {
     "routed_experts": "moe:routed_experts_tilelang",
     "rms_norm": "norm:rms_norm_tilelang",
     "moe_route": "moe_route:moe_route_tilelang",
+    "attention_indices": "attention_indices:attention_indices_tilelang",
+    "rope_inplace": "rope:rope_inplace_tilelang",
+    "paged_slots": "paged_slots:paged_slots_tilelang",
 }
 
 

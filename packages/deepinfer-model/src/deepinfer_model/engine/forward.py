@@ -28,8 +28,11 @@ candidates instead of the row's own `n_far` (`ni * Di` MACs each plus an FP4 key
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from deepinfer_kernels.ops.attention_indices import attention_indices
 from deepinfer_kernels.ops.capture import write_rows
 from deepinfer_kernels.ops.indexer import indexer_topk_blocks
 from deepinfer_kernels.ops.kv_fp8 import store_kv_fp8
@@ -39,7 +42,6 @@ from deepinfer_model.engine.indexing import (
     entry_positions,
     num_far_entries,
     slots_of,
-    to_flat,
     window_positions,
 )
 from deepinfer_model.metadata import ForwardMetadata, ForwardOutput, MetadataError
@@ -128,14 +130,24 @@ def static_max_far(meta: ForwardMetadata, width: int, ratio: int) -> int:
     return max(0, meta.context_bound - width) // ratio
 
 
-def far_indices(model, layer, q_lat, u, rows: _Rows, meta: ForwardMetadata, cache,
-                max_far: int | None = None) -> torch.Tensor | None:
-    """Indexer-selected far compressed entries -> flat kv rows [N, topk * B] (or None).
+@dataclass(frozen=True)
+class FarSelection:
+    """The far compressed entries a layer's indexer picked for each row."""
+
+    blocks: torch.Tensor        # int32 [N, topk]: selected blocks of index_block_size entries, -1 = none
+    n_far: torch.Tensor         # [N] far entries of each row
+    entry_slots: torch.Tensor   # [N, max_far] slot of far entry j in the entries' plane, -1 = none
+    base: int                   # flat pool row of that plane's slot 0
+
+
+def far_selection(model, layer, q_lat, u, rows: _Rows, meta: ForwardMetadata, cache,
+                  max_far: int | None = None) -> FarSelection | None:
+    """The indexer's top-k blocks of far compressed entries (None: no row has any).
 
     `max_far`: static candidate width (decode; rows' counts are clamped to it, which only matters
     for padding rows); None = the batch's max, read on the host (prefill)."""
     cfg = model.config
-    r, src, ns = layer.ratio, layer.source, cache.num_slots
+    r, src = layer.ratio, layer.source
     requested = max_far
     n_far, ent_slots, max_far = rows.far_entry_slots(meta, cfg.sliding_window, r, requested)
     if max_far == 0:
@@ -144,13 +156,19 @@ def far_indices(model, layer, q_lat, u, rows: _Rows, meta: ForwardMetadata, cach
     # the source's index plane, addressed by the entries' slots as they are
     blocks = indexer_topk_blocks(q_idx, w, cache.index_k[cache.layout.index_planes[src]],
                                  rows.far_entry_slots_int32(r, requested), n_far, cfg.index_block_size,
-                                 cfg.index_topk).long()   # [N, topk]
-    bsz = cfg.index_block_size
-    ent = (blocks.unsqueeze(2) * bsz + torch.arange(bsz, device=blocks.device)).reshape(len(blocks), -1)
-    ok = (ent >= 0) & (ent < n_far.unsqueeze(1))                  # a -1 block gives negative entry ids
-    # entry j's slot is ent_slots[:, j] (j < n_far <= max_far): a gather, not a second block-table walk
-    ent_slot = torch.gather(ent_slots, 1, torch.where(ok, ent, 0))
-    return to_flat(torch.where(ok, ent_slot, -1), cache.layout.comp_planes[src], ns)
+                                 cfg.index_topk)                               # int32 [N, topk]
+    return FarSelection(blocks, n_far, ent_slots, cache.layout.comp_planes[src] * cache.num_slots)
+
+
+def far_indices(model, layer, q_lat, u, rows: _Rows, meta: ForwardMetadata, cache,
+                max_far: int | None = None) -> torch.Tensor | None:
+    """The selected far entries alone as flat pool rows, int32 [N, topk * B] (-1 = none), or None."""
+    sel = far_selection(model, layer, q_lat, u, rows, meta, cache, max_far)
+    if sel is None:
+        return None
+    none = torch.empty(len(sel.blocks), 0, dtype=torch.long, device=sel.blocks.device)
+    return attention_indices(none, 0, sel.blocks, sel.n_far, sel.entry_slots, sel.base,
+                             model.config.index_block_size)
 
 
 def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata, cache) -> torch.Tensor:
@@ -171,13 +189,14 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
     far = None
     if layer.ratio > 0:
         max_far = None if meta.is_prefill else static_max_far(meta, cfg.sliding_window, layer.ratio)
-        far = far_indices(model, layer, q_lat, u, rows, meta, cache, max_far)
+        far = far_selection(model, layer, q_lat, u, rows, meta, cache, max_far)
     if far is None:   # window only: attend within the layer's plane
         o, _ = sparse_mla_attention(q, cache.kv[plane], rows.window_slots_int32(meta, cfg.sliding_window),
                                     attn.sm_scale)
     else:             # window + far entries live in two planes: flat rows of the whole pool
-        idx = torch.cat([to_flat(rows.window_slots(meta, cfg.sliding_window), plane, ns), far], dim=1)
-        o, _ = sparse_mla_attention(q, cache.kv_flat, idx.to(torch.int32), attn.sm_scale)
+        idx = attention_indices(rows.window_slots(meta, cfg.sliding_window), plane * ns, far.blocks, far.n_far,
+                                far.entry_slots, far.base, cfg.index_block_size)
+        o, _ = sparse_mla_attention(q, cache.kv_flat, idx, attn.sm_scale)
     x = x + attn.output(o)
     return x + layer.mlp(layer.post_attention_layernorm(x))
 

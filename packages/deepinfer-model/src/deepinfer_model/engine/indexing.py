@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer_kernels.ops.paged_slots import paged_slots
 from deepinfer_kernels.ops.swa_index import expand_swa_index
 
 
 def slots_of(block_tables: torch.Tensor, req: torch.Tensor, vpos: torch.Tensor, block_size: int) -> torch.Tensor:
-    """block_tables [R, MB] int32, req [N], vpos [N, K] int64 (-1 = empty) -> slots int64 [N, K]."""
-    v = vpos.clamp(min=0)
-    blk_raw = v // block_size
-    blk = block_tables.long()[req.unsqueeze(1).expand_as(v), blk_raw.clamp(max=block_tables.shape[1] - 1)]
-    ok = (vpos >= 0) & (blk >= 0) & (blk_raw < block_tables.shape[1])
-    return torch.where(ok, blk * block_size + v % block_size, -1)
+    """block_tables [R, MB] int32, req [N], vpos [N, K] int64 (-1 = empty) -> slots int64 [N, K]
+    (`deepinfer_kernels.ops.paged_slots`: one launch on SM90)."""
+    return paged_slots(block_tables, req, vpos, block_size)
 
 
 def to_flat(slots: torch.Tensor, plane: int, num_slots: int) -> torch.Tensor:

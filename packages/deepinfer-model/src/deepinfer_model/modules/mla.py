@@ -21,7 +21,7 @@ from torch import nn
 from deepinfer_model.modules.compressor import Compressor
 from deepinfer_model.modules.indexer import LightningIndexer
 from deepinfer_model.modules.norm import RMSNorm
-from deepinfer_model.modules.rope import RopeTable, apply_rope
+from deepinfer_model.modules.rope import RopeTable, apply_rope, apply_rope_inplace, rope_table
 
 
 class MLAAttention(nn.Module):
@@ -59,15 +59,16 @@ class MLAAttention(nn.Module):
 
     def query_and_latent(self, u: torch.Tensor, positions: torch.Tensor | RopeTable
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`query` and `latent` of the same rows with one RoPE for both (the KV head rides along as
-        head nh): (q [N, nh, D], q_latent [N, qr], latent [N, D]), bit-identical to the two calls."""
+        """`query` and `latent` of the same rows, their RoPE applied in place to the fresh
+        projections: (q [N, nh, D], q_latent [N, qr], latent [N, D]), bit-identical to the two calls."""
         n, dc = u.shape[0], self.dc
+        table = positions if isinstance(positions, RopeTable) else rope_table(positions, self.rope_dim, self.theta)
         q_lat = self.q_a_layernorm(self.q_a_proj(u))
-        q = self.q_b_proj(q_lat).view(n, self.num_heads, self.head_dim)
+        q = self.q_b_proj(q_lat).view(n, self.num_heads, self.head_dim)   # fresh: rotated in place
         kv = self.kv_a_proj_with_mqa(u)
-        roped = apply_rope(torch.cat([q[..., dc:], kv[:, None, dc:]], dim=1), positions, self.theta)  # [N, nh+1, r]
-        q = torch.cat([q[..., :dc], roped[:, : self.num_heads]], dim=-1)
-        latent = torch.cat([self.kv_a_layernorm(kv[:, :dc]), roped[:, self.num_heads]], dim=-1)
+        apply_rope_inplace(q, table, self.theta)
+        apply_rope_inplace(kv.view(n, 1, self.head_dim), table, self.theta)
+        latent = torch.cat([self.kv_a_layernorm(kv[:, :dc]), kv[:, dc:]], dim=-1)
         return q, q_lat, latent
 
     def output(self, o: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from deepinfer_kernels.ops.rope import rope_inplace
+
 
 @dataclass(frozen=True)
 class RopeTable:
@@ -46,3 +48,12 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor | RopeTable, theta: floa
     # products and sums (a - b == a + (-b) exactly), in 5 kernels instead of 8
     rotated = torch.cat([xf[..., half:], xf[..., :half]], dim=-1)
     return (xf * table.cos_full.reshape(shape) + rotated * table.sin_signed.reshape(shape)).to(x.dtype)
+
+
+def apply_rope_inplace(x: torch.Tensor, table: RopeTable, theta: float) -> torch.Tensor:
+    """x [N, H, D] contiguous: its last `table.dim` dims rotated in place, bit-identical to
+    `apply_rope` on that slice (one launch on SM90 instead of the formula's kernels)."""
+    if table.theta != theta or table.dim > x.shape[-1]:
+        raise ValueError(f"rope table for dim {table.dim}, theta {table.theta}; applied to the last {table.dim} of "
+                         f"{x.shape[-1]} dims, theta {theta}")
+    return rope_inplace(x, table.cos_full, table.sin_signed)
