@@ -22,15 +22,17 @@ import torch
 
 H, I, E, K = 1024, 512, 64, 6   # the `mini` MoE: hidden, expert width, experts, top-k
 COPY_BW = 4.29e12
-CONFIGS = {   # "sBM...": operand-swapped (weights on the wgmma's M side, BM token rows on N)
+CONFIGS = {   # "sBM..." / "pBM...": operand-swapped (weights on the wgmma's M side, BM token rows on N),
+              # the rows staged whole-K first (s) or pipelined beside the weights (p)
     "64x64x64s4": dict(bm=64, bn=64, bk=64, stages=4, threads=128),
     "64x128x64s3": dict(bm=64, bn=128, bk=64, stages=3, threads=128),
     "s16x64x64s4": dict(bm=16, bn=64, bk=64, stages=4, threads=128, swap=1),
-    "s16x64x64s6": dict(bm=16, bn=64, bk=64, stages=6, threads=128, swap=1),
-    "s16x64x128s3": dict(bm=16, bn=64, bk=128, stages=3, threads=128, swap=1),
     "s16x128x64s4": dict(bm=16, bn=128, bk=64, stages=4, threads=128, swap=1),
     "s8x64x64s4": dict(bm=8, bn=64, bk=64, stages=4, threads=128, swap=1),
-    "s16x64x64s2": dict(bm=16, bn=64, bk=64, stages=2, threads=128, swap=1),
+    "p16x64x64s4": dict(bm=16, bn=64, bk=64, stages=4, threads=128, swap=2),
+    "p16x64x64s6": dict(bm=16, bn=64, bk=64, stages=6, threads=128, swap=2),
+    "p16x128x64s4": dict(bm=16, bn=128, bk=64, stages=4, threads=128, swap=2),
+    "p8x64x64s4": dict(bm=8, bn=64, bk=64, stages=4, threads=128, swap=2),
 }
 
 

@@ -23,11 +23,18 @@ def _offsets(counts):
     ([200, 129, 0, 257], 512, 1024, "prefill"),                           # prefill config, small
     ([3, 0, 1, 70, 0, 5, 130, 2], 512, 1024, "swap"),                     # swapped: several 16-row slots
     ([16, 17, 0, 1, 33], 1024, 512, "swap8"),                             # swapped, 8-row slots
+    ([3, 0, 1, 70, 0, 5, 130, 2], 512, 1024, "pipe"),                     # swapped, rows pipelined
 ])
 def test_grouped_expert_gemm(counts, k, nout, cfg):
-    from deepinfer_kernels.tilelang.moe import DECODE_SWAP_DOWN, PREFILL, grouped_expert_gemm_tilelang
+    from deepinfer_kernels.tilelang.moe import (
+        DECODE_SWAP_DOWN,
+        PREFILL,
+        SWAP_PIPELINED,
+        grouped_expert_gemm_tilelang,
+    )
 
-    config = {"prefill": PREFILL, "swap": DECODE_SWAP_DOWN, "swap8": dict(DECODE_SWAP_DOWN, bm=8), None: None}[cfg]
+    config = {"prefill": PREFILL, "swap": DECODE_SWAP_DOWN, "swap8": dict(DECODE_SWAP_DOWN, bm=8),
+              "pipe": dict(DECODE_SWAP_DOWN, swap=SWAP_PIPELINED), None: None}[cfg]
 
     g = torch.Generator().manual_seed(sum(counts))
     e, n = len(counts), sum(counts)
@@ -58,23 +65,27 @@ def test_routed_experts(tokens, skew, gate_up):
 
 
 @pytest.mark.parametrize("tokens,skew,kind", [(1, 0.0, "swap"), (8, 3.0, "swap8"), (256, 0.0, "swap"),
+                                              (1, 0.0, "pipe"), (8, 3.0, "pipe8"), (256, 0.0, "pipe"),
                                               (64, 0.0, "plain")])
 def test_routed_experts_swapped_and_plain_decode_tiles(tokens, skew, kind):
     """Both decode kernels at token counts either may meet: the operand-swapped one (auto up to 16
-    rows per expert on average; forced here at 256 tokens, 24 rows per expert, several slots each)
-    and the 64-row tiles (forced at 64 tokens)."""
+    rows per expert on average; forced here at 256 tokens, 24 rows per expert, several slots each),
+    its rows staged whole-K or pipelined beside the weights, and the 64-row tiles (forced at 64 tokens)."""
     from deepinfer_kernels.tilelang.moe import (
         DECODE,
         DECODE_DOWN,
         DECODE_SWAP,
         DECODE_SWAP_DOWN,
+        SWAP_PIPELINED,
+        SWAP_STAGED,
         routed_experts_tilelang,
     )
 
     x, w, ids, w13, w2 = T.make_moe_case(tokens, 1024, 512, 64, 6, "cuda", seed=tokens + 7, skew=skew)
-    bm = 8 if kind == "swap8" else 16
+    bm = 8 if kind.endswith("8") else 16
+    staging = dict(bm=bm, swap=SWAP_PIPELINED if kind.startswith("pipe") else SWAP_STAGED)
     gate_up, down = ((DECODE, DECODE_DOWN) if kind == "plain" else
-                     (dict(DECODE_SWAP, bm=bm), dict(DECODE_SWAP_DOWN, bm=bm)))
+                     (dict(DECODE_SWAP, **staging), dict(DECODE_SWAP_DOWN, **staging)))
     got = routed_experts_tilelang(x, w, ids, w13, w2, gate_up_config=gate_up, down_config=down)
     want = ref.routed_experts_ref(x, w, ids, w13, w2)
     torch.cuda.synchronize()

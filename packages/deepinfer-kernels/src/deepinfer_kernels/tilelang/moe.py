@@ -41,10 +41,13 @@ PREFILL = dict(bm=128, bn=256, bk=64, stages=3, threads=256)
 PREFILL_SWIGLU = dict(bm=128, bn=128, bk=64, stages=4, threads=384, ws=1)
 PREFILL_SWIGLU_PIPELINED = dict(bm=128, bn=128, bk=64, stages=3, threads=256)
 # operand-swapped decode kernels (``_build_grouped_swapped``): the weight tile is the wgmma's M side,
-# slots of SWAP_ROWS token rows its N side; used while the average expert has at most SWAP_ROWS rows
+# slots of SWAP_ROWS token rows its N side; used while the average expert has at most SWAP_ROWS rows.
+# swap=SWAP_STAGED stages a slot's rows whole-K before the weight pipeline, SWAP_PIPELINED streams
+# them beside the weights
+SWAP_STAGED, SWAP_PIPELINED = 1, 2
 SWAP_ROWS = 16
-DECODE_SWAP = dict(bm=SWAP_ROWS, bn=64, bk=64, stages=4, threads=128, swap=1)
-DECODE_SWAP_DOWN = dict(bm=SWAP_ROWS, bn=64, bk=64, stages=4, threads=128, swap=1)
+DECODE_SWAP = dict(bm=SWAP_ROWS, bn=64, bk=64, stages=4, threads=128, swap=SWAP_STAGED)
+DECODE_SWAP_DOWN = dict(bm=SWAP_ROWS, bn=64, bk=64, stages=4, threads=128, swap=SWAP_STAGED)
 SWAP_MAX_STAGED_BYTES = 64 * 1024   # the slot's rows of X, whole K, in shared memory
 
 
@@ -79,8 +82,8 @@ def _grouped_kernel(E, K, NOUT, cfg, gather, swiglu, dtype):
     # software pipeline instead.
     if cfg.get("swap"):
         return compile_cached("moe_grouped_gemm_swap", key, lambda: _build_grouped_swapped(
-            E, K, NOUT, cfg["bm"], cfg["bn"], cfg["bk"], cfg["stages"], cfg["threads"], gather, swiglu, _DT[dtype]),
-            pass_configs={"tl.disable_warp_specialized": True})
+            E, K, NOUT, cfg["bm"], cfg["bn"], cfg["bk"], cfg["stages"], cfg["threads"], gather, swiglu, _DT[dtype],
+            stage_rows_whole_k=cfg["swap"] == SWAP_STAGED), pass_configs={"tl.disable_warp_specialized": True})
     if cfg.get("ws"):
         return compile_cached("moe_grouped_gemm_ws", key, lambda: _build_grouped_ws(
             E, K, NOUT, cfg["bm"], cfg["bn"], cfg["bk"], cfg["stages"], swiglu, _DT[dtype]))
