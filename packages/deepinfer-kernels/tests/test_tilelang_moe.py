@@ -21,19 +21,22 @@ def _offsets(counts):
     ([2, 5, 0, 1], 256, 320, None),                                        # decode, Nout not 128-aligned
     ([300, 0, 700, 45, 1000, 0, 3, 2000], 512, 1024, None),               # prefill tiles (rows > 64 E)
     ([200, 129, 0, 257], 512, 1024, "prefill"),                           # prefill config, small
-    ([3, 0, 1, 70, 0, 5, 130, 2], 512, 1024, "swap"),                     # swapped: several 16-row slots
-    ([16, 17, 0, 1, 33], 1024, 512, "swap8"),                             # swapped, 8-row slots
+    ([3, 0, 1, 70, 0, 5, 130, 2], 512, 1024, "swap"),                     # swapped, staged: 16-row slots
+    ([16, 17, 0, 1, 33], 1024, 512, "swap8"),                             # swapped, staged, 8-row slots
     ([3, 0, 1, 70, 0, 5, 130, 2], 512, 1024, "pipe"),                     # swapped, rows pipelined
+    ([2, 0, 5, 1], 3072, 3840, None),                                      # flash widths, auto: swapped
 ])
 def test_grouped_expert_gemm(counts, k, nout, cfg):
     from deepinfer_kernels.tilelang.moe import (
         DECODE_SWAP_DOWN,
         PREFILL,
         SWAP_PIPELINED,
+        SWAP_STAGED,
         grouped_expert_gemm_tilelang,
     )
 
-    config = {"prefill": PREFILL, "swap": DECODE_SWAP_DOWN, "swap8": dict(DECODE_SWAP_DOWN, bm=8),
+    staged = dict(DECODE_SWAP_DOWN, swap=SWAP_STAGED)
+    config = {"prefill": PREFILL, "swap": staged, "swap8": dict(staged, bm=8),
               "pipe": dict(DECODE_SWAP_DOWN, swap=SWAP_PIPELINED), None: None}[cfg]
 
     g = torch.Generator().manual_seed(sum(counts))

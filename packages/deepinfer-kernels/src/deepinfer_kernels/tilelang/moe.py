@@ -42,25 +42,26 @@ PREFILL_SWIGLU = dict(bm=128, bn=128, bk=64, stages=4, threads=384, ws=1)
 PREFILL_SWIGLU_PIPELINED = dict(bm=128, bn=128, bk=64, stages=3, threads=256)
 # operand-swapped decode kernels (``_build_grouped_swapped``): the weight tile is the wgmma's M side,
 # slots of SWAP_ROWS token rows its N side; used while the average expert has at most SWAP_ROWS rows.
-# swap=SWAP_STAGED stages a slot's rows whole-K before the weight pipeline, SWAP_PIPELINED streams
-# them beside the weights
+# swap=SWAP_PIPELINED streams a slot's rows beside the weights (the default: H200 graph profile,
+# 2026-11-30, 64 tokens: gate/up 35.5 us and down 17.8 us, 88% of copy bandwidth each, against
+# 39.1 / 28.5 us for the 64-row tiles); SWAP_STAGED stages them whole-K first (gate/up 3-14% slower)
 SWAP_STAGED, SWAP_PIPELINED = 1, 2
 SWAP_ROWS = 16
-DECODE_SWAP = dict(bm=SWAP_ROWS, bn=64, bk=64, stages=4, threads=128, swap=SWAP_STAGED)
-DECODE_SWAP_DOWN = dict(bm=SWAP_ROWS, bn=64, bk=64, stages=4, threads=128, swap=SWAP_STAGED)
-SWAP_MAX_STAGED_BYTES = 64 * 1024   # the slot's rows of X, whole K, in shared memory
+DECODE_SWAP = dict(bm=SWAP_ROWS, bn=64, bk=64, stages=4, threads=128, swap=SWAP_PIPELINED)
+DECODE_SWAP_DOWN = dict(bm=SWAP_ROWS, bn=64, bk=64, stages=4, threads=128, swap=SWAP_PIPELINED)
+SWAP_MAX_STAGED_BYTES = 64 * 1024   # SWAP_STAGED: the slot's rows of X, whole K, in shared memory
 
 
 def pick_config(rows: int, num_experts: int, swiglu: bool, k: int = 0, nout: int = 0) -> dict:
     """Operand-swapped decode tiles (``DECODE_SWAP*``) while the average expert has at most
-    ``SWAP_ROWS`` rows and a slot's rows of X (``k`` wide) fit in shared memory; then decode tiles
+    ``SWAP_ROWS`` rows (and, staged whole-K, a slot's rows of X, ``k`` wide, fit in shared memory); then decode tiles
     while it has at most 64 rows (``DECODE_DOWN`` for a plain GEMM whose ``nout`` it tiles);
     prefill tiles beyond. The hand warp-specialized gate/up kernel (``PREFILL_SWIGLU``) hung in
     its H200 tests at 1,024 tokens (2026-11-30), so the plain pipeline serves prefill gate/up unless
     ``DEEPINFER_MOE_GATEUP_WS=1`` asks for it (debugging; it needs K % (bk * stages) == 0)."""
     swap = DECODE_SWAP if swiglu else DECODE_SWAP_DOWN
-    if (rows <= SWAP_ROWS * num_experts and 0 < k and k % swap["bk"] == 0 and nout % swap["bn"] == 0
-            and SWAP_ROWS * k * 2 <= SWAP_MAX_STAGED_BYTES):
+    fits = swap["swap"] == SWAP_PIPELINED or swap["bm"] * k * 2 <= SWAP_MAX_STAGED_BYTES
+    if rows <= SWAP_ROWS * num_experts and 0 < k and k % swap["bk"] == 0 and nout % swap["bn"] == 0 and fits:
         return swap
     if rows <= 64 * num_experts:
         return DECODE_DOWN if not swiglu and nout % DECODE_DOWN["bn"] == 0 else DECODE
