@@ -34,6 +34,11 @@ class Compressor(nn.Module):
         self.kv_norm = RMSNorm(self.dc, cfg.rms_norm_eps)
 
     @property
+    def token_projections(self) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
+        """The projections of the token terms, in their packed order (c, ik, g)."""
+        return self.wkv, self.wk, self.gate
+
+    @property
     def stage_width(self) -> int:
         return self.wkv.out_features + self.wk.out_features + 1
 
