@@ -117,6 +117,8 @@ def test_project_input_equals_the_separate_projections():
                 assert torch.allclose(got.compressor_terms, attn.compressor.token_terms(u), atol=1e-6)
             else:
                 assert got.compressor_terms is None
+            if attn.compressor is not None and layer.is_consumer:   # reads the shared hidden: its own stack
+                assert torch.allclose(attn.compressor.project_terms(u), attn.compressor.token_terms(u), atol=1e-6)
 
 
 def test_engine_forward_after_weight_changes_matches_a_fresh_model():

@@ -255,7 +255,7 @@ def engine_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
     if topo.yoco_enabled:
         s = model.model.layers[topo.first_consumer_layer].input_layernorm(x)
         for src in topo.consumer_sources:
-            terms = model.model.layers[src].self_attn.compressor.token_terms(s)
+            terms = model.model.layers[src].self_attn.compressor.project_terms(s)
             update_compressed_source(model, src, terms, positions, req, slots, meta.block_tables, cache, static=decode)
         x = take(x)
         frows = rows if decode else rows.subset(full_rows, lo[full_rows])

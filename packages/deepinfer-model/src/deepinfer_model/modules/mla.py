@@ -62,8 +62,9 @@ class MLAAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(self.dc, cfg.rms_norm_eps)
         self.o_proj = nn.Linear(self.num_heads * d, h, bias=False)
         self.indexer = LightningIndexer(cfg) if ratio > 0 else None
-        self.compressor = Compressor(cfg, ratio) if has_compressor else None
         self.compressor_reads_input = has_compressor and compressor_reads_input
+        self.compressor = (Compressor(cfg, ratio, fused_terms=not compressor_reads_input) if has_compressor
+                           else None)
         members = [self.q_a_proj]
         if self.indexer is not None:
             members.append(self.indexer.weights_proj)
