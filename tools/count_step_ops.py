@@ -12,6 +12,7 @@ counted as on CUDA) 1,534 and 1,013 against H200 device steps of 3.36 and 2.41 m
 launch).
 
     python tools/count_step_ops.py --nextn 5 [--model default] [--batch 1] [--top 12] [--by-function 20]
+        [--sampling greedy|general]
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ def _wrap(obj, attr: str, enter, undo: list) -> None:
     undo.append(lambda: setattr(obj, attr, original))
 
 
-def count(model: str | None, nextn: int, batch: int, by_function: bool = False):
+def count(model: str | None, nextn: int, batch: int, by_function: bool = False, greedy: bool = True):
     import deepinfer_engine.cuda_graphs as cuda_graphs
     import deepinfer_kernels.ops.indexer as ops_indexer
     import deepinfer_kernels.ops.kv_fp4 as ops_kv_fp4
@@ -166,7 +167,8 @@ def count(model: str | None, nextn: int, batch: int, by_function: bool = False):
     step = cuda_graphs.run_decode_step
 
     def counted_step(*args, **kwargs):
-        if counted:
+        inputs = kwargs.get("inputs", args[4] if len(args) > 4 else None)
+        if counted or inputs.batch.all_greedy != greedy:   # the variant asked for, once
             return step(*args, **kwargs)
         counted.append(True)
         counter.active = True
@@ -179,7 +181,7 @@ def count(model: str | None, nextn: int, batch: int, by_function: bool = False):
     try:
         engine.runner.enable_cuda_graphs(batch * (nextn + 1), engine.max_model_len, interval=8)
         prompts = [[5 + i, 6, 7, 8, 9, 10, 11, 12] * 4 for i in range(batch)]
-        llm.generate(prompt_token_ids=prompts, sampling_params=SamplingParams(temperature=0, max_tokens=4,
+        llm.generate(prompt_token_ids=prompts, sampling_params=SamplingParams(temperature=0 if greedy else 0.8, seed=0, max_tokens=4,
                      ignore_eos=True), use_tqdm=False)
     finally:
         cuda_graphs.run_decode_step = step
@@ -196,11 +198,14 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=0, help="also list the most frequent ops of each phase")
     ap.add_argument("--by-function", type=int, default=0, metavar="N",
                     help="also list the N functions of the model / kernels / engine code issuing the most launches")
+    ap.add_argument("--sampling", choices=("greedy", "general"), default="greedy",
+                    help="the step graph variant counted: all-greedy (what temperature-0 benchmarks replay) or general")
     args = ap.parse_args()
     by_phase, by_function = count(None if args.model == "default" else args.model, args.nextn, args.batch,
-                                  by_function=True)
+                                  by_function=True, greedy=args.sampling == "greedy")
     total = sum(sum(c.values()) for c in by_phase.values())
-    print(f"{args.model}, nextn {args.nextn}, batch {args.batch}: {total} kernel launches per decode step")
+    print(f"{args.model}, nextn {args.nextn}, batch {args.batch}, {args.sampling} sampling: {total} kernel launches "
+          "per decode step")
     for label, ops in sorted(by_phase.items(), key=lambda kv: -sum(kv[1].values())):
         print(f"  {label:18s} {sum(ops.values()):6d}" + (f"  {ops.most_common(args.top)}" if args.top else ""))
     if args.by_function:

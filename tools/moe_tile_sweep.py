@@ -8,7 +8,7 @@ result is checked against `routed_experts_ref`, then timed as a CUDA-graph repla
 
     python tools/moe_tile_sweep.py [--tokens 8,64,256] [--json sweep.json]
 
-Prints, per token count, the default pair (moe.DECODE / moe.DECODE_DOWN) and the fastest pairs,
+Prints, per token count, the default pair (what `moe.pick_config` picks there) and the fastest pairs,
 with the share of copy bandwidth spent on the active experts' weights.
 """
 
@@ -22,15 +22,17 @@ import torch
 
 H, I, E, K = 1024, 512, 64, 6   # the `mini` MoE: hidden, expert width, experts, top-k
 COPY_BW = 4.29e12
-CONFIGS = {
+CONFIGS = {   # "sBM..." / "pBM...": operand-swapped (weights on the wgmma's M side, BM token rows on N),
+              # the rows staged whole-K first (s) or pipelined beside the weights (p)
     "64x64x64s4": dict(bm=64, bn=64, bk=64, stages=4, threads=128),
-    "64x32x64s4": dict(bm=64, bn=32, bk=64, stages=4, threads=128),
-    "64x32x64s8": dict(bm=64, bn=32, bk=64, stages=8, threads=128),
-    "64x64x128s3": dict(bm=64, bn=64, bk=128, stages=3, threads=128),
     "64x128x64s3": dict(bm=64, bn=128, bk=64, stages=3, threads=128),
-    "64x32x128s4": dict(bm=64, bn=32, bk=128, stages=4, threads=128),
-    "64x64x64s6": dict(bm=64, bn=64, bk=64, stages=6, threads=128),
-    "64x16x128s4": dict(bm=64, bn=16, bk=128, stages=4, threads=128),
+    "s16x64x64s4": dict(bm=16, bn=64, bk=64, stages=4, threads=128, swap=1),
+    "s16x128x64s4": dict(bm=16, bn=128, bk=64, stages=4, threads=128, swap=1),
+    "s8x64x64s4": dict(bm=8, bn=64, bk=64, stages=4, threads=128, swap=1),
+    "p16x64x64s4": dict(bm=16, bn=64, bk=64, stages=4, threads=128, swap=2),
+    "p16x64x64s6": dict(bm=16, bn=64, bk=64, stages=6, threads=128, swap=2),
+    "p16x128x64s4": dict(bm=16, bn=128, bk=64, stages=4, threads=128, swap=2),
+    "p8x64x64s4": dict(bm=8, bn=64, bk=64, stages=4, threads=128, swap=2),
 }
 
 
@@ -65,9 +67,10 @@ def main() -> None:
     ok = {(kind, name) for kind, name, good, _, _ in built if good}
     for kind, name, good, seconds, err in built:
         print(f"compile {kind:7s} {name:12s} {'ok' if good else 'FAILED'} {seconds:5.1f} s {err}")
-    default = {"gate_up": moe.DECODE, "down": moe.DECODE_DOWN}
     rows = []
     for tokens in (int(t) for t in args.tokens.split(",")):
+        default = {"gate_up": moe.pick_config(tokens * K, E, True, k=H, nout=I),
+                   "down": moe.pick_config(tokens * K, E, False, k=I, nout=H)}
         x, w, ids, w13, w2 = T.make_moe_case(tokens, H, I, E, K, "cuda", seed=tokens)
         weight_bytes = T.moe_active_weight_bytes(ids, w13, w2)
         want = routed_experts_ref(x, w, ids, w13, w2).float()

@@ -146,3 +146,23 @@ def test_masked_path_equals_reference_and_is_taken_when_grouped_gemm_cannot(t):
     with force_capturable():
         assert not grouped_mm_usable(args[0], args[3], args[4])
         torch.testing.assert_close(routed_experts(*args), want, rtol=1e-5, atol=1e-5)
+
+
+def test_moe_decode_tiles_by_rows_per_expert():
+    """The launcher's tile choice (CPU: no kernel runs): operand-swapped tiles up to 16 rows per
+    expert on average (staged whole-K only while a slot's rows fit in shared memory), 64-row decode
+    tiles to 64, prefill tiles beyond."""
+    from deepinfer_kernels.tilelang import moe
+
+    assert moe.pick_config(6, 64, True, k=1024, nout=512) is moe.DECODE_SWAP
+    assert moe.pick_config(64 * 6, 64, False, k=512, nout=1024) is moe.DECODE_SWAP_DOWN
+    assert moe.pick_config(256 * 6, 64, True, k=1024, nout=512) is moe.DECODE
+    assert moe.pick_config(256 * 6, 64, False, k=512, nout=1024) is moe.DECODE_DOWN
+    assert moe.pick_config(6, 384, True, k=3072, nout=3840) is moe.DECODE_SWAP   # flash dims: rows pipelined
+    staged = dict(moe.DECODE_SWAP, swap=moe.SWAP_STAGED)
+    with pytest.MonkeyPatch.context() as mp:   # staged whole-K, 16 x 3072 bf16 rows exceed 64 KB
+        mp.setattr(moe, "DECODE_SWAP", staged)
+        assert moe.pick_config(6, 384, True, k=3072, nout=3840) is moe.DECODE
+        assert moe.pick_config(6, 64, True, k=1024, nout=512) is staged
+    assert moe.pick_config(6, 64, False, k=512, nout=96) is moe.DECODE       # Nout not a multiple of 64
+    assert moe.pick_config(64 * 64 + 1, 64, False, k=512, nout=1024) is moe.PREFILL

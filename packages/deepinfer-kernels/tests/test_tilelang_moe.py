@@ -21,21 +21,36 @@ def _offsets(counts):
     ([2, 5, 0, 1], 256, 320, None),                                        # decode, Nout not 128-aligned
     ([300, 0, 700, 45, 1000, 0, 3, 2000], 512, 1024, None),               # prefill tiles (rows > 64 E)
     ([200, 129, 0, 257], 512, 1024, "prefill"),                           # prefill config, small
+    ([3, 0, 1, 70, 0, 5, 130, 2], 512, 1024, "swap"),                     # swapped, staged: 16-row slots
+    ([16, 17, 0, 1, 33], 1024, 512, "swap8"),                             # swapped, staged, 8-row slots
+    ([3, 0, 1, 70, 0, 5, 130, 2], 512, 1024, "pipe"),                     # swapped, rows pipelined
+    ([2, 0, 5, 1], 3072, 3840, None),                                      # flash widths, auto: swapped
 ])
 def test_grouped_expert_gemm(counts, k, nout, cfg):
-    from deepinfer_kernels.tilelang.moe import PREFILL, grouped_expert_gemm_tilelang
+    from deepinfer_kernels.tilelang.moe import (
+        DECODE_SWAP_DOWN,
+        PREFILL,
+        SWAP_PIPELINED,
+        SWAP_STAGED,
+        grouped_expert_gemm_tilelang,
+    )
+
+    staged = dict(DECODE_SWAP_DOWN, swap=SWAP_STAGED)
+    config = {"prefill": PREFILL, "swap": staged, "swap8": dict(staged, bm=8),
+              "pipe": dict(DECODE_SWAP_DOWN, swap=SWAP_PIPELINED), None: None}[cfg]
 
     g = torch.Generator().manual_seed(sum(counts))
     e, n = len(counts), sum(counts)
     x = torch.randn(n, k, generator=g).to(torch.bfloat16).cuda()
     w = (torch.randn(e, nout, k, generator=g) * k ** -0.5).to(torch.bfloat16).cuda()
     off = _offsets(counts).cuda()
-    got = grouped_expert_gemm_tilelang(x, w, off, config=PREFILL if cfg == "prefill" else None)
+    got = grouped_expert_gemm_tilelang(x, w, off, config=config)
     want = ref.grouped_expert_gemm_ref(x, w, off)
     torch.cuda.synchronize()
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
     off32 = off.to(torch.int32)
-    torch.testing.assert_close(grouped_expert_gemm_tilelang(x, w, off32).float(), want.float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(grouped_expert_gemm_tilelang(x, w, off32, config=config).float(), want.float(),
+                               atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("tokens,skew,gate_up", [(8, 0.0, None), (64, 3.0, None), (256, 0.0, None),
@@ -49,6 +64,34 @@ def test_routed_experts(tokens, skew, gate_up):
     want = ref.routed_experts_ref(x, w, ids, w13, w2)
     torch.cuda.synchronize()
     assert got.shape == want.shape and got.dtype == want.dtype
+    torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("tokens,skew,kind", [(1, 0.0, "swap"), (8, 3.0, "swap8"), (256, 0.0, "swap"),
+                                              (1, 0.0, "pipe"), (8, 3.0, "pipe8"), (256, 0.0, "pipe"),
+                                              (64, 0.0, "plain")])
+def test_routed_experts_swapped_and_plain_decode_tiles(tokens, skew, kind):
+    """Both decode kernels at token counts either may meet: the operand-swapped one (auto up to 16
+    rows per expert on average; forced here at 256 tokens, 24 rows per expert, several slots each),
+    its rows staged whole-K or pipelined beside the weights, and the 64-row tiles (forced at 64 tokens)."""
+    from deepinfer_kernels.tilelang.moe import (
+        DECODE,
+        DECODE_DOWN,
+        DECODE_SWAP,
+        DECODE_SWAP_DOWN,
+        SWAP_PIPELINED,
+        SWAP_STAGED,
+        routed_experts_tilelang,
+    )
+
+    x, w, ids, w13, w2 = T.make_moe_case(tokens, 1024, 512, 64, 6, "cuda", seed=tokens + 7, skew=skew)
+    bm = 8 if kind.endswith("8") else 16
+    staging = dict(bm=bm, swap=SWAP_PIPELINED if kind.startswith("pipe") else SWAP_STAGED)
+    gate_up, down = ((DECODE, DECODE_DOWN) if kind == "plain" else
+                     (dict(DECODE_SWAP, **staging), dict(DECODE_SWAP_DOWN, **staging)))
+    got = routed_experts_tilelang(x, w, ids, w13, w2, gate_up_config=gate_up, down_config=down)
+    want = ref.routed_experts_ref(x, w, ids, w13, w2)
+    torch.cuda.synchronize()
     torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=3e-2)
 
 

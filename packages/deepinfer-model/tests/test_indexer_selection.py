@@ -25,7 +25,7 @@ def test_far_selection_in_the_engine_path():
     u = torch.randn(120, cfg.hidden_size, generator=g)
     q_lat = torch.randn(120, cfg.q_lora_rank, generator=g)
     rows = _Rows(meta.positions, meta.row_to_req, meta.slot_mapping, torch.zeros(120, dtype=torch.long), None)
-    far = far_indices(model, layer, q_lat, u, rows, meta, drv.cache)
+    far = far_indices(model, layer, q_lat, layer.self_attn.indexer.weights_proj(u), rows, meta, drv.cache)
     q_idx, wts = layer.self_attn.indexer.query(q_lat, u)
     slot = lambda p: seq.blocks[p // 8] * 8 + p % 8  # noqa: E731
     keys = {}

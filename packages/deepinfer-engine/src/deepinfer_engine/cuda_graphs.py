@@ -51,6 +51,7 @@ from deepinfer_kernels.ops.sampling import NO_VOCAB_MASK
 from deepinfer_kernels.ops.verification import MTP_PADDING_ROW
 from deepinfer_kernels.platform import current_platform
 from deepinfer_model.metadata import ForwardMetadata, ForwardOutput
+from deepinfer_model.modules.fused_projection import refresh_fused_projections
 
 logger = logging.getLogger("deepinfer")
 
@@ -195,6 +196,8 @@ class DecodeGraphRunner:
         self.context_lens[last] = pad
 
     def _capture(self, g: int, fn, arg) -> _Graph:
+        # stacked projection weights checked (rebuilt) here, eagerly: never inside a capture or a trace
+        refresh_fused_projections(self.model)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         self._fill(g, None)

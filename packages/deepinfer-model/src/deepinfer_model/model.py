@@ -19,6 +19,7 @@ from torch import nn
 from deepinfer_model.config import V41Config
 from deepinfer_model.metadata import DraftMetadata, DraftOutput, ForwardMetadata, ForwardOutput
 from deepinfer_model.modules.dspark import DSparkDraft
+from deepinfer_model.modules.fused_projection import refresh_fused_projections
 from deepinfer_model.modules.layer import DecoderLayer
 from deepinfer_model.modules.norm import RMSNorm
 from deepinfer_model.paged_cache import CacheLayout, PagedKVCache, allocate_kv_cache
@@ -49,6 +50,7 @@ class V41ForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.to(device=device, dtype=dtype or default_dtype(device))
+        refresh_fused_projections(self)   # the conversion gave the fused members fresh storage
         # token id -> compressed (Engram) id; identity until a tokenizer provides the classes.
         self.register_buffer("engram_vocab_map", torch.arange(cfg.vocab_size, dtype=torch.int32, device=device),
                              persistent=False)

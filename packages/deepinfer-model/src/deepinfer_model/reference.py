@@ -186,6 +186,6 @@ def reference_draft(model, token_ids: torch.Tensor, main_token: int, prompt_len:
         q, _ = layer.self_attn.query(u, bpos)
         bk = layer.self_attn.latent(u, bpos)
         h = h + layer.self_attn.output(attend(q, torch.cat([mk, bk]), mask, layer.self_attn.sm_scale))
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        h = h + layer.mlp.forward_reference(layer.post_attention_layernorm(h))
     return ds.heads(h.unsqueeze(0), model.lm_head.weight, main,
                     None if uniforms is None else uniforms.reshape(1, -1))

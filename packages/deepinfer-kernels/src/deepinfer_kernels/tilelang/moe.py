@@ -25,6 +25,7 @@ from deepinfer_kernels.tilelang._common import compile_cached, require, require_
 from deepinfer_kernels.tilelang.moe_builders import (
     _build_combine,
     _build_grouped,
+    _build_grouped_swapped,
     _build_grouped_ws,
     _build_permute,
     _build_slots,
@@ -39,14 +40,29 @@ PREFILL = dict(bm=128, bn=256, bk=64, stages=3, threads=256)
 # warpgroups; PREFILL_SWIGLU_PIPELINED is the plain cp.async software pipeline (fallback)
 PREFILL_SWIGLU = dict(bm=128, bn=128, bk=64, stages=4, threads=384, ws=1)
 PREFILL_SWIGLU_PIPELINED = dict(bm=128, bn=128, bk=64, stages=3, threads=256)
+# operand-swapped decode kernels (``_build_grouped_swapped``): the weight tile is the wgmma's M side,
+# slots of SWAP_ROWS token rows its N side; used while the average expert has at most SWAP_ROWS rows.
+# swap=SWAP_PIPELINED streams a slot's rows beside the weights (the default: H200 graph profile,
+# 2026-11-30, 64 tokens: gate/up 35.5 us and down 17.8 us, 88% of copy bandwidth each, against
+# 39.1 / 28.5 us for the 64-row tiles); SWAP_STAGED stages them whole-K first (gate/up 3-14% slower)
+SWAP_STAGED, SWAP_PIPELINED = 1, 2
+SWAP_ROWS = 16
+DECODE_SWAP = dict(bm=SWAP_ROWS, bn=64, bk=64, stages=4, threads=128, swap=SWAP_PIPELINED)
+DECODE_SWAP_DOWN = dict(bm=SWAP_ROWS, bn=64, bk=64, stages=4, threads=128, swap=SWAP_PIPELINED)
+SWAP_MAX_STAGED_BYTES = 64 * 1024   # SWAP_STAGED: the slot's rows of X, whole K, in shared memory
 
 
 def pick_config(rows: int, num_experts: int, swiglu: bool, k: int = 0, nout: int = 0) -> dict:
-    """Decode tiles while the average expert has at most 64 rows (``DECODE_DOWN`` for a plain
-    GEMM whose ``nout`` it tiles), prefill tiles beyond. The
-    hand warp-specialized gate/up kernel (``PREFILL_SWIGLU``) hung in its H200 tests at 1,024
-    tokens (2026-11-30), so the plain pipeline serves prefill gate/up unless
+    """Operand-swapped decode tiles (``DECODE_SWAP*``) while the average expert has at most
+    ``SWAP_ROWS`` rows (and, staged whole-K, a slot's rows of X, ``k`` wide, fit in shared memory); then decode tiles
+    while it has at most 64 rows (``DECODE_DOWN`` for a plain GEMM whose ``nout`` it tiles);
+    prefill tiles beyond. The hand warp-specialized gate/up kernel (``PREFILL_SWIGLU``) hung in
+    its H200 tests at 1,024 tokens (2026-11-30), so the plain pipeline serves prefill gate/up unless
     ``DEEPINFER_MOE_GATEUP_WS=1`` asks for it (debugging; it needs K % (bk * stages) == 0)."""
+    swap = DECODE_SWAP if swiglu else DECODE_SWAP_DOWN
+    fits = swap["swap"] == SWAP_PIPELINED or swap["bm"] * k * 2 <= SWAP_MAX_STAGED_BYTES
+    if rows <= SWAP_ROWS * num_experts and 0 < k and k % swap["bk"] == 0 and nout % swap["bn"] == 0 and fits:
+        return swap
     if rows <= 64 * num_experts:
         return DECODE_DOWN if not swiglu and nout % DECODE_DOWN["bn"] == 0 else DECODE
     if not swiglu:
@@ -65,6 +81,10 @@ def _grouped_kernel(E, K, NOUT, cfg, gather, swiglu, dtype):
     # Gathered activations cannot use TMA; TileLang's automatic warp specialization would then
     # load them synchronously in the consumer, so the gather kernels use the plain cp.async
     # software pipeline instead.
+    if cfg.get("swap"):
+        return compile_cached("moe_grouped_gemm_swap", key, lambda: _build_grouped_swapped(
+            E, K, NOUT, cfg["bm"], cfg["bn"], cfg["bk"], cfg["stages"], cfg["threads"], gather, swiglu, _DT[dtype],
+            stage_rows_whole_k=cfg["swap"] == SWAP_STAGED), pass_configs={"tl.disable_warp_specialized": True})
     if cfg.get("ws"):
         return compile_cached("moe_grouped_gemm_ws", key, lambda: _build_grouped_ws(
             E, K, NOUT, cfg["bm"], cfg["bn"], cfg["bk"], cfg["stages"], swiglu, _DT[dtype]))
@@ -111,7 +131,7 @@ def grouped_expert_gemm_tilelang(x: torch.Tensor, w: torch.Tensor, expert_offset
     out = torch.empty(n, nout, dtype=x.dtype, device=device)
     if n == 0:
         return out
-    cfg = config or pick_config(n, e, swiglu=False, nout=nout)
+    cfg = config or pick_config(n, e, swiglu=False, k=k, nout=nout)
     require(k % cfg["bk"] == 0 and nout % cfg["bn"] == 0, f"K={k} / Nout={nout} must divide the tile {cfg}")
     dummy = torch.empty(1, dtype=torch.int32, device=device)
     slots = _slots(expert_offsets.contiguous(), e, n, cfg["bm"])
@@ -125,12 +145,12 @@ def precompile_specs(kind: str, rows: int, num_experts: int, k: int, nout: int, 
     """(function, args) of the kernels one call needs. kind "gemm": grouped_expert_gemm(x [rows, k],
     w [E, nout, k]); kind "routed": routed_experts with hidden k, expert width nout, tokens rows."""
     if kind == "gemm":
-        cfg = config or pick_config(rows, num_experts, swiglu=False, nout=nout)
+        cfg = config or pick_config(rows, num_experts, swiglu=False, k=k, nout=nout)
         return [("_slots_kernel", (num_experts, cfg["bm"], off_dtype)),
                 ("_grouped_kernel", (num_experts, k, nout, cfg, False, False, dtype))]
     n = rows * topk
-    cfg1 = config or pick_config(n, num_experts, swiglu=True, k=k)
-    cfg2 = pick_config(n, num_experts, swiglu=False, nout=k)
+    cfg1 = config or pick_config(n, num_experts, swiglu=True, k=k, nout=nout)
+    cfg2 = pick_config(n, num_experts, swiglu=False, k=nout, nout=k)
     first = (("_permute_kernel", (num_experts, topk, cfg1["bm"])) if n <= PERMUTE_KERNEL_MAX_ROWS
              else ("_slots_kernel", (num_experts, cfg1["bm"], "int32")))
     specs = [first,
@@ -161,9 +181,10 @@ def routed_experts_tilelang(x: torch.Tensor, weights: torch.Tensor, ids: torch.T
         return out
     n = t * topk
     if batch_invariant_enabled():   # the same tiles (so the same K blocking) at every token count
-        gate_up_config, down_config = gate_up_config or DECODE, down_config or pick_config(0, e, False, nout=h)
-    cfg1 = gate_up_config or pick_config(n, e, swiglu=True, k=h)
-    cfg2 = down_config or pick_config(n, e, swiglu=False, nout=h)
+        gate_up_config = gate_up_config or DECODE
+        down_config = down_config or (DECODE_DOWN if h % DECODE_DOWN["bn"] == 0 else DECODE)
+    cfg1 = gate_up_config or pick_config(n, e, swiglu=True, k=h, nout=inter)
+    cfg2 = down_config or pick_config(n, e, swiglu=False, k=inter, nout=h)
     require(h % cfg1["bk"] == 0 and inter % cfg1["bn"] == 0 and inter % cfg2["bk"] == 0 and h % cfg2["bn"] == 0,
             f"H={h} / I={inter} must divide the tiles")
     if n <= PERMUTE_KERNEL_MAX_ROWS:

@@ -123,6 +123,78 @@ def _build_grouped(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int, stages:
     return main
 
 
+def _build_grouped_swapped(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int, stages: int, threads: int,
+                           gather: bool, swiglu: bool, dtype: str, stage_rows_whole_k: bool = True):
+    """Decode-size grouped GEMM with the operands swapped: the weight tile is the MMA's M side and
+    the slot's few token rows its N side (``out^T[bn, bm] = W[e, n0:n0+bn, :] . X[rows, :]^T``), so
+    a slot of bm = 8 or 16 rows costs an m64nBMk16 wgmma per 64 weight rows instead of the 64-row
+    tiles of ``_build_grouped`` (mostly zero rows at decode). ``stage_rows_whole_k``: the slot's rows
+    of X (gathered when ``gather``) are staged once, whole K, in shared memory before the weight
+    tiles stream through the software pipeline; otherwise each k-step's [bm, bk] tile of them is
+    one more cp.async operand of the pipeline (no serial prologue, less shared memory)."""
+    import tilelang.language as T
+
+    NW = 2 * NOUT if swiglu else NOUT
+    KT = K // bk
+    NX = T.dynamic("NX")
+    N = T.dynamic("N")
+    NR = T.dynamic("NR")
+    NSL = T.dynamic("NSL")
+    assert K % bk == 0 and NOUT % bn == 0
+
+    @T.prim_func
+    def main(
+        X: T.Tensor((NX, K), dtype),
+        Wt: T.Tensor((E, NW, K), dtype),
+        Slots: T.Tensor((3, NSL), T.int32),
+        RowIdx: T.Tensor((NR,), T.int32),
+        Out: T.Tensor((N, NOUT), dtype),
+    ):
+        with T.Kernel(NSL, NOUT // bn, threads=threads) as (bx, by):
+            X_s = T.alloc_shared((KT if stage_rows_whole_k else 1, bm, bk), dtype)
+            W_s = T.alloc_shared((bn, bk), dtype)
+            acc = T.alloc_fragment((bn, bm), T.float32)
+            if swiglu:
+                W2_s = T.alloc_shared((bn, bk), dtype)
+                acc2 = T.alloc_fragment((bn, bm), T.float32)
+            ex = Slots[0, bx]
+            row0 = Slots[1, bx]
+            rows = Slots[2, bx]
+            if rows > 0:
+                if stage_rows_whole_k:
+                    for kt, i, kk in T.Parallel(KT, bm, bk):
+                        src = RowIdx[T.min(row0 + i, NR - 1)] if gather else T.min(row0 + i, NX - 1)
+                        X_s[kt, i, kk] = T.if_then_else(i < rows, X[src, kt * bk + kk], T.cast(0, dtype))
+                T.clear(acc)
+                if swiglu:
+                    T.clear(acc2)
+                for k in T.Pipelined(KT, num_stages=stages):
+                    if not stage_rows_whole_k:
+                        # rows past the slot point at row NX: the bounds-checked cp.async zero-fills them
+                        for i, kk in T.Parallel(bm, bk):
+                            src = RowIdx[T.min(row0 + i, NR - 1)] if gather else row0 + i
+                            X_s[0, i, kk] = X[T.if_then_else(i < rows, src, NX), k * bk + kk]
+                    T.copy(Wt[ex, by * bn:(by + 1) * bn, k * bk:(k + 1) * bk], W_s)
+                    if swiglu:
+                        T.copy(Wt[ex, NOUT + by * bn:NOUT + (by + 1) * bn, k * bk:(k + 1) * bk], W2_s)
+                    xk = k if stage_rows_whole_k else 0
+                    T.gemm(W_s, X_s[xk, :, :], acc, transpose_B=True)
+                    if swiglu:
+                        T.gemm(W2_s, X_s[xk, :, :], acc2, transpose_B=True)
+                if swiglu:
+                    for j, i in T.Parallel(bn, bm):
+                        if i < rows:
+                            g = T.cast(T.cast(acc[j, i], dtype), T.float32)
+                            u = T.cast(T.cast(acc2[j, i], dtype), T.float32)
+                            Out[row0 + i, by * bn + j] = T.cast(g / (1.0 + T.exp(-g)) * u, dtype)
+                else:
+                    for j, i in T.Parallel(bn, bm):
+                        if i < rows:
+                            Out[row0 + i, by * bn + j] = T.cast(acc[j, i], dtype)
+
+    return main
+
+
 def _build_grouped_ws(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int, stages: int, swiglu: bool,
                       dtype: str):
     """Warp-specialized gather GEMM (prefill gate/up): warpgroup 2 is the producer -- it gathers

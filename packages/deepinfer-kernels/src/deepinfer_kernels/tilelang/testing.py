@@ -213,31 +213,14 @@ def moe_flops(tokens: int, topk: int, hidden: int, inter: int) -> float:
 # ----------------------------------------------------------------------------- timing
 
 
-def cuda_time_us(fn: Callable[[], object], *, reps: int = 50, warmup: int = 5, flush_l2: bool = True,
-                 graph: bool = False) -> dict:
-    """Median / min per-call time in microseconds with CUDA events; optionally overwrites a 256 MB
-    buffer before each call so data never starts L2-resident.
+IN_GRAPH_COPIES = 8   # calls per timing graph (graph=True): amortizes the one graph launch
 
-    ``graph=True`` captures ``fn`` once in a CUDA graph and times its replays: the device time of
-    the call's kernels as a decode-step graph runs them, without the host's per-launch cost (which
-    eager timing includes whenever launching outlasts the kernels). Raises if ``fn`` cannot be
-    captured (host syncs)."""
-    flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda") if flush_l2 else None
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    call = fn
-    if graph:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        call = g.replay
-        call()
-        torch.cuda.synchronize()
+
+def _event_times_us(call: Callable[[], object], reps: int, before: Callable[[], object] | None = None) -> list:
     times = []
     for _ in range(reps):
-        if flush is not None:
-            flush.zero_()
+        if before is not None:
+            before()
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         start.record()
@@ -245,8 +228,55 @@ def cuda_time_us(fn: Callable[[], object], *, reps: int = 50, warmup: int = 5, f
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3)
-    times.sort()
-    return {"median_us": times[len(times) // 2], "min_us": times[0], "reps": reps}
+    return sorted(times)
+
+
+def _capture(body: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        body()
+    g.replay()
+    torch.cuda.synchronize()
+    return g
+
+
+def cuda_time_us(fn: Callable[[], object], *, reps: int = 50, warmup: int = 5, flush_l2: bool = True,
+                 graph: bool = False) -> dict:
+    """Median / min per-call time in microseconds with CUDA events; optionally overwrites a 256 MB
+    buffer before each call so data never starts L2-resident.
+
+    ``graph=True``: the device time of the call's kernels as a decode-step graph runs them, between
+    other kernels. One graph holds ``IN_GRAPH_COPIES`` x (L2 flush, call); a second the flushes
+    alone; median_us = (median replay of the first - median replay of the second) / copies, so
+    neither the flush nor the graph's launch latency (~5-10 us, paid once per decode step in the
+    engine, not per kernel) is counted. ``replay_median_us``: one call per graph replay, launch
+    latency included (what these benchmarks reported before 2026-11-30's eighth session). Raises
+    if ``fn`` cannot be captured (host syncs)."""
+    flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda") if flush_l2 else None
+    do_flush = flush.zero_ if flush is not None else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    if not graph:
+        times = _event_times_us(fn, reps, do_flush)
+        return {"median_us": times[len(times) // 2], "min_us": times[0], "reps": reps}
+    single = _capture(fn)
+    replay = _event_times_us(single.replay, reps, do_flush)
+
+    def calls():
+        for _ in range(IN_GRAPH_COPIES):
+            do_flush()
+            fn()
+
+    def flushes():
+        for _ in range(IN_GRAPH_COPIES):
+            do_flush()
+
+    with_calls = _event_times_us(_capture(calls).replay, reps)
+    flush_only = _event_times_us(_capture(flushes).replay, reps)
+    per_call = [(a - b) / IN_GRAPH_COPIES for a, b in zip(with_calls, flush_only)]   # sorted pairs: min, ..., max
+    return {"median_us": per_call[len(per_call) // 2], "min_us": min(per_call), "reps": reps,
+            "replay_median_us": replay[len(replay) // 2], "in_graph_copies": IN_GRAPH_COPIES}
 
 
 def roofline(bytes_moved: float, seconds: float, flops: float = 0.0) -> dict:
@@ -267,8 +297,9 @@ def record_benchmark(benchmark, fn: Callable[[], object], *, bytes_moved: float,
     roofline ratios, the first-call time (compile or cache load), the compile log and the torch
     reference time to ``benchmark.extra_info``, then let pytest-benchmark time it as well.
 
-    ``median_us`` (and the ratios) is the device time of ``fn`` replayed from a CUDA graph, as the
-    engine's decode graphs run it; ``eager_median_us`` is the same call launched from Python,
+    ``median_us`` (and the ratios) is the device time of ``fn`` inside a CUDA graph, as the
+    engine's decode graphs run it (``cuda_time_us(graph=True)``; ``replay_median_us``: one call per
+    replay, graph launch included); ``eager_median_us`` is the same call launched from Python,
     host launch costs included. ``graph=False`` for calls that sync with the host (not
     capturable): both are then the eager time (``graphed: False``)."""
     import time

@@ -23,13 +23,13 @@ from deepinfer_kernels.ops.kv_fp8 import store_kv_fp8
 from deepinfer_model.engine.indexing import slots_of
 
 
-def update_compressed_source(model, src: int, v: torch.Tensor, positions: torch.Tensor, req: torch.Tensor,
+def update_compressed_source(model, src: int, terms: torch.Tensor, positions: torch.Tensor, req: torch.Tensor,
                              slots: torch.Tensor, block_tables: torch.Tensor, cache, static: bool = False) -> None:
-    """v [N, H] compressor input of the rows, positions/req/slots [N]; slot -1 rows write nothing."""
+    """terms float32 [N, S]: the rows' `Compressor.token_terms` (an encoder-side source's come from
+    its layer's fused input GEMM), positions/req/slots [N]; slot -1 rows write nothing."""
     comp = model.model.layers[src].self_attn.compressor
     layout = cache.layout
     r = comp.ratio
-    terms = comp.token_terms(v)                                                   # [N, S] float32
     if r == 1 and static:
         latent, ik = comp.combine(terms.unsqueeze(1), positions)
         dslots = slots                                                            # -1 rows: skipped

@@ -140,9 +140,10 @@ class FarSelection:
     base: int                   # flat pool row of that plane's slot 0
 
 
-def far_selection(model, layer, q_lat, u, rows: _Rows, meta: ForwardMetadata, cache,
+def far_selection(model, layer, q_lat, index_weights, rows: _Rows, meta: ForwardMetadata, cache,
                   max_far: int | None = None) -> FarSelection | None:
-    """The indexer's top-k blocks of far compressed entries (None: no row has any).
+    """The indexer's top-k blocks of far compressed entries (None: no row has any). q_lat [N, qr],
+    index_weights = W_iw u [N, ni] (`AttentionInputs.index_weights`).
 
     `max_far`: static candidate width (decode; rows' counts are clamped to it, which only matters
     for padding rows); None = the batch's max, read on the host (prefill)."""
@@ -152,7 +153,8 @@ def far_selection(model, layer, q_lat, u, rows: _Rows, meta: ForwardMetadata, ca
     n_far, ent_slots, max_far = rows.far_entry_slots(meta, cfg.sliding_window, r, requested)
     if max_far == 0:
         return None
-    q_idx, w = layer.self_attn.indexer.query(q_lat, u)
+    indexer = layer.self_attn.indexer
+    q_idx, w = indexer.query_heads(q_lat), indexer.head_weights(index_weights)
     # the source's index plane, addressed by the entries' slots as they are
     blocks = indexer_topk_blocks(q_idx, w, cache.index_k[cache.layout.index_planes[src]],
                                  rows.far_entry_slots_int32(r, requested), n_far, cfg.index_block_size,
@@ -160,10 +162,10 @@ def far_selection(model, layer, q_lat, u, rows: _Rows, meta: ForwardMetadata, ca
     return FarSelection(blocks, n_far, ent_slots, cache.layout.comp_planes[src] * cache.num_slots)
 
 
-def far_indices(model, layer, q_lat, u, rows: _Rows, meta: ForwardMetadata, cache,
+def far_indices(model, layer, q_lat, index_weights, rows: _Rows, meta: ForwardMetadata, cache,
                 max_far: int | None = None) -> torch.Tensor | None:
     """The selected far entries alone as flat pool rows, int32 [N, topk * B] (-1 = none), or None."""
-    sel = far_selection(model, layer, q_lat, u, rows, meta, cache, max_far)
+    sel = far_selection(model, layer, q_lat, index_weights, rows, meta, cache, max_far)
     if sel is None:
         return None
     none = torch.empty(len(sel.blocks), 0, dtype=torch.long, device=sel.blocks.device)
@@ -180,16 +182,17 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
         x = x + layer.engram.from_buckets(x, rows.engram_buckets(layer.engram.table_size))
     u = layer.input_layernorm(x)
     rope = rows.rope(attn.rope_dim, attn.theta)
-    q, q_lat, latent = attn.query_and_latent(u, rope)
+    inputs = attn.project_input(u, rope)             # every projection of u: one GEMM
+    q = inputs.q
     plane = cache.layout.window_planes[l]
-    store_kv_fp8(latent, cache.kv[plane], rows.slots)   # the layer's own plane: slots index it directly
+    store_kv_fp8(inputs.latent, cache.kv[plane], rows.slots)   # the layer's own plane: slots index it directly
     if attn.compressor is not None and not layer.is_consumer:
-        update_compressed_source(model, l, u, rows.positions, rows.req, rows.slots, meta.block_tables, cache,
-                                 static=not meta.is_prefill)
+        update_compressed_source(model, l, inputs.compressor_terms, rows.positions, rows.req, rows.slots,
+                                 meta.block_tables, cache, static=not meta.is_prefill)
     far = None
     if layer.ratio > 0:
         max_far = None if meta.is_prefill else static_max_far(meta, cfg.sliding_window, layer.ratio)
-        far = far_selection(model, layer, q_lat, u, rows, meta, cache, max_far)
+        far = far_selection(model, layer, inputs.q_latent, inputs.index_weights, rows, meta, cache, max_far)
     if far is None:   # window only: attend within the layer's plane
         o, _ = sparse_mla_attention(q, cache.kv[plane], rows.window_slots_int32(meta, cfg.sliding_window),
                                     attn.sm_scale)
@@ -252,7 +255,8 @@ def engine_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
     if topo.yoco_enabled:
         s = model.model.layers[topo.first_consumer_layer].input_layernorm(x)
         for src in topo.consumer_sources:
-            update_compressed_source(model, src, s, positions, req, slots, meta.block_tables, cache, static=decode)
+            terms = model.model.layers[src].self_attn.compressor.project_terms(s)
+            update_compressed_source(model, src, terms, positions, req, slots, meta.block_tables, cache, static=decode)
         x = take(x)
         frows = rows if decode else rows.subset(full_rows, lo[full_rows])
         for l in (topo.consumer_layers if full_rows.numel() else ()):  # no last chunk: encoder side only

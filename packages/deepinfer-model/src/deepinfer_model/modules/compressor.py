@@ -8,7 +8,9 @@ what the engine's stage plane keeps). Entry j covers positions `j*r .. j*r + r -
     latent_j = [RMSNorm(sum_i a_i c[:dc]), RoPE(sum_i a_i c[dc:], position j*r + r - 1)]
     index_kj = sum_i a_i ik
 
-`combine` is the single definition used by both forward paths.
+`combine` is the single definition used by both forward paths. `project_terms` is the engine's
+`token_terms`: one GEMM, when the compressor owns its projections' stack (`fused_terms`; an
+encoder-side source's projections join its layer's fused input GEMM instead, see mla.py).
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from deepinfer_model.modules.fused_projection import FusedProjection
 from deepinfer_model.modules.norm import RMSNorm
 from deepinfer_model.modules.rope import apply_rope
 
 
 class Compressor(nn.Module):
-    def __init__(self, cfg, ratio: int):
+    def __init__(self, cfg, ratio: int, fused_terms: bool = False):
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
         self.ratio = ratio
@@ -32,6 +35,12 @@ class Compressor(nn.Module):
         self.gate = nn.Linear(h, 1, bias=False)
         self.pos_bias = nn.Parameter(torch.zeros(ratio))
         self.kv_norm = RMSNorm(self.dc, cfg.rms_norm_eps)
+        self.terms_projection = FusedProjection(self.token_projections) if fused_terms else None
+
+    @property
+    def token_projections(self) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
+        """The projections of the token terms, in their packed order (c, ik, g)."""
+        return self.wkv, self.wk, self.gate
 
     @property
     def stage_width(self) -> int:
@@ -40,6 +49,12 @@ class Compressor(nn.Module):
     def token_terms(self, v: torch.Tensor) -> torch.Tensor:
         """v [N, H] -> packed token terms [N, D + Di + 1] = (c, ik, g) in float32."""
         return torch.cat([self.wkv(v).float(), self.wk(v).float(), self.gate(v).float()], dim=-1)
+
+    def project_terms(self, v: torch.Tensor) -> torch.Tensor:
+        """`token_terms` of the engine path: v [N, H] -> float32 [N, D + Di + 1], one GEMM when fused."""
+        if self.terms_projection is None:
+            return self.token_terms(v)
+        return self.terms_projection(v).float()
 
     def combine(self, terms: torch.Tensor, entry_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """terms [E, r, D + Di + 1] (tokens of each entry in order), entry_ids [E]

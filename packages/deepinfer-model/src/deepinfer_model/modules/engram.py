@@ -26,11 +26,12 @@ def ngram_buckets(windows: torch.Tensor, table_size: int) -> torch.Tensor:
     """windows int64 [N, N_max] = compressed ids of positions t-N_max+1 .. t (PAD_ID before 0)
     -> buckets int64 [N, N_max - 1] for n = 2..N_max."""
     n_max = windows.shape[1]
+    shifted = windows.long() + 1   # cid + 1 of every position, once (int64: h * _MULT + cid + 1 < 2^52)
     out = []
     for n in range(2, n_max + 1):
-        h = torch.zeros(windows.shape[0], dtype=torch.long, device=windows.device)
-        for k in range(n_max - n, n_max):
-            h = (h * _MULT + windows[:, k].long() + 1) % _MOD
+        h = shifted[:, n_max - n] % _MOD   # the first fold from h0 = 0
+        for k in range(n_max - n + 1, n_max):
+            h = (h * _MULT + shifted[:, k]) % _MOD
         out.append(h % table_size)
     return torch.stack(out, dim=1)
 

@@ -24,6 +24,12 @@ class LightningIndexer(nn.Module):
 
         q_idx stays in the weights' dtype (bf16 on the GPU): the scores multiply it in fp32 either
         way, and a bf16 query is what the TileLang indexer kernel takes."""
-        q = self.wq_b(q_latent).view(-1, self.n_heads, self.head_dim)
-        w = self.weights_proj(u).float() * self.n_heads ** -0.5
-        return q, w
+        return self.query_heads(q_latent), self.head_weights(self.weights_proj(u))
+
+    def query_heads(self, q_latent: torch.Tensor) -> torch.Tensor:
+        """q_latent [N, qr] -> q_idx [N, ni, Di] in the weights' dtype."""
+        return self.wq_b(q_latent).view(-1, self.n_heads, self.head_dim)
+
+    def head_weights(self, projected: torch.Tensor) -> torch.Tensor:
+        """projected = W_iw u [N, ni] (the engine computes it in the layer's fused input GEMM) -> w float32 [N, ni]."""
+        return projected.float() * self.n_heads ** -0.5

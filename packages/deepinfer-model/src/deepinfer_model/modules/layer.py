@@ -29,7 +29,8 @@ class DecoderLayer(nn.Module):
         self.is_consumer = topo.is_consumer(layer_idx)
         self.engram = Engram(cfg) if layer_idx in cfg.engram_layer_ids else None
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = MLAAttention(cfg, ratio, has_compressor=topo.is_source(layer_idx))
+        self.self_attn = MLAAttention(cfg, ratio, has_compressor=topo.is_source(layer_idx),
+                                      compressor_reads_input=not self.is_consumer)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if layer_idx < cfg.first_k_dense_replace:
             self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)

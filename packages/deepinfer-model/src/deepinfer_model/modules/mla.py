@@ -9,23 +9,43 @@ out    = W_o · concat_h o_h
 The visible-set logic (window, compressed background) lives in the forward paths; this module
 only owns the projections. Compressed layers also own an indexer query; compressed *sources*
 own a compressor (see compressor.py).
+
+Engine path: every projection of u (W_qa, the indexer's W_iw, an encoder-side compressor's
+W_kv / W_k / w_gate, W_kva) is one GEMM (`project_input`, see fused_projection.py). W_kva's
+columns come last, so RoPE of the latent's tail is the in-place RoPE of the whole fused row.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from deepinfer_model.modules.compressor import Compressor
+from deepinfer_model.modules.fused_projection import FusedProjection
 from deepinfer_model.modules.indexer import LightningIndexer
 from deepinfer_model.modules.norm import RMSNorm
 from deepinfer_model.modules.rope import RopeTable, apply_rope, apply_rope_inplace, rope_table
 
 
+@dataclass(frozen=True)
+class AttentionInputs:
+    """Everything a layer's engine path projects from its attention input u [N, H]."""
+
+    q: torch.Tensor                        # [N, nh, D], RoPE applied
+    q_latent: torch.Tensor                 # [N, qr] = RMSNorm(W_qa u)
+    latent: torch.Tensor                   # [N, D] KV latent (the cached record's values)
+    index_weights: torch.Tensor | None     # [N, ni] W_iw u (compressed layers), before `head_weights`
+    compressor_terms: torch.Tensor | None  # float32 [N, D + Di + 1] token terms (encoder-side sources)
+
+
 class MLAAttention(nn.Module):
-    def __init__(self, cfg, ratio: int = 0, has_compressor: bool = False):
+    def __init__(self, cfg, ratio: int = 0, has_compressor: bool = False, compressor_reads_input: bool = True):
+        """`compressor_reads_input`: the compressor's input is this layer's u (encoder side), so its
+        projections join the fused input GEMM; False for YOCO consumers (their compressors read the
+        shared hidden)."""
         super().__init__()
         h, d, qr = cfg.hidden_size, cfg.head_dim, cfg.q_lora_rank
         self.num_heads = cfg.num_attention_heads
@@ -42,7 +62,15 @@ class MLAAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(self.dc, cfg.rms_norm_eps)
         self.o_proj = nn.Linear(self.num_heads * d, h, bias=False)
         self.indexer = LightningIndexer(cfg) if ratio > 0 else None
-        self.compressor = Compressor(cfg, ratio) if has_compressor else None
+        self.compressor_reads_input = has_compressor and compressor_reads_input
+        self.compressor = (Compressor(cfg, ratio, fused_terms=not compressor_reads_input) if has_compressor
+                           else None)
+        members = [self.q_a_proj]
+        if self.indexer is not None:
+            members.append(self.indexer.weights_proj)
+        if self.compressor_reads_input:
+            members.extend(self.compressor.token_projections)
+        self.input_projection = FusedProjection(members + [self.kv_a_proj_with_mqa])   # kv last: see docstring
 
     def query(self, u: torch.Tensor, positions: torch.Tensor | RopeTable) -> tuple[torch.Tensor, torch.Tensor]:
         """u [N, H], positions [N] (or their RopeTable) -> (q [N, nh, D], q_latent [N, qr])."""
@@ -57,19 +85,30 @@ class MLAAttention(nn.Module):
         return torch.cat([self.kv_a_layernorm(kv[:, : self.dc]),
                           apply_rope(kv[:, self.dc:], positions, self.theta)], dim=-1)
 
-    def query_and_latent(self, u: torch.Tensor, positions: torch.Tensor | RopeTable
-                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`query` and `latent` of the same rows, their RoPE applied in place to the fresh
-        projections: (q [N, nh, D], q_latent [N, qr], latent [N, D]), bit-identical to the two calls."""
+    def project_input(self, u: torch.Tensor, positions: torch.Tensor | RopeTable) -> AttentionInputs:
+        """u [N, H], positions [N] (or their RopeTable) -> every projection of u, from one GEMM;
+        q, q_latent and latent equal `query` and `latent` up to the GEMM's summation order."""
         n, dc = u.shape[0], self.dc
         table = positions if isinstance(positions, RopeTable) else rope_table(positions, self.rope_dim, self.theta)
-        q_lat = self.q_a_layernorm(self.q_a_proj(u))
-        q = self.q_b_proj(q_lat).view(n, self.num_heads, self.head_dim)   # fresh: rotated in place
-        kv = self.kv_a_proj_with_mqa(u)
+        fused = self.input_projection(u)                                       # [N, qr + ... + D], contiguous
+        qr = self.q_a_proj.out_features
+        ni = self.indexer.n_heads if self.indexer is not None else 0
+        stage = self.compressor.stage_width if self.compressor_reads_input else 0
+        q_a, kv = fused[:, :qr], fused[:, -self.head_dim:]
+        index_weights = fused[:, qr: qr + ni] if ni else None
+        terms = fused[:, qr + ni: qr + ni + stage].float() if stage else None  # (c, ik, g): the packed layout
+        apply_rope_inplace(fused.view(n, 1, -1), table, self.theta)            # = RoPE of kv[:, dc:]
+        q_lat = self.q_a_layernorm(q_a)
+        q = self.q_b_proj(q_lat).view(n, self.num_heads, self.head_dim)        # fresh: rotated in place
         apply_rope_inplace(q, table, self.theta)
-        apply_rope_inplace(kv.view(n, 1, self.head_dim), table, self.theta)
         latent = torch.cat([self.kv_a_layernorm(kv[:, :dc]), kv[:, dc:]], dim=-1)
-        return q, q_lat, latent
+        return AttentionInputs(q, q_lat, latent, index_weights, terms)
+
+    def query_and_latent(self, u: torch.Tensor, positions: torch.Tensor | RopeTable
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q [N, nh, D], q_latent [N, qr], latent [N, D]) of `project_input`."""
+        inputs = self.project_input(u, positions)
+        return inputs.q, inputs.q_latent, inputs.latent
 
     def output(self, o: torch.Tensor) -> torch.Tensor:
         """o [N, nh, D] -> [N, H]."""

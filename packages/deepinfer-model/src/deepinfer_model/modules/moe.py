@@ -3,8 +3,9 @@
 Routed expert weights are stacked (`experts.w13 [E, 2I, H]` = gate rows then up rows,
 `experts.w2 [E, H, I]`) for the grouped GEMM; the checkpoint keeps HF's per-expert tensors
 (`mlp.experts.{e}.{gate,up,down}_proj.weight`), mapped in `checkpoint/names.py`.
-`forward` runs the kernels package's ops (engine path); `forward_reference` is a plain
-per-expert loop (the oracle).
+`forward` runs the kernels package's ops (engine path), the router and the shared expert's gate
+and up projections (all read x) as one GEMM (see fused_projection.py); `forward_reference` is a
+plain per-expert loop (the oracle).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from torch import nn
 
 from deepinfer_kernels.ops.moe import moe_route, routed_experts
 from deepinfer_model.modules.ffn import SwiGLU
+from deepinfer_model.modules.fused_projection import FusedProjection
 
 
 class Router(nn.Module):
@@ -43,19 +45,26 @@ class MoE(nn.Module):
         self.gate = Router(cfg.hidden_size, cfg.n_routed_experts)
         self.experts = StackedExperts(cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size)
         n_shared = cfg.n_shared_experts * cfg.moe_intermediate_size
-        self.shared_experts = SwiGLU(cfg.hidden_size, n_shared) if n_shared > 0 else None
+        self.shared_experts = SwiGLU(cfg.hidden_size, n_shared, fused=False) if n_shared > 0 else None
+        self.input_projection = (None if self.shared_experts is None else FusedProjection(
+            [self.gate, self.shared_experts.gate_proj, self.shared_experts.up_proj]))
+
+    def route_logits(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """router logits [N, E] -> (weights float32 [N, k], ids int32 [N, k])."""
+        return moe_route(logits, self.gate.e_score_correction_bias, self.top_k, self.norm_topk_prob, self.scaling)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [N, H] -> (weights float32 [N, k], ids int32 [N, k])."""
-        return moe_route(self.gate(x), self.gate.e_score_correction_bias, self.top_k,
-                         self.norm_topk_prob, self.scaling)
+        return self.route_logits(self.gate(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, H]
-        weights, ids = self.route(x)
+        if self.input_projection is None:
+            weights, ids = self.route(x)
+            return routed_experts(x, weights, ids, self.experts.w13, self.experts.w2)
+        logits, gate, up = self.input_projection.split(self.input_projection(x))
+        weights, ids = self.route_logits(logits)
         out = routed_experts(x, weights, ids, self.experts.w13, self.experts.w2)
-        if self.shared_experts is not None:
-            out = out + self.shared_experts(x)
-        return out
+        return out + self.shared_experts.from_gate_up(gate, up)
 
     def route_reference(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The oracle's routing (written out, independent of the op): x [N, H] -> (weights float32
@@ -83,5 +92,5 @@ class MoE(nn.Module):
             out = out + contrib
         out = out.to(x.dtype)
         if self.shared_experts is not None:
-            out = out + self.shared_experts(x)
+            out = out + self.shared_experts.forward_reference(x)
         return out

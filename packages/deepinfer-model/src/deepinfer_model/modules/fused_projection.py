@@ -1,0 +1,105 @@
+"""Bias-free projections of one input as one GEMM.
+
+At decode batch sizes a GEMM's time is its launch (~4 us on the H200 whatever its size), so the
+projections that read the same activation run as one `x · W^T` with the members' weights stacked
+by rows, `W [sum_i out_i, in]`, and the callers take column slices of the output.
+
+Memory and the source of truth: each member's `weight` parameter is re-pointed at its rows of
+`W` (a contiguous view), so the weights exist once, the members keep their names, shapes and
+checkpoint layout, and every in-place write to a member (checkpoint loading, `load_state_dict`,
+random init, an optimizer step) is a write to `W`. Anything that *replaces* a member's storage
+(`module.to(...)`, `load_state_dict(assign=True)`, `param.data = ...`, a deep copy) leaves it
+outside `W`; `weight()` notices (the member no longer sits at its rows' address: a host-side
+check, no device sync) and rebuilds `W` from the members before the next use, so a stale copy is
+never read.
+
+Autograd: `W` is not a parameter. While autograd records and a member requires grad, `__call__`
+runs the members one by one (the same output layout) so that gradients reach them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class FusedProjection:
+    """`members`: modules with a bias-free `weight [out_i, in]` (nn.Linear, the MoE router), all of
+    one dtype and device. Output columns follow the members' order. Not an nn.Module: the members
+    stay registered where they are (state dict and parameter names unchanged)."""
+
+    def __init__(self, members: Sequence[nn.Module]):
+        if len(members) < 2:
+            raise ValueError("FusedProjection: needs at least two members")
+        self.members = tuple(members)
+        self.widths = tuple(m.weight.shape[0] for m in self.members)
+        self._fused: torch.Tensor | None = None
+        self.rebuild()
+
+    @property
+    def out_features(self) -> int:
+        return sum(self.widths)
+
+    def weight(self) -> torch.Tensor:
+        """The stacked weight [sum_i out_i, in], rebuilt first if a member left it.
+
+        Under torch.compile (dynamo cannot trace `data_ptr`) the check is skipped: callers that
+        compile or capture a step call `refresh_fused_projections` first, and a step captured in a
+        CUDA graph cannot survive replaced weights anyway (it holds their old addresses)."""
+        if not torch.compiler.is_compiling() and not self.is_current():
+            self.rebuild()
+        return self._fused
+
+    def is_current(self) -> bool:
+        """Every member's weight is still the contiguous view of its rows of the stacked weight."""
+        w = self._fused
+        if w is None:
+            return False
+        row_bytes = w.stride(0) * w.element_size()
+        start = 0
+        for m, width in zip(self.members, self.widths, strict=True):
+            p = m.weight
+            if (p.device != w.device or p.dtype != w.dtype or tuple(p.shape) != (width, w.shape[1])
+                    or not p.is_contiguous() or p.data_ptr() != w.data_ptr() + start * row_bytes):
+                return False
+            start += width
+        return True
+
+    @torch.no_grad()
+    def rebuild(self) -> None:
+        """Stack the members' current weights and re-point each member at its rows."""
+        weights = [m.weight for m in self.members]
+        if len({(p.dtype, p.device, p.shape[1]) for p in weights}) != 1:
+            raise ValueError("FusedProjection: members must share dtype, device and input width, got "
+                             f"{[(p.dtype, p.device, tuple(p.shape)) for p in weights]}")
+        self.widths = tuple(p.shape[0] for p in weights)
+        fused = torch.cat([p.detach() for p in weights])
+        start = 0
+        for p, width in zip(weights, self.widths, strict=True):
+            p.data = fused[start: start + width]
+            start += width
+        self._fused = fused
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [N, in] -> [N, sum_i out_i] (contiguous); member i's output is `split(y)[i]`."""
+        if torch.is_grad_enabled() and any(m.weight.requires_grad for m in self.members):
+            return torch.cat([F.linear(x, m.weight) for m in self.members], dim=-1)
+        return F.linear(x, self.weight())
+
+    def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """y [N, sum_i out_i] -> each member's columns [N, out_i] (views)."""
+        return y.split(self.widths, dim=-1)
+
+
+@torch.no_grad()
+def refresh_fused_projections(module: nn.Module) -> None:
+    """Rebuild every stale FusedProjection owned by `module` or its submodules (after a `.to()`, an
+    assigning load...): the next forward then finds them current (no rebuild inside a CUDA graph
+    capture's warm-up, no old copy kept alive until then)."""
+    for m in module.modules():
+        for value in vars(m).values():
+            if isinstance(value, FusedProjection) and not value.is_current():
+                value.rebuild()
