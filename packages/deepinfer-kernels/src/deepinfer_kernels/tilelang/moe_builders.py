@@ -62,9 +62,40 @@ def _build_slots(E: int, bm: int, off_dtype: str):
     return main
 
 
+def _store_tile_macro(T, dtype: str, swiglu: bool, transposed: bool, bm: int, bn: int):
+    """The epilogue of every grouped GEMM: rows ``row0 + i`` (``i < rows``) of ``Out``, columns
+    ``col0 + j``. SwiGLU rounds the gate and up accumulators to ``dtype`` first, as the reference
+    does. ``transposed``: the accumulators hold [bn columns, bm rows] (the operand-swapped kernel)."""
+
+    @T.macro
+    def store(Out, acc, acc2, row0, col0, rows):
+        if transposed:
+            for j, i in T.Parallel(bn, bm):
+                if i < rows:
+                    if swiglu:
+                        g = T.cast(T.cast(acc[j, i], dtype), T.float32)
+                        u = T.cast(T.cast(acc2[j, i], dtype), T.float32)
+                        Out[row0 + i, col0 + j] = T.cast(g / (1.0 + T.exp(-g)) * u, dtype)
+                    else:
+                        Out[row0 + i, col0 + j] = T.cast(acc[j, i], dtype)
+        else:
+            for i, j in T.Parallel(bm, bn):
+                if i < rows:
+                    if swiglu:
+                        g = T.cast(T.cast(acc[i, j], dtype), T.float32)
+                        u = T.cast(T.cast(acc2[i, j], dtype), T.float32)
+                        Out[row0 + i, col0 + j] = T.cast(g / (1.0 + T.exp(-g)) * u, dtype)
+                    else:
+                        Out[row0 + i, col0 + j] = T.cast(acc[i, j], dtype)
+
+    return store
+
+
 def _build_grouped(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int, stages: int, threads: int,
                    gather: bool, swiglu: bool, dtype: str):
     import tilelang.language as T
+
+    store = _store_tile_macro(T, dtype, swiglu, False, bm, bn)
 
     NW = 2 * NOUT if swiglu else NOUT
     NX = T.dynamic("NX")                 # rows of x (tokens when gathering)
@@ -110,15 +141,9 @@ def _build_grouped(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int, stages:
                     if swiglu:
                         T.gemm(A_s, B2_s, acc2, transpose_B=True)
                 if swiglu:
-                    for i, j in T.Parallel(bm, bn):
-                        if i < rows:
-                            g = T.cast(T.cast(acc[i, j], dtype), T.float32)
-                            u = T.cast(T.cast(acc2[i, j], dtype), T.float32)
-                            Out[row0 + i, by * bn + j] = T.cast(g / (1.0 + T.exp(-g)) * u, dtype)
+                    store(Out, acc, acc2, row0, by * bn, rows)
                 else:
-                    for i, j in T.Parallel(bm, bn):
-                        if i < rows:
-                            Out[row0 + i, by * bn + j] = T.cast(acc[i, j], dtype)
+                    store(Out, acc, acc, row0, by * bn, rows)
 
     return main
 
@@ -133,6 +158,8 @@ def _build_grouped_swapped(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int,
     tiles stream through the software pipeline; otherwise each k-step's [bm, bk] tile of them is
     one more cp.async operand of the pipeline (no serial prologue, less shared memory)."""
     import tilelang.language as T
+
+    store = _store_tile_macro(T, dtype, swiglu, True, bm, bn)
 
     NW = 2 * NOUT if swiglu else NOUT
     KT = K // bk
@@ -182,15 +209,9 @@ def _build_grouped_swapped(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int,
                     if swiglu:
                         T.gemm(W2_s, X_s[xk, :, :], acc2, transpose_B=True)
                 if swiglu:
-                    for j, i in T.Parallel(bn, bm):
-                        if i < rows:
-                            g = T.cast(T.cast(acc[j, i], dtype), T.float32)
-                            u = T.cast(T.cast(acc2[j, i], dtype), T.float32)
-                            Out[row0 + i, by * bn + j] = T.cast(g / (1.0 + T.exp(-g)) * u, dtype)
+                    store(Out, acc, acc2, row0, by * bn, rows)
                 else:
-                    for j, i in T.Parallel(bn, bm):
-                        if i < rows:
-                            Out[row0 + i, by * bn + j] = T.cast(acc[j, i], dtype)
+                    store(Out, acc, acc, row0, by * bn, rows)
 
     return main
 
@@ -202,6 +223,8 @@ def _build_grouped_ws(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int, stag
     cp.async.mbarrier.arrive.noinc) and brings the weight tiles in with TMA on the same barrier;
     warpgroups 0-1 run the wgmmas (BM = 128 rows, 64 per warpgroup) and the SwiGLU epilogue."""
     import tilelang.language as T
+
+    store = _store_tile_macro(T, dtype, swiglu, False, bm, bn)
 
     NW = 2 * NOUT if swiglu else NOUT
     NX = T.dynamic("NX")
@@ -248,15 +271,9 @@ def _build_grouped_ws(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int, stag
                                 T.gemm(A_s[s, :, :], B2_s[s, :, :], acc2, transpose_B=True)
                             T.barrier_arrive(empty[s])
                     if swiglu:
-                        for i, j in T.Parallel(bm, bn):
-                            if i < rows:
-                                g = T.cast(T.cast(acc[i, j], dtype), T.float32)
-                                u = T.cast(T.cast(acc2[i, j], dtype), T.float32)
-                                Out[row0 + i, by * bn + j] = T.cast(g / (1.0 + T.exp(-g)) * u, dtype)
+                        store(Out, acc, acc2, row0, by * bn, rows)
                     else:
-                        for i, j in T.Parallel(bm, bn):
-                            if i < rows:
-                                Out[row0 + i, by * bn + j] = T.cast(acc[i, j], dtype)
+                        store(Out, acc, acc, row0, by * bn, rows)
                 else:
                     T.set_max_nreg(64, 0)
                     tp = tx - 256
