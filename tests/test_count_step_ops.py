@@ -32,3 +32,11 @@ def test_rms_norm_counts_its_cuda_launches():
     assert _cuda_rms_norm_launches(torch.zeros(2, 40, dtype=bf16), torch.ones(40)) == 3   # D % 32: casts + norm
     assert _cuda_rms_norm_launches(x.float(), w) == 2              # the weight to float32
     assert _cuda_rms_norm_launches(x, torch.ones(3, 1, 64, dtype=bf16)) == -1   # stacked: op by op
+
+
+def test_greedy_and_general_sampling_variants_are_counted_apart():
+    greedy = count("preset:tiny", nextn=0, batch=1, greedy=True)
+    general = count("preset:tiny", nextn=0, batch=1, greedy=False)
+    sampler = {name: sum(phases["sampler"].values()) for name, phases in (("greedy", greedy), ("general", general))}
+    assert 0 < sampler["greedy"] < sampler["general"]    # the greedy fast path: argmax, no distributions
+    assert greedy["target forward"] == general["target forward"]
