@@ -19,6 +19,8 @@
 #              yet run on the H200)
 #   mini       `mini` vs HF transformers: decode batch 1 / 64 (ZOS on and off), prefill 64 x 512 in
 #              chunks of 8K / 16K / 32K rows
+#   ops        tools/profile_ops.py on `mini` decode, batch 1 and 64: device time per TileLang op and
+#              per other kernel (not yet run on the H200)
 #
 # Uses the installed packages (pip install -e the four of them first). Structured output needs
 # xgrammar >= 0.2.9 (0.2.8 builds speculative-step masks ~4x slower): when the device bundle is
@@ -28,7 +30,7 @@
 # run) and summary.txt (rc and seconds of every stage).
 set -uo pipefail
 
-MODE=${1:?usage: $0 tests|quick|dspark|batch64|flashslice|mini}
+MODE=${1:?usage: $0 tests|quick|dspark|batch64|flashslice|mini|ops}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 OUT=${OUT:-$ROOT/out}
@@ -78,9 +80,12 @@ case "$MODE" in
   flashslice)
     stage flashslice 560 "${BENCH[@]}" --model preset:flash-slice --decode-batch-sizes 1 --max-num-seqs 1 \
       --no-prefill --prompt-len 512 --max-model-len 1024 --warmup-steps 20 --steps 40 > "$OUT/flashslice.log" 2>&1 ;;
+  ops)
+    stage ops_b1 200 "$PY" tools/profile_ops.py --model preset:mini --batch 1 > "$OUT/ops_b1.log" 2>&1
+    stage ops_b64 150 "$PY" tools/profile_ops.py --model preset:mini --batch 64 > "$OUT/ops_b64.log" 2>&1 ;;
   mini)
     stage mini 560 "${BENCH[@]}" --model preset:mini --decode-batch-sizes 1,64 --prompt-len 512 --prefill-batch 64 \
       --prefill-chunk-sizes 8192,16384,32768 --peer --zos-compare --warmup-steps 30 --steps 40 > "$OUT/mini.log" 2>&1 ;;
-  *) echo "usage: $0 tests|quick|dspark|batch64|flashslice|mini" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|quick|dspark|batch64|flashslice|mini|ops" >&2; exit 2 ;;
 esac
 cat "$SUMMARY"
