@@ -5,10 +5,20 @@ import math
 
 import torch
 
+from deepinfer_kernels.ops.attention_indices import attention_indices
 from deepinfer_kernels.ops.indexer import BF16_MAX
 from deepinfer_kernels.ops.kv_fp4 import dequantize_index_k_fp4
-from deepinfer_model.engine.forward import _Rows, far_indices
+from deepinfer_model.engine.forward import _Rows, far_selection
 from deepinfer_model.testing import Driver, Seq, tiny_model
+
+
+def far_indices(model, layer, q_lat, index_weights, rows, meta, cache) -> torch.Tensor:
+    """The engine's far selection alone as flat pool rows, int32 [N, topk * B] (-1 = none): the
+    attention index list of `run_layer` without its window part."""
+    sel = far_selection(model, layer, q_lat, index_weights, rows, meta, cache)
+    none = torch.empty(len(sel.blocks), 0, dtype=torch.long, device=sel.blocks.device)
+    return attention_indices(none, 0, sel.blocks, sel.n_far, sel.entry_slots, sel.base,
+                             model.config.index_block_size)
 
 
 @torch.no_grad()

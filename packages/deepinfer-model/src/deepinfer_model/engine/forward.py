@@ -162,17 +162,6 @@ def far_selection(model, layer, q_lat, index_weights, rows: _Rows, meta: Forward
     return FarSelection(blocks, n_far, ent_slots, cache.layout.comp_planes[src] * cache.num_slots)
 
 
-def far_indices(model, layer, q_lat, index_weights, rows: _Rows, meta: ForwardMetadata, cache,
-                max_far: int | None = None) -> torch.Tensor | None:
-    """The selected far entries alone as flat pool rows, int32 [N, topk * B] (-1 = none), or None."""
-    sel = far_selection(model, layer, q_lat, index_weights, rows, meta, cache, max_far)
-    if sel is None:
-        return None
-    none = torch.empty(len(sel.blocks), 0, dtype=torch.long, device=sel.blocks.device)
-    return attention_indices(none, 0, sel.blocks, sel.n_far, sel.entry_slots, sel.base,
-                             model.config.index_block_size)
-
-
 def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata, cache) -> torch.Tensor:
     cfg = model.config
     layer = model.model.layers[l]
