@@ -11,8 +11,9 @@ Same functions as ``deepinfer_kernels.ops.moe``:
   activation; the down GEMM follows; a last kernel sums the ``top_k`` weighted expert outputs per
   token in slot order. Past ``PERMUTE_KERNEL_MAX_ROWS`` rows the bookkeeping uses torch's sort.
 
-The kernels are built in ``moe_builders.py`` (tiling, the warp-specialized gate/up kernel,
-numerics); this module picks the tile configuration, compiles once per shape bucket, launches.
+The GEMMs are built in ``moe_builders.py`` (tiling, the warp-specialized gate/up kernel, numerics),
+the schedule, permutation and combine kernels in ``moe_schedule_builders.py``; this module picks
+the tile configuration, compiles once per shape bucket, launches.
 """
 
 import os
@@ -22,14 +23,8 @@ import torch
 from deepinfer_kernels.batch_invariant import batch_invariant_enabled
 from deepinfer_kernels.ops.moe import permute_by_expert
 from deepinfer_kernels.tilelang._common import compile_cached, require, require_cuda
-from deepinfer_kernels.tilelang.moe_builders import (
-    _build_combine,
-    _build_grouped,
-    _build_grouped_swapped,
-    _build_grouped_ws,
-    _build_permute,
-    _build_slots,
-)
+from deepinfer_kernels.tilelang.moe_builders import _build_grouped, _build_grouped_swapped, _build_grouped_ws
+from deepinfer_kernels.tilelang.moe_schedule_builders import _build_combine, _build_permute, _build_slots
 
 DECODE = dict(bm=64, bn=64, bk=64, stages=4, threads=128)
 # down GEMM at decode sizes: 128-wide output tiles, 3 stages (H200 sweep of 8 tile shapes,

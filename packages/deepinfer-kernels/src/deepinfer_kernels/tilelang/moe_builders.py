@@ -1,11 +1,13 @@
-"""TileLang builders of the MoE kernels (launched by ``moe.py``).
+"""TileLang builders of the MoE's grouped GEMMs (launched by ``moe.py``; the tile schedule, the
+decode permutation and the weighted combine are in ``moe_schedule_builders.py``).
 
 Tiling: the grid's x axis enumerates "m-slots", an upper bound ``ceil(N / BM) + E`` on the
-number of (expert, BM-row tile) pairs; each CTA finds its expert from ``expert_offsets`` on the
+number of (expert, BM-row tile) pairs; each CTA reads its expert from the tile schedule on the
 device (no host sync, so the launch is CUDA-graph friendly), slots past the real tile count exit
 at once. The y axis is the BN-column tile. Weights come in through TMA-able 2D tiles
-(``w[e, n0:n0+BN, k0:k0+BK]``); activations through row gathers. Configurations: a decode one
-(few rows per expert, BM x BN = 64 x 64 so enough CTAs stream the weights, cp.async pipeline),
+(``w[e, n0:n0+BN, k0:k0+BK]``); activations through row gathers. Configurations: at decode, the
+operand-swapped kernel (weights on the wgmma's M side, a slot of 16 token rows on N; while experts
+average <= 16 rows), then 64 x 64 tiles (enough CTAs stream the weights, cp.async pipeline);
 prefill down (128 x 256 tiles, TMA on both operands, TileLang's automatic warp specialization)
 and prefill gate/up (128 x 128 x {gate, up}, a hand warp-specialized kernel: one producer
 warpgroup gathers the rows with cp.async and brings the weights with TMA, two consumer
@@ -17,49 +19,6 @@ weighted top-k sum in fp32 in slot order (deterministic).
 """
 
 # No `from __future__ import annotations` (TileLang evaluates prim_func annotations).
-
-
-def _build_slots(E: int, bm: int, off_dtype: str):
-    """Tile schedule: slot s -> (expert, first row, rows) of the s-th BM-row tile in expert order;
-    slots past the last tile get rows = 0. One thread per slot scans the E offsets."""
-    import tilelang.language as T
-
-    NSL = T.dynamic("NSL")
-    NT = 128
-
-    @T.prim_func
-    def main(
-        Offs: T.Tensor((E + 1,), off_dtype),
-        Slots: T.Tensor((3, NSL), T.int32),
-    ):
-        with T.Kernel(T.ceildiv(NSL, NT), threads=NT) as bx:
-            off_s = T.alloc_shared((E + 1,), T.int32)
-            ex = T.alloc_var(T.int32)
-            row0 = T.alloc_var(T.int32)
-            rows = T.alloc_var(T.int32)
-            cum = T.alloc_var(T.int32)
-            tx = T.get_thread_binding()
-            for i in T.Parallel(E + 1):
-                off_s[i] = T.cast(Offs[i], T.int32)
-            s = bx * NT + tx
-            ex = 0
-            row0 = 0
-            rows = 0
-            cum = 0
-            for e in T.serial(E):
-                ne = off_s[e + 1] - off_s[e]
-                te = (ne + bm - 1) // bm
-                if (rows == 0) and (s >= cum) and (s < cum + te):
-                    ex = e
-                    row0 = off_s[e] + (s - cum) * bm
-                    rows = T.min(bm, off_s[e + 1] - row0)
-                cum = cum + te
-            if s < NSL:
-                Slots[0, s] = ex
-                Slots[1, s] = row0
-                Slots[2, s] = rows
-
-    return main
 
 
 def _store_tile_macro(T, dtype: str, swiglu: bool, transposed: bool, bm: int, bn: int):
@@ -297,113 +256,5 @@ def _build_grouped_ws(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int, stag
                                                T.access_ptr(X[src_row, k * bk + c8 * 8], "r", 8), 8,
                                                predicate=i < rows)
                             T.cp_async_barrier_noinc(full[s])
-
-    return main
-
-
-def _build_permute(E: int, topk: int, bm: int):
-    """Decode-size routing bookkeeping in one CTA: expert histogram, offsets, an expert-grouped
-    position for every (token, slot) and the tile schedule. Rows of one expert come out in an
-    arbitrary order (shared-memory atomics): every row is computed independently and the combine
-    sums the slots of a token in slot order, so the result does not depend on it."""
-    import tilelang.language as T
-
-    NT = 1024
-    N = T.dynamic("N")                   # tokens * topk
-    NSL = T.dynamic("NSL")
-
-    @T.prim_func
-    def main(
-        Ids: T.Tensor((N,), T.int32),
-        TokenOf: T.Tensor((N,), T.int32),
-        Inv: T.Tensor((N,), T.int32),
-        Offs: T.Tensor((E + 1,), T.int32),
-        Slots: T.Tensor((3, NSL), T.int32),
-    ):
-        with T.Kernel(1, threads=NT) as _bx:
-            cnt = T.alloc_shared((E,), T.int32)
-            fill = T.alloc_shared((E,), T.int32)
-            off = T.alloc_shared((E + 1,), T.int32)
-            run = T.alloc_var(T.int32)
-            ex = T.alloc_var(T.int32)
-            row0 = T.alloc_var(T.int32)
-            rows = T.alloc_var(T.int32)
-            cum = T.alloc_var(T.int32)
-            tx = T.get_thread_binding()
-            for j in T.serial(T.ceildiv(E, NT)):
-                if j * NT + tx < E:
-                    cnt[j * NT + tx] = 0
-                    fill[j * NT + tx] = 0
-            T.sync_threads()
-            for j in T.serial(T.ceildiv(N, NT)):
-                if j * NT + tx < N:
-                    T.atomic_add(cnt[Ids[j * NT + tx]], 1)
-            T.sync_threads()
-            if tx == 0:
-                run = 0
-                for e in T.serial(E):
-                    off[e] = run
-                    Offs[e] = run
-                    run = run + cnt[e]
-                off[E] = run
-                Offs[E] = run
-            T.sync_threads()
-            for j in T.serial(T.ceildiv(N, NT)):
-                i = j * NT + tx
-                if i < N:
-                    pos = off[Ids[i]] + T.atomic_add(fill[Ids[i]], 1, return_prev=True)
-                    TokenOf[pos] = i // topk
-                    Inv[i] = pos
-            for j in T.serial(T.ceildiv(NSL, NT)):
-                sl = j * NT + tx
-                if sl < NSL:
-                    ex = 0
-                    row0 = 0
-                    rows = 0
-                    cum = 0
-                    for e in T.serial(E):
-                        te = (off[e + 1] - off[e] + bm - 1) // bm
-                        if (rows == 0) and (sl >= cum) and (sl < cum + te):
-                            ex = e
-                            row0 = off[e] + (sl - cum) * bm
-                            rows = T.min(bm, off[e + 1] - row0)
-                        cum = cum + te
-                    Slots[0, sl] = ex
-                    Slots[1, sl] = row0
-                    Slots[2, sl] = rows
-
-    return main
-
-
-def _build_combine(topk: int, H: int, dtype: str):
-    """out[t] = sum_j w[t, j] * y[inv[t * topk + j]] in fp32, j ascending; one CTA row per token."""
-    import tilelang.language as T
-
-    NT = min(128, H // 8)
-    PER = H // NT
-    T_ = T.dynamic("T")
-    NY = T.dynamic("NY")
-    NI = T.dynamic("NI")                 # = T * topk
-
-    @T.prim_func
-    def main(
-        Y: T.Tensor((NY, H), dtype),
-        Wk: T.Tensor((T_, topk), T.float32),
-        Inv: T.Tensor((NI,), T.int32),
-        Out: T.Tensor((T_, H), dtype),
-    ):
-        with T.Kernel(T_, threads=NT) as t:
-            tx = T.get_thread_binding()
-            acc = T.alloc_local((PER,), T.float32)
-            yv = T.alloc_local((PER,), dtype)
-            for v in T.vectorized(PER):
-                acc[v] = 0.0
-            for j in T.serial(topk):
-                for v in T.vectorized(PER):
-                    yv[v] = Y[Inv[t * topk + j], tx * PER + v]
-                for v in T.vectorized(PER):
-                    acc[v] = acc[v] + T.cast(yv[v], T.float32) * Wk[t, j]
-            for v in T.vectorized(PER):
-                Out[t, tx * PER + v] = T.cast(acc[v], dtype)
 
     return main

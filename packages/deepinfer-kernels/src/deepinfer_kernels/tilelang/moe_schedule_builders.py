@@ -1,0 +1,157 @@
+"""TileLang builders of the MoE's bookkeeping kernels around the grouped GEMMs (``moe_builders.py``),
+launched by ``moe.py``: the tile schedule (m-slot -> expert, first row, rows), the decode-size
+permutation by expert in one CTA, and the weighted top-k combine in slot order.
+"""
+
+# No `from __future__ import annotations` (TileLang evaluates prim_func annotations).
+
+
+def _build_slots(E: int, bm: int, off_dtype: str):
+    """Tile schedule: slot s -> (expert, first row, rows) of the s-th BM-row tile in expert order;
+    slots past the last tile get rows = 0. One thread per slot scans the E offsets."""
+    import tilelang.language as T
+
+    NSL = T.dynamic("NSL")
+    NT = 128
+
+    @T.prim_func
+    def main(
+        Offs: T.Tensor((E + 1,), off_dtype),
+        Slots: T.Tensor((3, NSL), T.int32),
+    ):
+        with T.Kernel(T.ceildiv(NSL, NT), threads=NT) as bx:
+            off_s = T.alloc_shared((E + 1,), T.int32)
+            ex = T.alloc_var(T.int32)
+            row0 = T.alloc_var(T.int32)
+            rows = T.alloc_var(T.int32)
+            cum = T.alloc_var(T.int32)
+            tx = T.get_thread_binding()
+            for i in T.Parallel(E + 1):
+                off_s[i] = T.cast(Offs[i], T.int32)
+            s = bx * NT + tx
+            ex = 0
+            row0 = 0
+            rows = 0
+            cum = 0
+            for e in T.serial(E):
+                ne = off_s[e + 1] - off_s[e]
+                te = (ne + bm - 1) // bm
+                if (rows == 0) and (s >= cum) and (s < cum + te):
+                    ex = e
+                    row0 = off_s[e] + (s - cum) * bm
+                    rows = T.min(bm, off_s[e + 1] - row0)
+                cum = cum + te
+            if s < NSL:
+                Slots[0, s] = ex
+                Slots[1, s] = row0
+                Slots[2, s] = rows
+
+    return main
+
+
+def _build_permute(E: int, topk: int, bm: int):
+    """Decode-size routing bookkeeping in one CTA: expert histogram, offsets, an expert-grouped
+    position for every (token, slot) and the tile schedule. Rows of one expert come out in an
+    arbitrary order (shared-memory atomics): every row is computed independently and the combine
+    sums the slots of a token in slot order, so the result does not depend on it."""
+    import tilelang.language as T
+
+    NT = 1024
+    N = T.dynamic("N")                   # tokens * topk
+    NSL = T.dynamic("NSL")
+
+    @T.prim_func
+    def main(
+        Ids: T.Tensor((N,), T.int32),
+        TokenOf: T.Tensor((N,), T.int32),
+        Inv: T.Tensor((N,), T.int32),
+        Offs: T.Tensor((E + 1,), T.int32),
+        Slots: T.Tensor((3, NSL), T.int32),
+    ):
+        with T.Kernel(1, threads=NT) as _bx:
+            cnt = T.alloc_shared((E,), T.int32)
+            fill = T.alloc_shared((E,), T.int32)
+            off = T.alloc_shared((E + 1,), T.int32)
+            run = T.alloc_var(T.int32)
+            ex = T.alloc_var(T.int32)
+            row0 = T.alloc_var(T.int32)
+            rows = T.alloc_var(T.int32)
+            cum = T.alloc_var(T.int32)
+            tx = T.get_thread_binding()
+            for j in T.serial(T.ceildiv(E, NT)):
+                if j * NT + tx < E:
+                    cnt[j * NT + tx] = 0
+                    fill[j * NT + tx] = 0
+            T.sync_threads()
+            for j in T.serial(T.ceildiv(N, NT)):
+                if j * NT + tx < N:
+                    T.atomic_add(cnt[Ids[j * NT + tx]], 1)
+            T.sync_threads()
+            if tx == 0:
+                run = 0
+                for e in T.serial(E):
+                    off[e] = run
+                    Offs[e] = run
+                    run = run + cnt[e]
+                off[E] = run
+                Offs[E] = run
+            T.sync_threads()
+            for j in T.serial(T.ceildiv(N, NT)):
+                i = j * NT + tx
+                if i < N:
+                    pos = off[Ids[i]] + T.atomic_add(fill[Ids[i]], 1, return_prev=True)
+                    TokenOf[pos] = i // topk
+                    Inv[i] = pos
+            for j in T.serial(T.ceildiv(NSL, NT)):
+                sl = j * NT + tx
+                if sl < NSL:
+                    ex = 0
+                    row0 = 0
+                    rows = 0
+                    cum = 0
+                    for e in T.serial(E):
+                        te = (off[e + 1] - off[e] + bm - 1) // bm
+                        if (rows == 0) and (sl >= cum) and (sl < cum + te):
+                            ex = e
+                            row0 = off[e] + (sl - cum) * bm
+                            rows = T.min(bm, off[e + 1] - row0)
+                        cum = cum + te
+                    Slots[0, sl] = ex
+                    Slots[1, sl] = row0
+                    Slots[2, sl] = rows
+
+    return main
+
+
+def _build_combine(topk: int, H: int, dtype: str):
+    """out[t] = sum_j w[t, j] * y[inv[t * topk + j]] in fp32, j ascending; one CTA row per token."""
+    import tilelang.language as T
+
+    NT = min(128, H // 8)
+    PER = H // NT
+    T_ = T.dynamic("T")
+    NY = T.dynamic("NY")
+    NI = T.dynamic("NI")                 # = T * topk
+
+    @T.prim_func
+    def main(
+        Y: T.Tensor((NY, H), dtype),
+        Wk: T.Tensor((T_, topk), T.float32),
+        Inv: T.Tensor((NI,), T.int32),
+        Out: T.Tensor((T_, H), dtype),
+    ):
+        with T.Kernel(T_, threads=NT) as t:
+            tx = T.get_thread_binding()
+            acc = T.alloc_local((PER,), T.float32)
+            yv = T.alloc_local((PER,), dtype)
+            for v in T.vectorized(PER):
+                acc[v] = 0.0
+            for j in T.serial(topk):
+                for v in T.vectorized(PER):
+                    yv[v] = Y[Inv[t * topk + j], tx * PER + v]
+                for v in T.vectorized(PER):
+                    acc[v] = acc[v] + T.cast(yv[v], T.float32) * Wk[t, j]
+            for v in T.vectorized(PER):
+                Out[t, tx * PER + v] = T.cast(acc[v], dtype)
+
+    return main
