@@ -13,6 +13,7 @@ the eighth session found the swapped GEMMs at 88% of copy bandwidth while the wh
 import argparse
 
 import torch
+from profile_ops import kernel_events
 from torch.profiler import ProfilerActivity, profile
 
 H, I, E, K = 1024, 512, 64, 6
@@ -20,21 +21,17 @@ H, I, E, K = 1024, 512, 64, 6
 
 def kernel_times(fn, reps: int) -> tuple[list[float], list[float], float]:
     """(mean us per kernel position, mean gap before it, mean span) of `fn` replayed from a graph."""
-    for _ in range(3):
+    from deepinfer_kernels.tilelang.testing import capture_graph
+
+    for _ in range(3):   # compiles and allocator warm-up outside the capture
         fn()
     torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    for _ in range(3):
-        g.replay()
-    torch.cuda.synchronize()
+    g = capture_graph(fn)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
             g.replay()
         torch.cuda.synchronize()
-    ev = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                key=lambda e: e.time_range.start)
+    ev = kernel_events(prof, torch)
     per = len(ev) // reps
     durs, gaps, span = [0.0] * per, [0.0] * per, 0.0
     for r in range(reps):

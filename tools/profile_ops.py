@@ -64,6 +64,13 @@ def attribute(kernels: list[tuple[str, float]], labels: list[str], marker: str) 
     return out
 
 
+def kernel_events(prof, torch) -> list:
+    """The CUDA kernel events of a torch profile in launch order (copies and memsets left out)."""
+    return sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                   and not e.name.startswith("Memcpy") and not e.name.startswith("Memset")),
+                  key=lambda e: e.time_range.start)
+
+
 def _marker_name(torch) -> str:
     from torch.profiler import ProfilerActivity, profile
 
@@ -134,10 +141,7 @@ def main() -> None:
             engine.step()
         torch.cuda.synchronize()
     recording[0] = False
-    kernels = [(e.name, e.time_range.elapsed_us()) for e in
-               sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-                       and not e.name.startswith("Memcpy") and not e.name.startswith("Memset")),
-                      key=lambda e: e.time_range.start)]
+    kernels = [(e.name, e.time_range.elapsed_us()) for e in kernel_events(prof, torch)]
     result = attribute(kernels, labels, marker)
     n = args.steps
     print(f"== {args.model} batch {args.batch} nextn {args.nextn}: {result.total_us / n:.1f} us of kernels per "

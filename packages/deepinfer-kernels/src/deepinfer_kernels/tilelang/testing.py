@@ -231,7 +231,8 @@ def _event_times_us(call: Callable[[], object], reps: int, before: Callable[[], 
     return sorted(times)
 
 
-def _capture(body: Callable[[], object]) -> torch.cuda.CUDAGraph:
+def capture_graph(body: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    """`body` captured in a CUDA graph (run eagerly first if it compiles), replayed once, synced."""
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         body()
@@ -260,7 +261,7 @@ def cuda_time_us(fn: Callable[[], object], *, reps: int = 50, warmup: int = 5, f
     if not graph:
         times = _event_times_us(fn, reps, do_flush)
         return {"median_us": times[len(times) // 2], "min_us": times[0], "reps": reps}
-    single = _capture(fn)
+    single = capture_graph(fn)
     replay = _event_times_us(single.replay, reps, do_flush)
 
     def calls():
@@ -272,8 +273,8 @@ def cuda_time_us(fn: Callable[[], object], *, reps: int = 50, warmup: int = 5, f
         for _ in range(IN_GRAPH_COPIES):
             do_flush()
 
-    with_calls = _event_times_us(_capture(calls).replay, reps)
-    flush_only = _event_times_us(_capture(flushes).replay, reps)
+    with_calls = _event_times_us(capture_graph(calls).replay, reps)
+    flush_only = _event_times_us(capture_graph(flushes).replay, reps)
     per_call = [(a - b) / IN_GRAPH_COPIES for a, b in zip(with_calls, flush_only)]   # sorted pairs: min, ..., max
     return {"median_us": per_call[len(per_call) // 2], "min_us": min(per_call), "reps": reps,
             "replay_median_us": replay[len(replay) // 2], "in_graph_copies": IN_GRAPH_COPIES}
