@@ -104,6 +104,11 @@ def _specs():
             add("rope", "rope", [("_kernel", (h, d, r, dt))])
     add("attention_indices", "attention_indices", [("_kernel", ())])
     add("paged_slots", "paged_slots", [("_kernel", ())])
+    # ---- masked row writes: Engram ids (int32 rows of 1) and compressor token terms (fp32 rows of
+    # D + Di + 1: 97 tiny / default, 641 mini / flash), slots int64 (the engine) or int32 (tests)
+    for w, src_dt, dst_dt in ((1, torch.int32, torch.int32), (97, f32, f32), (641, f32, f32), (641, bf16, f32)):
+        for idx_dt in (torch.int64, torch.int32):
+            add("write_rows", "write_rows", [("_kernel", (w, src_dt, dst_dt, idx_dt))])
 
     uniq, seen = [], set()
     for item in out:

@@ -22,6 +22,8 @@ import threading
 
 import torch
 
+from deepinfer_kernels.platform import tilelang_launcher
+
 _state = threading.local()
 
 
@@ -88,7 +90,22 @@ def write_rows(dst: torch.Tensor, idx: torch.Tensor, src: torch.Tensor) -> None:
     if idx.dim() != 1 or src.shape[0] != idx.shape[0] or tuple(src.shape[1:]) != tuple(dst.shape[1:]):
         raise ValueError(f"write_rows: dst {tuple(dst.shape)}, idx {tuple(idx.shape)}, src {tuple(src.shape)} "
                          "must be [M, ...], [n], [n, ...]")
-    if use_capturable(idx):
+    kernel = tilelang_launcher("write_rows", dst.device, supported=_kernel_takes(dst, idx, src))
+    if kernel is not None:   # SM90: one launch instead of the capturable variant's ~13
+        kernel(dst, idx, src)
+    elif use_capturable(idx):
         write_rows_capturable(dst, idx, src)
     else:
         write_rows_ref(dst, idx, src)
+
+
+_KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64)
+
+
+def _kernel_takes(dst: torch.Tensor, idx: torch.Tensor, src: torch.Tensor) -> bool:
+    """The TileLang kernel's operands: its dtypes, a cast within floats or within ints, contiguous
+    rows of dst, dst / idx / src on one device."""
+    return (dst.dtype in _KERNEL_DTYPES and src.dtype in _KERNEL_DTYPES
+            and dst.dtype.is_floating_point == src.dtype.is_floating_point
+            and idx.dtype in (torch.int32, torch.int64) and dst.device == idx.device == src.device
+            and dst.shape[0] > 0 and dst[0].is_contiguous() and dst.stride(0) == dst[0].numel())

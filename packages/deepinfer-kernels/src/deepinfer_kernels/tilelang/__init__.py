@@ -41,6 +41,7 @@ LAUNCHERS = {
     "attention_indices": "attention_indices:attention_indices_tilelang",
     "rope_inplace": "rope:rope_inplace_tilelang",
     "paged_slots": "paged_slots:paged_slots_tilelang",
+    "write_rows": "write_rows:write_rows_tilelang",
 }
 
 
