@@ -102,6 +102,8 @@ def _specs():
                     (8, 128, 32)):
         for dt in (bf16, f16):
             add("rope", "rope", [("_kernel", (h, d, r, dt))])
+    for d, r in ((512, 64), (64, 16)):   # compressed entries' float32 latents [E, 1, D]
+        add("rope", "rope", [("_kernel", (1, d, r, f32))])
     add("attention_indices", "attention_indices", [("_kernel", ())])
     add("paged_slots", "paged_slots", [("_kernel", ())])
     # ---- masked row writes: Engram ids (int32 rows of 1) and compressor token terms (fp32 rows of

@@ -47,7 +47,7 @@ def test_bad_inputs_name_the_field():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("n,h,d,r", [(1, 17, 512, 64), (300, 16, 512, 64), (9, 1, 512, 64), (5, 8, 128, 32)])
 def test_tilelang_kernel_equals_reference(dtype, n, h, d, r):
     if not torch.cuda.is_available():

@@ -44,7 +44,8 @@ def rope_inplace(x: torch.Tensor, cos_full: torch.Tensor, sin_signed: torch.Tens
     if not x.is_contiguous():
         raise ValueError("x: must be contiguous (rotated in place)")
     device = check_same_device(x=x, cos_full=cos_full, sin_signed=sin_signed)
-    kernel = tilelang_launcher("rope_inplace", device, supported=x.dtype in (torch.bfloat16, torch.float16))
+    kernel = tilelang_launcher("rope_inplace", device,
+                               supported=x.dtype in (torch.bfloat16, torch.float16, torch.float32))
     if kernel is not None:
         return kernel(x, cos_full, sin_signed)
     return rope_inplace_ref(x, cos_full, sin_signed)

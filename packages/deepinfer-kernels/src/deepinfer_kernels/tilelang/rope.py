@@ -13,7 +13,7 @@ from deepinfer_kernels.tilelang._common import compile_cached, require, require_
 # No `from __future__ import annotations` (TileLang evaluates prim_func annotations).
 
 NT = 128
-_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
 def _build(h: int, d: int, r: int, dtype: str):
@@ -54,8 +54,8 @@ def _kernel(h: int, d: int, r: int, dtype: torch.dtype):
 
 
 def rope_inplace_tilelang(x: torch.Tensor, cos_full: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """x [N, H, D] bf16 / fp16 contiguous, cos_full / sin_signed float32 [N, r] -> x rotated in place."""
-    require(x.dtype in _DTYPES, f"x: bf16 or fp16, got {x.dtype}")
+    """x [N, H, D] bf16 / fp16 / fp32 contiguous, cos_full / sin_signed float32 [N, r] -> x rotated in place."""
+    require(x.dtype in _DTYPES, f"x: bf16, fp16 or fp32, got {x.dtype}")
     require(x.dim() == 3 and x.is_contiguous(), "x: contiguous [N, H, D]")
     require_cuda(x=x, cos_full=cos_full, sin_signed=sin_signed)
     n, h, d = x.shape

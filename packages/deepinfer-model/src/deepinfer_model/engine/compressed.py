@@ -15,23 +15,30 @@ completed entry), and only rows that complete an entry store it (the others get 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from deepinfer_kernels.ops.capture import host_checks, write_rows
 from deepinfer_kernels.ops.kv_fp4 import store_index_k_fp4
 from deepinfer_kernels.ops.kv_fp8 import store_kv_fp8
 from deepinfer_model.engine.indexing import slots_of
+from deepinfer_model.modules.rope import RopeTable
 
 
 def update_compressed_source(model, src: int, terms: torch.Tensor, positions: torch.Tensor, req: torch.Tensor,
-                             slots: torch.Tensor, block_tables: torch.Tensor, cache, static: bool = False) -> None:
+                             slots: torch.Tensor, block_tables: torch.Tensor, cache, static: bool = False,
+                             entry_rope: Callable[[int], RopeTable] | None = None) -> None:
     """terms float32 [N, S]: the rows' `Compressor.token_terms` (an encoder-side source's come from
-    its layer's fused input GEMM), positions/req/slots [N]; slot -1 rows write nothing."""
+    its layer's fused input GEMM), positions/req/slots [N]; slot -1 rows write nothing.
+    `entry_rope(r)` (static only): the RoPE table of the positions of the entries the rows close at
+    ratio r, shared by the step's sources of that ratio (`_Rows.entry_rope`)."""
     comp = model.model.layers[src].self_attn.compressor
     layout = cache.layout
     r = comp.ratio
+    rope = entry_rope(r) if static and entry_rope is not None else None
     if r == 1 and static:
-        latent, ik = comp.combine(terms.unsqueeze(1), positions)
+        latent, ik = comp.combine(terms.unsqueeze(1), positions, rope)
         dslots = slots                                                            # -1 rows: skipped
     elif r == 1:
         done = slots >= 0
@@ -53,7 +60,7 @@ def update_compressed_source(model, src: int, terms: torch.Tensor, positions: to
         if (not static or host_checks(tok_slots)) and bool(missing.any()):
             raise RuntimeError(f"layer {src}: a compressed entry's tokens have no slot in the block table")
         gathered = cache.comp_stage[plane, tok_slots.clamp(min=0)].float()            # [E, r, S]
-        latent, ik = comp.combine(gathered, t // r)
+        latent, ik = comp.combine(gathered, t // r, rope)
         dslots = torch.where(done, slots, torch.full_like(slots, -1)) if static else slots[done]
     if dslots.numel() == 0:
         return

@@ -28,6 +28,7 @@ candidates instead of the row's own `n_far` (`ni * Di` MACs each plus an FP4 key
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -70,6 +71,17 @@ class _Rows:
         key = ("rope", dim, theta)
         if key not in self._memo:
             self._memo[key] = rope_table(self.positions, dim, theta)
+        return self._memo[key]
+
+    def entry_rope(self, ratio: int, dim: int, theta: float) -> RopeTable:
+        """The RoPE table of the compressed entries the rows would close at `ratio` (each at its last
+        token's position, `(p // ratio) * ratio + ratio - 1`; ratio 1: the rows' own table), shared
+        by the step's compressed sources of that ratio."""
+        if ratio == 1:
+            return self.rope(dim, theta)
+        key = ("entry_rope", ratio, dim, theta)
+        if key not in self._memo:
+            self._memo[key] = rope_table((self.positions // ratio) * ratio + ratio - 1, dim, theta)
         return self._memo[key]
 
     def engram_buckets(self, table_size: int) -> torch.Tensor:
@@ -177,7 +189,8 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
     store_kv_fp8(inputs.latent, cache.kv[plane], rows.slots)   # the layer's own plane: slots index it directly
     if attn.compressor is not None and not layer.is_consumer:
         update_compressed_source(model, l, inputs.compressor_terms, rows.positions, rows.req, rows.slots,
-                                 meta.block_tables, cache, static=not meta.is_prefill)
+                                 meta.block_tables, cache, static=not meta.is_prefill,
+                                 entry_rope=functools.partial(rows.entry_rope, dim=attn.rope_dim, theta=attn.theta))
     far = None
     if layer.ratio > 0:
         max_far = None if meta.is_prefill else static_max_far(meta, cfg.sliding_window, layer.ratio)
@@ -245,7 +258,9 @@ def engine_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
         s = model.model.layers[topo.first_consumer_layer].input_layernorm(x)
         for src in topo.consumer_sources:
             terms = model.model.layers[src].self_attn.compressor.project_terms(s)
-            update_compressed_source(model, src, terms, positions, req, slots, meta.block_tables, cache, static=decode)
+            update_compressed_source(model, src, terms, positions, req, slots, meta.block_tables, cache, static=decode,
+                                     entry_rope=functools.partial(rows.entry_rope, dim=cfg.qk_rope_head_dim,
+                                                                  theta=cfg.rope_theta))
         x = take(x)
         frows = rows if decode else rows.subset(full_rows, lo[full_rows])
         for l in (topo.consumer_layers if full_rows.numel() else ()):  # no last chunk: encoder side only

@@ -20,7 +20,7 @@ from torch import nn
 
 from deepinfer_model.modules.fused_projection import FusedProjection
 from deepinfer_model.modules.norm import RMSNorm
-from deepinfer_model.modules.rope import apply_rope
+from deepinfer_model.modules.rope import RopeTable, apply_rope, apply_rope_inplace
 
 
 class Compressor(nn.Module):
@@ -56,16 +56,26 @@ class Compressor(nn.Module):
             return self.token_terms(v)
         return self.terms_projection(v).float()
 
-    def combine(self, terms: torch.Tensor, entry_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def combine(self, terms: torch.Tensor, entry_ids: torch.Tensor, rope: RopeTable | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """terms [E, r, D + Di + 1] (tokens of each entry in order), entry_ids [E]
-        -> (latent [E, D] float32, index_k [E, Di] float32)."""
+        -> (latent [E, D] float32, index_k [E, Di] float32). `rope`: the table of the entries'
+        positions (`entry_positions(entry_ids)`) when the caller has it (the engine shares one per
+        step): the fresh sum is then rotated in place, bit-identical to the formula."""
         d = self.wkv.out_features
         c, ik, g = terms[..., :d], terms[..., d:-1], terms[..., -1]
         a = torch.softmax(g + self.pos_bias.float(), dim=-1).unsqueeze(-1)        # [E, r, 1]
         cs, iks = (a * c).sum(1), (a * ik).sum(1)
-        pos = entry_ids.long() * self.ratio + self.ratio - 1
-        latent = torch.cat([self.kv_norm(cs[:, : self.dc]), apply_rope(cs[:, self.dc:], pos, self.theta)], -1)
-        return latent, iks
+        if rope is None:
+            rotated = apply_rope(cs[:, self.dc:], self.entry_positions(entry_ids), self.theta)
+        else:
+            apply_rope_inplace(cs.view(cs.shape[0], 1, d), rope, self.theta)
+            rotated = cs[:, self.dc:]
+        return torch.cat([self.kv_norm(cs[:, : self.dc]), rotated], -1), iks
+
+    def entry_positions(self, entry_ids: torch.Tensor) -> torch.Tensor:
+        """entry_ids [E] -> int64 [E] the position each entry's RoPE uses (its last token's)."""
+        return entry_ids.long() * self.ratio + self.ratio - 1
 
     def entries(self, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Dense: v [T, H] for positions 0..T-1 -> complete entries (latent [T//r, D], index_k [T//r, Di])."""
