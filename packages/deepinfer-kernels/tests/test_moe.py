@@ -166,3 +166,19 @@ def test_moe_decode_tiles_by_rows_per_expert():
         assert moe.pick_config(6, 64, True, k=1024, nout=512) is staged
     assert moe.pick_config(6, 64, False, k=512, nout=96) is moe.DECODE       # Nout not a multiple of 64
     assert moe.pick_config(64 * 64 + 1, 64, False, k=512, nout=1024) is moe.PREFILL
+
+
+def test_routed_experts_adds_shared_and_residual_as_torch_does():
+    """`residual + (routed + shared)`, each add rounded in x's dtype (the CPU path: the torch adds)."""
+    from deepinfer_kernels.tilelang import testing as T
+
+    x, w, ids, w13, w2 = T.make_moe_case(7, 256, 128, 16, 4, "cpu", seed=3)
+    g = torch.Generator().manual_seed(4)
+    shared = torch.randn(x.shape, generator=g).to(x.dtype)
+    residual = (torch.randn(x.shape, generator=g) * 10).to(x.dtype)
+    routed = routed_experts(x, w, ids, w13, w2)
+    assert torch.equal(routed_experts(x, w, ids, w13, w2, shared=shared, residual=residual),
+                       residual + (routed + shared))
+    assert torch.equal(routed_experts(x, w, ids, w13, w2, residual=residual), residual + routed)
+    with pytest.raises(ValueError, match="shared"):
+        routed_experts(x, w, ids, w13, w2, shared=shared.float())

@@ -101,3 +101,19 @@ def test_routed_experts_small_dims():
     x, w, ids, w13, w2 = T.make_moe_case(5, 256, 128, 16, 4, "cuda", seed=1)
     torch.testing.assert_close(routed_experts_tilelang(x, w, ids, w13, w2).float(),
                                ref.routed_experts_ref(x, w, ids, w13, w2).float(), atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("tokens", [1, 64, 300])
+def test_routed_experts_combine_adds_shared_and_residual_bit_for_bit(tokens):
+    """The combine kernel's fused `residual + (routed + shared)` equals the two torch adds exactly."""
+    from deepinfer_kernels.tilelang.moe import routed_experts_tilelang
+
+    x, w, ids, w13, w2 = T.make_moe_case(tokens, 1024, 512, 64, 6, "cuda", seed=tokens + 11)
+    g = torch.Generator().manual_seed(tokens)
+    shared = torch.randn(x.shape, generator=g).to(x.dtype).cuda()
+    residual = (torch.randn(x.shape, generator=g) * 10).to(x.dtype).cuda()
+    routed = routed_experts_tilelang(x, w, ids, w13, w2)
+    fused = routed_experts_tilelang(x, w, ids, w13, w2, shared=shared, residual=residual)
+    torch.cuda.synchronize()
+    assert torch.equal(fused, residual + (routed + shared))
+    assert torch.equal(routed_experts_tilelang(x, w, ids, w13, w2, residual=residual), residual + routed)

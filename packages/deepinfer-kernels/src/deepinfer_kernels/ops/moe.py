@@ -192,8 +192,11 @@ def grouped_expert_gemm(x: torch.Tensor, w: torch.Tensor, expert_offsets: torch.
 
 
 def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-                   w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
-    """x [T, H], weights [T, k] float32, ids int32 [T, k], w13 [E, 2I, H], w2 [E, H, I] -> [T, H]."""
+                   w13: torch.Tensor, w2: torch.Tensor, shared: torch.Tensor | None = None,
+                   residual: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, H], weights [T, k] float32, ids int32 [T, k], w13 [E, 2I, H], w2 [E, H, I] -> [T, H].
+    With `shared` / `residual` ([T, H], x's dtype): `residual + (routed + shared)`, rounded as those
+    torch adds are (on SM90 the combine kernel adds them: two launches fewer per MoE layer)."""
     check_tensor("x", x, 2, FLOAT_DTYPES)
     check_tensor("weights", weights, 2, FLOAT_DTYPES)
     check_tensor("ids", ids, 2, INDEX_DTYPES)
@@ -208,6 +211,11 @@ def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
     check_dim("w2", w2, 2, w13.shape[1] // 2)
     if host_checks(ids) and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= w13.shape[0]):
         raise ValueError(f"ids: expert ids must lie in [0, {w13.shape[0]})")
+    for name, t in (("shared", shared), ("residual", residual)):
+        if t is not None:
+            check_tensor(name, t, 2, (x.dtype,))
+            check_dim(name, t, 0, x.shape[0])
+            check_dim(name, t, 1, x.shape[1])
     device = check_same_device(x=x, weights=weights, ids=ids, w13=w13, w2=w2)
     # Decode sizes only: the prefill-size gate/up kernel hung in its GPU tests (2026-11-30 run).
     invariant = batch_invariant_enabled()   # one kernel and one tile shape whatever the token count
@@ -215,10 +223,15 @@ def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                                supported=x.dtype == torch.bfloat16
                                and (x.shape[0] <= TILELANG_MOE_MAX_TOKENS or invariant)
                                and x.shape[1] % 128 == 0 and w2.shape[2] % 128 == 0)  # tile-aligned widths
-    if kernel is not None:
-        return kernel(x, weights, ids, w13, w2)
-    if grouped_mm_usable(x, w13, w2):
-        return routed_experts_grouped(x, weights, ids, w13, w2)
-    if use_capturable(x):  # CUDA without the grouped GEMM (fp32, other GPUs): static shapes, no sync
-        return routed_experts_masked(x, weights, ids, w13, w2)
-    return routed_experts_ref(x, weights, ids, w13, w2)
+    if kernel is not None and not torch.compiler.is_compiling():
+        return kernel(x, weights, ids, w13, w2, shared=shared, residual=residual)
+    if kernel is not None:   # the traced custom op takes no addends: inductor generates the adds
+        out = kernel(x, weights, ids, w13, w2)
+    elif grouped_mm_usable(x, w13, w2):
+        out = routed_experts_grouped(x, weights, ids, w13, w2)
+    elif use_capturable(x):  # CUDA without the grouped GEMM (fp32, other GPUs): static shapes, no sync
+        out = routed_experts_masked(x, weights, ids, w13, w2)
+    else:
+        out = routed_experts_ref(x, weights, ids, w13, w2)
+    out = out if shared is None else out + shared
+    return out if residual is None else residual + out

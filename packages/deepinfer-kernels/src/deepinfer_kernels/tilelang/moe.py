@@ -93,8 +93,9 @@ def _slots_kernel(num_experts: int, bm: int, offn: str):
     return compile_cached("moe_slots", (num_experts, bm, offn), lambda: _build_slots(num_experts, bm, offn))
 
 
-def _combine_kernel(topk: int, h: int, dtype: torch.dtype):
-    return compile_cached("moe_combine", (topk, h, _DT[dtype]), lambda: _build_combine(topk, h, _DT[dtype]))
+def _combine_kernel(topk: int, h: int, dtype: torch.dtype, add_shared: bool = False, add_residual: bool = False):
+    return compile_cached("moe_combine", (topk, h, _DT[dtype], add_shared, add_residual),
+                          lambda: _build_combine(topk, h, _DT[dtype], add_shared, add_residual))
 
 
 def _permute_kernel(num_experts: int, topk: int, bm: int):
@@ -151,17 +152,20 @@ def precompile_specs(kind: str, rows: int, num_experts: int, k: int, nout: int, 
     specs = [first,
              ("_grouped_kernel", (num_experts, k, nout, cfg1, True, True, dtype)),
              ("_grouped_kernel", (num_experts, nout, k, cfg2, False, False, dtype)),
-             ("_combine_kernel", (topk, k, dtype))]
+             ("_combine_kernel", (topk, k, dtype)),
+             ("_combine_kernel", (topk, k, dtype, True, True))]   # the engine's: + shared expert + residual
     if cfg2["bm"] != cfg1["bm"]:
         specs.append(("_slots_kernel", (num_experts, cfg2["bm"], "int32")))
     return specs
 
 
 def routed_experts_tilelang(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-                            w13: torch.Tensor, w2: torch.Tensor, *, gate_up_config: dict | None = None,
+                            w13: torch.Tensor, w2: torch.Tensor, *, shared: torch.Tensor | None = None,
+                            residual: torch.Tensor | None = None, gate_up_config: dict | None = None,
                             down_config: dict | None = None) -> torch.Tensor:
     """x [T, H], weights [T, k], ids [T, k], w13 [E, 2I, H], w2 [E, H, I] -> [T, H]; like
-    ``routed_experts_ref``."""
+    ``routed_experts_ref``, then ``residual + (out + shared)`` in x's dtype when given ([T, H]
+    each; added by the combine kernel, bit-identical to the two torch adds)."""
     require(x.dim() == 2 and x.dtype in _DT, "x: bf16/fp16 [T, H]")
     t, h = x.shape
     require(ids.dim() == 2 and ids.shape[0] == t and weights.shape == ids.shape, "ids/weights: [T, k]")
@@ -203,5 +207,9 @@ def routed_experts_tilelang(x: torch.Tensor, weights: torch.Tensor, ids: torch.T
     dummy = torch.empty(1, dtype=torch.int32, device=device)
     slots2 = slots1 if cfg2["bm"] == cfg1["bm"] else _slots(offsets, e, n, cfg2["bm"])
     _grouped_kernel(e, inter, h, cfg2, False, False, x.dtype)(act, w2.contiguous(), slots2, dummy, y)
-    _combine_kernel(topk, h, x.dtype)(y, weights.float().contiguous(), inv, out)
+    for name, t_ in (("shared", shared), ("residual", residual)):
+        require(t_ is None or (t_.shape == (t, h) and t_.dtype == x.dtype), f"{name}: [T, H] of x's dtype")
+    _combine_kernel(topk, h, x.dtype, shared is not None, residual is not None)(
+        y, weights.float().contiguous(), inv, out if shared is None else shared.contiguous(),
+        out if residual is None else residual.contiguous(), out)
     return out

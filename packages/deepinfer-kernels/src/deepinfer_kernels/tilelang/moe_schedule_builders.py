@@ -123,8 +123,11 @@ def _build_permute(E: int, topk: int, bm: int):
     return main
 
 
-def _build_combine(topk: int, H: int, dtype: str):
-    """out[t] = sum_j w[t, j] * y[inv[t * topk + j]] in fp32, j ascending; one CTA row per token."""
+def _build_combine(topk: int, H: int, dtype: str, add_shared: bool = False, add_residual: bool = False):
+    """out[t] = sum_j w[t, j] * y[inv[t * topk + j]] in fp32, j ascending, one CTA row per token;
+    rounded to dtype, then ``+ shared[t]`` and ``residual[t] + ...`` each rounded again when asked
+    (the roundings of torch's ``residual + (routed + shared)`` in dtype, so bit-identical to it).
+    Unused addend operands are never read (the launcher passes ``out`` for them)."""
     import tilelang.language as T
 
     NT = min(128, H // 8)
@@ -138,6 +141,8 @@ def _build_combine(topk: int, H: int, dtype: str):
         Y: T.Tensor((NY, H), dtype),
         Wk: T.Tensor((T_, topk), T.float32),
         Inv: T.Tensor((NI,), T.int32),
+        Shared: T.Tensor((T_, H), dtype),
+        Residual: T.Tensor((T_, H), dtype),
         Out: T.Tensor((T_, H), dtype),
     ):
         with T.Kernel(T_, threads=NT) as t:
@@ -152,6 +157,14 @@ def _build_combine(topk: int, H: int, dtype: str):
                 for v in T.vectorized(PER):
                     acc[v] = acc[v] + T.cast(yv[v], T.float32) * Wk[t, j]
             for v in T.vectorized(PER):
-                Out[t, tx * PER + v] = T.cast(acc[v], dtype)
+                yv[v] = T.cast(acc[v], dtype)
+            if add_shared:
+                for v in T.vectorized(PER):
+                    yv[v] = T.cast(T.cast(yv[v], T.float32) + T.cast(Shared[t, tx * PER + v], T.float32), dtype)
+            if add_residual:
+                for v in T.vectorized(PER):
+                    yv[v] = T.cast(T.cast(Residual[t, tx * PER + v], T.float32) + T.cast(yv[v], T.float32), dtype)
+            for v in T.vectorized(PER):
+                Out[t, tx * PER + v] = yv[v]
 
     return main

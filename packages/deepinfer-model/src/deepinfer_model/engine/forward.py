@@ -47,6 +47,7 @@ from deepinfer_model.engine.indexing import (
 )
 from deepinfer_model.metadata import ForwardMetadata, ForwardOutput, MetadataError
 from deepinfer_model.modules.engram import PAD_ID, ngram_buckets
+from deepinfer_model.modules.moe import MoE
 from deepinfer_model.modules.rope import RopeTable, rope_table
 
 
@@ -203,7 +204,10 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
                                 far.entry_slots, far.base, cfg.index_block_size)
         o, _ = sparse_mla_attention(q, cache.kv_flat, idx, attn.sm_scale)
     x = x + attn.output(o)
-    return x + layer.mlp(layer.post_attention_layernorm(x))
+    u = layer.post_attention_layernorm(x)
+    if isinstance(layer.mlp, MoE):   # the residual add happens in the routed experts' combine
+        return layer.mlp(u, residual=x)
+    return x + layer.mlp(u)
 
 
 def full_row_mask(model, meta: ForwardMetadata, req: torch.Tensor, positions: torch.Tensor) -> tuple:

@@ -57,14 +57,16 @@ class MoE(nn.Module):
         """x [N, H] -> (weights float32 [N, k], ids int32 [N, k])."""
         return self.route_logits(self.gate(x))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, H]
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:  # [N, H] -> [N, H]
+        """The MoE output, plus `residual` [N, H] when given (`residual + moe(x)`, added inside the
+        routed experts' combine on SM90 together with the shared expert's output)."""
         if self.input_projection is None:
             weights, ids = self.route(x)
-            return routed_experts(x, weights, ids, self.experts.w13, self.experts.w2)
+            return routed_experts(x, weights, ids, self.experts.w13, self.experts.w2, residual=residual)
         logits, gate, up = self.input_projection.split(self.input_projection(x))
         weights, ids = self.route_logits(logits)
-        out = routed_experts(x, weights, ids, self.experts.w13, self.experts.w2)
-        return out + self.shared_experts.from_gate_up(gate, up)
+        shared = self.shared_experts.from_gate_up(gate, up)
+        return routed_experts(x, weights, ids, self.experts.w13, self.experts.w2, shared=shared, residual=residual)
 
     def route_reference(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The oracle's routing (written out, independent of the op): x [N, H] -> (weights float32
