@@ -83,7 +83,9 @@ case "$MODE" in
       --no-prefill --prompt-len 512 --max-model-len 1024 --warmup-steps 20 --steps 40 > "$OUT/flashslice.log" 2>&1 ;;
   ops)
     stage ops_b1 200 "$PY" tools/profile_ops.py --model preset:mini --batch 1 > "$OUT/ops_b1.log" 2>&1
-    stage ops_b64 150 "$PY" tools/profile_ops.py --model preset:mini --batch 64 > "$OUT/ops_b64.log" 2>&1 ;;
+    stage ops_b64 150 "$PY" tools/profile_ops.py --model preset:mini --batch 64 > "$OUT/ops_b64.log" 2>&1
+    stage ops_prefill 150 "$PY" tools/profile_ops.py --model preset:mini --phase prefill --batch 64 --prompt-len 512 \
+      > "$OUT/ops_prefill.log" 2>&1 ;;
   mini)
     stage mini 560 "${BENCH[@]}" --model preset:mini --decode-batch-sizes 1,64 --prompt-len 512 --prefill-batch 64 \
       --prefill-chunk-sizes 8192,16384,32768 --peer --zos-compare --warmup-steps 30 --steps 40 > "$OUT/mini.log" 2>&1 ;;

@@ -10,6 +10,7 @@ kernels between a call's two markers are that call's. A kernel's duration is the
 CUDA graph replays it (graphs change the gaps between kernels, not the kernels).
 
     python tools/profile_ops.py --model preset:mini --batch 1 [--nextn 0] [--steps 3] [--top 30]
+    python tools/profile_ops.py --model preset:mini --phase prefill --batch 64 --prompt-len 512
 
 Prints per step: each TileLang op's calls, total and per-call device time; the other kernels
 (cuBLAS GEMMs, torch element-wise ops) grouped by kernel name; the total.
@@ -89,6 +90,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--nextn", type=int, default=0)
     ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--phase", choices=("decode", "prefill"), default="decode",
+                    help="prefill: one step that prefills --batch prompts at once (after a warm-up prefill)")
     ap.add_argument("--steps", type=int, default=3, help="decode steps profiled (times are per step)")
     ap.add_argument("--top", type=int, default=30, help="kernel names listed outside the TileLang ops")
     args = ap.parse_args()
@@ -122,29 +125,46 @@ def main() -> None:
     tl.get_launcher = bracketed   # platform.tilelang_launcher imports it at every call
 
     marker = _marker_name(torch)
+    prefill = args.phase == "prefill"
+    prefill_rows = args.batch * args.prompt_len
     llm = LLM(None if args.model == "default" else args.model, device="cuda", block_size=128,
-              max_num_seqs=max(args.batch, 8), max_model_len=args.prompt_len + 512, max_num_batched_tokens=8192,
+              max_num_seqs=max(args.batch, 8), max_model_len=args.prompt_len + 512,
+              max_num_batched_tokens=max(8192, prefill_rows if prefill else 0),
               num_speculative_tokens=args.nextn, enable_mtp_varlen=False, cuda_graphs=False,
               zero_overhead_scheduling=False, compile_decode=False, enable_prefix_caching=False)
     engine = llm.engine
     rng = np.random.default_rng(0)
-    params = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
-    for _ in range(args.batch):
-        engine.add_request(prompt_token_ids=rng.integers(10, engine.vocab_size, size=args.prompt_len).tolist(),
-                           params=params)
-    while engine.stats.num_decode_steps < 8:   # past prefill and the kernels' first calls (compiles)
-        engine.step()
+    params = SamplingParams(temperature=0, max_tokens=1 if prefill else 400, ignore_eos=True)
+
+    def add_batch() -> None:
+        for _ in range(args.batch):
+            engine.add_request(prompt_token_ids=rng.integers(10, engine.vocab_size, size=args.prompt_len).tolist(),
+                               params=params)
+
+    add_batch()
+    if prefill:   # a first prefill of the same shape compiles the kernels; the second is profiled
+        while engine.has_unfinished():
+            engine.step()
+        add_batch()
+        steps_done = engine.stats.num_prefill_steps
+    else:
+        while engine.stats.num_decode_steps < 8:   # past prefill and the kernels' first calls (compiles)
+            engine.step()
     torch.cuda.synchronize()
     recording[0] = True
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(args.steps):
-            engine.step()
+        if prefill:
+            while engine.stats.num_prefill_steps == steps_done:
+                engine.step()
+        else:
+            for _ in range(args.steps):
+                engine.step()
         torch.cuda.synchronize()
     recording[0] = False
     kernels = [(e.name, e.time_range.elapsed_us()) for e in kernel_events(prof, torch)]
     result = attribute(kernels, labels, marker)
-    n = args.steps
-    print(f"== {args.model} batch {args.batch} nextn {args.nextn}: {result.total_us / n:.1f} us of kernels per "
+    n = 1 if prefill else args.steps
+    print(f"== {args.model} {args.phase} batch {args.batch} nextn {args.nextn}: {result.total_us / n:.1f} us of kernels per "
           f"step (markers excluded)")
     print("-- TileLang ops: calls/step, us/step, us/call")
     for op, (calls, us) in sorted(result.by_label.items(), key=lambda kv: -kv[1][1]):
