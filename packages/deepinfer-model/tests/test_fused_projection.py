@@ -30,13 +30,31 @@ def test_members_are_views_of_one_stacked_weight():
     members = _linears()
     fused = FusedProjection(members)
     w = fused.weight()
-    assert w.shape == (15, 16) and fused.is_current()
+    assert w.shape == (16, 16) and fused.is_current()       # 15 rows + one zero row (ROW_ALIGN)
+    assert torch.equal(w[15], torch.zeros(16))
     for m, start in zip(members, (0, 5, 8), strict=True):
         assert m.weight.is_contiguous() and m.weight.data_ptr() == w[start].data_ptr()
     x = torch.randn(4, 16)
     with torch.no_grad():
-        assert torch.allclose(fused(x), _one_by_one(members, x), rtol=0, atol=1e-6)
+        assert torch.allclose(fused(x)[:, :15], _one_by_one(members, x), rtol=0, atol=1e-6)
         assert [t.shape[1] for t in fused.split(fused(x))] == [5, 3, 7]
+        assert fused(x).shape == (4, 16)                      # rows of 16 columns: 16-byte aligned in bf16
+
+
+def test_padding_before_a_member_keeps_it_last():
+    """pad_before=2: the zero columns sit between member 1 and member 2 (the attention input keeps
+    its KV projection's columns last); split and gradients see the same layout."""
+    members = _linears((5, 6, 7))
+    fused = FusedProjection(members, pad_before=2)
+    assert fused.offsets == (0, 5, 17) and fused.out_features == 24 and fused.is_current()
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        y = fused(x)
+    assert torch.equal(y[:, 11:17], torch.zeros(4, 6))
+    for part, m in zip(fused.split(y), members, strict=True):
+        assert torch.allclose(part, m(x), rtol=0, atol=1e-6)
+    y_grad = fused(x)                                          # autograd path: members one by one
+    assert y_grad.shape == y.shape and torch.allclose(y_grad, y, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("change", ["in_place", "replace_data", "new_parameter", "to_float64"])
@@ -56,7 +74,7 @@ def test_a_weight_change_is_never_served_stale(change):
             for m in members:
                 m.to(torch.float64)
             x = x.double()
-        assert torch.allclose(fused(x), _one_by_one(members, x), rtol=0, atol=1e-6)
+        assert torch.allclose(torch.cat(fused.split(fused(x)), -1), _one_by_one(members, x), rtol=0, atol=1e-6)
     assert fused.is_current()
 
 

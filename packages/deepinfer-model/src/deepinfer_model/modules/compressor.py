@@ -54,7 +54,7 @@ class Compressor(nn.Module):
         """`token_terms` of the engine path: v [N, H] -> float32 [N, D + Di + 1], one GEMM when fused."""
         if self.terms_projection is None:
             return self.token_terms(v)
-        return self.terms_projection(v).float()
+        return self.terms_projection(v)[:, : self.stage_width].float()   # the padding columns dropped
 
     def combine(self, terms: torch.Tensor, entry_ids: torch.Tensor, rope: RopeTable | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,6 +13,12 @@ outside `W`; `weight()` notices (the member no longer sits at its rows' address:
 check, no device sync) and rebuilds `W` from the members before the next use, so a stale copy is
 never read.
 
+Alignment: `W` carries zero rows up to a multiple of `ROW_ALIGN` (8): an output row of an odd width
+(a source layer's 1,545 columns, a compressor's 641) is not 16-byte aligned, and cuBLAS then runs
+an align-1 kernel, 5.7x slower at a 32K-row prefill on the H200 (974 us against ~170 us for its
+aligned neighbours, 2026-11-30). The zero rows sit at the end, or before member `pad_before`
+(the attention input keeps its KV projection last, see `mla.py`); `offsets` locates each member.
+
 Autograd: `W` is not a parameter. While autograd records and a member requires grad, `__call__`
 runs the members one by one (the same output layout) so that gradients reach them.
 """
@@ -25,26 +31,47 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+ROW_ALIGN = 8   # rows of the stacked weight: a multiple of 8 keeps bf16 output rows 16-byte aligned
+
 
 class FusedProjection:
     """`members`: modules with a bias-free `weight [out_i, in]` (nn.Linear, the MoE router), all of
-    one dtype and device. Output columns follow the members' order. Not an nn.Module: the members
-    stay registered where they are (state dict and parameter names unchanged)."""
+    one dtype and device. Output columns follow the members' order, with the zero padding columns
+    before member `pad_before` (default: at the end). Not an nn.Module: the members stay registered
+    where they are (state dict and parameter names unchanged)."""
 
-    def __init__(self, members: Sequence[nn.Module]):
+    def __init__(self, members: Sequence[nn.Module], pad_before: int | None = None):
         if len(members) < 2:
             raise ValueError("FusedProjection: needs at least two members")
         self.members = tuple(members)
+        self.pad_before = len(self.members) if pad_before is None else pad_before
+        if not 0 <= self.pad_before <= len(self.members):
+            raise ValueError(f"FusedProjection: pad_before={pad_before} must lie in [0, {len(self.members)}]")
         self.widths = tuple(m.weight.shape[0] for m in self.members)
         self._fused: torch.Tensor | None = None
         self.rebuild()
 
     @property
     def out_features(self) -> int:
-        return sum(self.widths)
+        """Output columns, padding included (a multiple of ROW_ALIGN)."""
+        return sum(self.widths) + self.pad
+
+    @property
+    def pad(self) -> int:
+        return -sum(self.widths) % ROW_ALIGN
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        """First output column (= row of the stacked weight) of each member."""
+        out, start = [], 0
+        for i, width in enumerate(self.widths):
+            start += self.pad if i == self.pad_before else 0
+            out.append(start)
+            start += width
+        return tuple(out)
 
     def weight(self) -> torch.Tensor:
-        """The stacked weight [sum_i out_i, in], rebuilt first if a member left it.
+        """The stacked weight [out_features, in] (zero padding rows included), rebuilt first if a member left it.
 
         Under torch.compile (dynamo cannot trace `data_ptr`) the check is skipped: callers that
         compile or capture a step call `refresh_fused_projections` first, and a step captured in a
@@ -59,13 +86,11 @@ class FusedProjection:
         if w is None:
             return False
         row_bytes = w.stride(0) * w.element_size()
-        start = 0
-        for m, width in zip(self.members, self.widths, strict=True):
+        for m, width, start in zip(self.members, self.widths, self.offsets, strict=True):
             p = m.weight
             if (p.device != w.device or p.dtype != w.dtype or tuple(p.shape) != (width, w.shape[1])
                     or not p.is_contiguous() or p.data_ptr() != w.data_ptr() + start * row_bytes):
                 return False
-            start += width
         return True
 
     @torch.no_grad()
@@ -76,22 +101,25 @@ class FusedProjection:
             raise ValueError("FusedProjection: members must share dtype, device and input width, got "
                              f"{[(p.dtype, p.device, tuple(p.shape)) for p in weights]}")
         self.widths = tuple(p.shape[0] for p in weights)
-        fused = torch.cat([p.detach() for p in weights])
-        start = 0
-        for p, width in zip(weights, self.widths, strict=True):
+        parts = [p.detach() for p in weights]
+        parts.insert(self.pad_before, weights[0].new_zeros(self.pad, weights[0].shape[1]))
+        fused = torch.cat(parts)
+        for p, width, start in zip(weights, self.widths, self.offsets, strict=True):
             p.data = fused[start: start + width]
-            start += width
         self._fused = fused
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x [N, in] -> [N, sum_i out_i] (contiguous); member i's output is `split(y)[i]`."""
+        """x [N, in] -> [N, out_features] (contiguous; the padding columns are zero); member i's
+        output is `split(y)[i]`."""
         if torch.is_grad_enabled() and any(m.weight.requires_grad for m in self.members):
-            return torch.cat([F.linear(x, m.weight) for m in self.members], dim=-1)
+            outs = [F.linear(x, m.weight) for m in self.members]
+            outs.insert(self.pad_before, x.new_zeros(*x.shape[:-1], self.pad))
+            return torch.cat(outs, dim=-1)
         return F.linear(x, self.weight())
 
     def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """y [N, sum_i out_i] -> each member's columns [N, out_i] (views)."""
-        return y.split(self.widths, dim=-1)
+        """y [N, out_features] -> each member's columns [N, out_i] (views)."""
+        return tuple(y[..., start: start + width] for start, width in zip(self.offsets, self.widths, strict=True))
 
 
 @torch.no_grad()

@@ -70,7 +70,8 @@ class MLAAttention(nn.Module):
             members.append(self.indexer.weights_proj)
         if self.compressor_reads_input:
             members.extend(self.compressor.token_projections)
-        self.input_projection = FusedProjection(members + [self.kv_a_proj_with_mqa])   # kv last: see docstring
+        # kv last (see project_input), the alignment padding before it
+        self.input_projection = FusedProjection(members + [self.kv_a_proj_with_mqa], pad_before=len(members))
 
     def query(self, u: torch.Tensor, positions: torch.Tensor | RopeTable) -> tuple[torch.Tensor, torch.Tensor]:
         """u [N, H], positions [N] (or their RopeTable) -> (q [N, nh, D], q_latent [N, qr])."""
