@@ -65,8 +65,9 @@ def _specs():
     # ---- indexer
     for h, di in ((8, 128), (64, 128), (2, 32), (8, 64)):
         add("indexer", "indexer", [("_scores_kernel", (h, di, "scores", 1))])
-    for h, di, bs in ((8, 128, 16), (64, 128, 64), (2, 32, 2)):
-        add("indexer", "indexer", [("_scores_kernel", (h, di, "blocks", bs))])
+    for h, di, bs in ((8, 128, 16), (64, 128, 64), (2, 32, 2), (4, 32, 4)):
+        for vlen_dtype in ("int32", "int64"):   # the engine's valid counts are int64
+            add("indexer", "indexer", [("_scores_kernel", (h, di, "blocks", bs, vlen_dtype))])
     for bs in (1, 2, 3, 16, 64):
         add("indexer", "indexer", [("_block_max_kernel", (bs,))])
     for nb, k in ((1, 4), (7, 3), (64, 16), (1000, 16), (3000, 32), (125, 16), (24, 8), (45, 4), (3, 16),

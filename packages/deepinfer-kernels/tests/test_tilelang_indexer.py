@@ -62,7 +62,8 @@ def test_select_topk_blocks_exact(nb, topk):
 
 @pytest.mark.parametrize("rows,heads,di,n,bs,topk", [(4, 8, 128, 2000, 16, 16), (3, 64, 128, 1500, 64, 8),
                                                      (6, 2, 32, 90, 2, 4), (2, 8, 128, 40, 16, 16)])
-def test_fused_indexer_topk(rows, heads, di, n, bs, topk):
+@pytest.mark.parametrize("vlen_dtype", [torch.int32, torch.int64])   # the engine passes int64 counts
+def test_fused_indexer_topk(rows, heads, di, n, bs, topk, vlen_dtype):
     from deepinfer_kernels.tilelang.indexer import (
         candidate_block_max_tilelang,
         indexer_scores_tilelang,
@@ -72,7 +73,7 @@ def test_fused_indexer_topk(rows, heads, di, n, bs, topk):
 
     c = T.make_indexer_case(rows, heads, di, n, 4000, "cuda", seed=n + bs, empty_frac=0.02)
     c.valid_lens[0] = 0                                                   # a row with no far entries
-    fused = indexer_topk_blocks_tilelang(c.q, c.weights, c.k_pool, c.indices, c.valid_lens, bs, topk)
+    fused = indexer_topk_blocks_tilelang(c.q, c.weights, c.k_pool, c.indices, c.valid_lens.to(vlen_dtype), bs, topk)
     # identical to the unfused TileLang chain (same score arithmetic)
     s = indexer_scores_tilelang(c.q, c.weights, c.k_pool, c.indices)
     unfused = select_topk_blocks_tilelang(*candidate_block_max_tilelang(s, c.valid_lens, bs), topk)

@@ -151,7 +151,7 @@ def indexer_topk_blocks(q: torch.Tensor, weights: torch.Tensor, k_pool: torch.Te
     block_size), topk)`: q [rows, heads, Di], weights [rows, heads], k_pool uint8 [slots, Di/2+Di/32],
     indices int32 [rows, n], valid_lens [rows] -> block ids int32 [rows, topk] (-1 padded).
 
-    On SM90 with a bf16 q and a block size dividing 512: the fused TileLang kernels. Its scores
+    On SM90 with a bf16 q and a block size dividing 64: the fused TileLang kernels. Its scores
     round like `indexer_scores`' kernel (fp32 sums in another order than the reference), so a
     near-tie between two blocks may resolve the other way; everything else runs the chain above."""
     check_tensor("q", q, 3, FLOAT_DTYPES)

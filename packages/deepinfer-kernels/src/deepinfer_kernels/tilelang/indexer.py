@@ -37,7 +37,8 @@ from deepinfer_kernels.tilelang._cuda import FP4_DEQUANT_SRC
 BF16_MAX = float(torch.finfo(torch.bfloat16).max)
 TILE = 64              # candidates per wgmma tile
 NT = 128
-TILES_PER_CTA = 8      # candidates per CTA = 512
+TILES_PER_CTA = 1      # candidates per CTA = 64: a decode row's few hundred candidates spread over
+                       # CTAs (8 tiles per CTA ran them serially: ~12 us of a ~20 us call at batch 1)
 MAX_SORT = 16384       # largest number of blocks the top-k kernel sorts
 
 
@@ -52,9 +53,10 @@ def _padded_heads(h: int) -> int:
 # ----------------------------------------------------------------------------- scores kernel
 
 
-def _build_scores(heads: int, di: int, mode: str, block_size: int):
+def _build_scores(heads: int, di: int, mode: str, block_size: int, vlen_dtype: str = "int32"):
     """mode "scores": write per-entry scores [R, N]; mode "blocks": write block scores [R, NB]
-    (candidate_block_max rules with valid_lens) for block sizes that divide TILE * TILES_PER_CTA."""
+    (candidate_block_max rules with valid_lens, of dtype ``vlen_dtype``) and the valid block
+    counts [R], for block sizes that divide TILE * TILES_PER_CTA."""
     import tilelang.language as T
 
     H = heads
@@ -81,9 +83,10 @@ def _build_scores(heads: int, di: int, mode: str, block_size: int):
         Wt: T.Tensor((R, H), T.float32),
         Pool: T.Tensor((S, REC), T.uint8),
         Idx: T.Tensor((R, N), T.int32),
-        VLen: T.Tensor((R,), T.int32),
+        VLen: T.Tensor((R,), vlen_dtype),
         Scores: T.Tensor((R, NSC), T.float32),
         Blocks: T.Tensor((R, NB), T.float32),
+        NValid: T.Tensor((R,), T.int32),
     ):
         with T.Kernel(R, T.ceildiv(N, CHUNK), threads=NT) as (r, cb):
             T.import_source(FP4_DEQUANT_SRC)
@@ -137,8 +140,10 @@ def _build_scores(heads: int, di: int, mode: str, block_size: int):
                         Scores[r, cb * CHUNK + i] = sc_s[i]
             else:
                 # candidate_block_max rules on this chunk's blocks
-                vlen = VLen[r]
+                vlen = T.cast(VLen[r], T.int32)
                 nvb = (vlen + BS - 1) // BS
+                if (cb == 0) and (tx == 0):
+                    NValid[r] = nvb
                 for b in T.serial((CHUNK // BS + NT - 1) // NT):
                     lb = b * NT + tx
                     gb = (cb * CHUNK) // BS + lb
@@ -256,9 +261,9 @@ def _build_topk(p2: int, topk: int):
 # ----------------------------------------------------------------------------- launchers
 
 
-def _scores_kernel(heads, di, mode, block_size):
-    return compile_cached("indexer_scores", (heads, di, mode, block_size),
-                          lambda: _build_scores(heads, di, mode, block_size))
+def _scores_kernel(heads, di, mode, block_size, vlen_dtype="int32"):
+    return compile_cached("indexer_scores", (heads, di, mode, block_size, vlen_dtype, TILES_PER_CTA),
+                          lambda: _build_scores(heads, di, mode, block_size, vlen_dtype))
 
 
 def _block_max_kernel(block_size: int):
@@ -299,7 +304,7 @@ def indexer_scores_tilelang(q: torch.Tensor, weights: torch.Tensor, k_pool: torc
     vlen = torch.zeros(rows, dtype=torch.int32, device=device)
     _scores_kernel(heads, di, "scores", 1)(
         q.to(torch.bfloat16).contiguous(), weights.float().contiguous(), k_pool,
-        indices.to(torch.int32).contiguous(), vlen, out, dummy_b)
+        indices.to(torch.int32).contiguous(), vlen, out, dummy_b, vlen)
     return out
 
 
@@ -341,7 +346,7 @@ def indexer_topk_blocks_tilelang(q: torch.Tensor, weights: torch.Tensor, k_pool:
                                  indices: torch.Tensor, valid_lens: torch.Tensor, block_size: int,
                                  topk: int) -> torch.Tensor:
     """Fused ``select_topk_blocks(*candidate_block_max(indexer_scores(q, weights, k_pool, indices),
-    valid_lens, block_size), topk)`` -> int32 [rows, topk]. ``block_size`` must divide 512."""
+    valid_lens, block_size), topk)`` -> int32 [rows, topk]. ``block_size`` must divide 64."""
     rows, heads, di, device = _check_scores_args(q, weights, k_pool, indices)
     require(block_size > 0 and (TILE * TILES_PER_CTA) % block_size == 0,
             f"block_size={block_size}: the fused kernel needs a divisor of {TILE * TILES_PER_CTA}")
@@ -349,17 +354,18 @@ def indexer_topk_blocks_tilelang(q: torch.Tensor, weights: torch.Tensor, k_pool:
     require(valid_lens.dim() == 1 and valid_lens.shape[0] == rows, f"valid_lens: expected [{rows}]")
     n = indices.shape[1]
     nb = (n + block_size - 1) // block_size
-    out = torch.full((rows, topk), -1, dtype=torch.int32, device=device)
     if rows == 0 or nb == 0:
-        return out
-    vlen = valid_lens.to(torch.int32).contiguous()
+        return torch.full((rows, topk), -1, dtype=torch.int32, device=device)
+    out = torch.empty(rows, topk, dtype=torch.int32, device=device)     # the top-k kernel writes every entry
+    # valid_lens as it comes (int32 or int64, the engine's counts): no conversion kernel
+    vlen = valid_lens.contiguous() if valid_lens.dtype in (torch.int32, torch.int64) else valid_lens.to(torch.int32)
     blocks = torch.empty(rows, nb, dtype=torch.float32, device=device)
+    nvalid = torch.empty(rows, dtype=torch.int32, device=device)
     dummy_s = torch.empty(rows, 1, dtype=torch.float32, device=device)
-    _scores_kernel(heads, di, "blocks", block_size)(
+    _scores_kernel(heads, di, "blocks", block_size, str(vlen.dtype).removeprefix("torch."))(
         q.to(torch.bfloat16).contiguous(), weights.float().contiguous(), k_pool,
-        indices.to(torch.int32).contiguous(), vlen, dummy_s, blocks)
-    nvalid = (vlen + block_size - 1) // block_size
-    _topk_kernel(nb, topk)(blocks, nvalid.to(torch.int32), out)
+        indices.to(torch.int32).contiguous(), vlen, dummy_s, blocks, nvalid)
+    _topk_kernel(nb, topk)(blocks, nvalid, out)
     return out
 
 
