@@ -83,6 +83,7 @@ def _specs():
         add("moe", "moe", moe.precompile_specs("routed", tokens, 64, 1024, 512, 6))
     add("moe", "moe", moe.precompile_specs("routed", 1024, 64, 1024, 512, 6, config=moe.PREFILL_SWIGLU_PIPELINED))
     add("moe", "moe", moe.precompile_specs("routed", 5, 16, 256, 128, 4))
+    add("moe", "moe", moe.precompile_specs("prefill", 32768, 64, 1024, 512, 6))
     for tokens in (8, 256, 32768):
         add("moe", "moe", moe.precompile_specs("gemm", tokens * 6, 64, 512, 1024))
 

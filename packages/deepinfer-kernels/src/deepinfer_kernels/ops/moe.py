@@ -225,6 +225,11 @@ def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                                and x.shape[1] % 128 == 0 and w2.shape[2] % 128 == 0)  # tile-aligned widths
     if kernel is not None and not torch.compiler.is_compiling():
         return kernel(x, weights, ids, w13, w2, shared=shared, residual=residual)
+    # prefill sizes on SM90: torch's grouped GEMMs with TileLang's activation and combine between them
+    prefill = None if kernel is not None else tilelang_launcher(
+        "routed_experts_prefill", device, supported=x.dtype == torch.bfloat16 and grouped_mm_usable(x, w13, w2))
+    if prefill is not None:
+        return prefill(x, weights, ids, w13, w2, shared=shared, residual=residual)
     if kernel is not None:   # the traced custom op takes no addends: inductor generates the adds
         out = kernel(x, weights, ids, w13, w2)
     elif grouped_mm_usable(x, w13, w2):

@@ -12,7 +12,7 @@ bucket (the static dims: heads, head dim, ...) and cached for the process
 | ``sparse_mla`` | ``sparse_mla_attention_tilelang`` |
 | ``kv_store`` | ``store_kv_fp8_tilelang``, ``quantize_kv_fp8_tilelang``, ``store_index_k_fp4_tilelang``, ``quantize_index_k_fp4_tilelang`` |
 | ``indexer`` | ``indexer_scores_tilelang``, ``candidate_block_max_tilelang``, ``select_topk_blocks_tilelang``, ``indexer_topk_blocks_tilelang`` (the three fused) |
-| ``moe`` | ``grouped_expert_gemm_tilelang``, ``routed_experts_tilelang`` |
+| ``moe`` | ``grouped_expert_gemm_tilelang``, ``routed_experts_tilelang``, ``routed_experts_prefill_tilelang`` |
 | ``norm`` | ``rms_norm_tilelang`` |
 | ``moe_route`` | ``moe_route_tilelang`` |
 """
@@ -36,6 +36,7 @@ LAUNCHERS = {
     "indexer_topk_blocks": "indexer:indexer_topk_blocks_tilelang",
     "grouped_expert_gemm": "moe:grouped_expert_gemm_tilelang",
     "routed_experts": "moe:routed_experts_tilelang",
+    "routed_experts_prefill": "moe:routed_experts_prefill_tilelang",
     "rms_norm": "norm:rms_norm_tilelang",
     "moe_route": "moe_route:moe_route_tilelang",
     "attention_indices": "attention_indices:attention_indices_tilelang",

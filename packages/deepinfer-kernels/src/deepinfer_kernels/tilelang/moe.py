@@ -24,7 +24,12 @@ from deepinfer_kernels.batch_invariant import batch_invariant_enabled
 from deepinfer_kernels.ops.moe import permute_by_expert
 from deepinfer_kernels.tilelang._common import compile_cached, require, require_cuda
 from deepinfer_kernels.tilelang.moe_builders import _build_grouped, _build_grouped_swapped, _build_grouped_ws
-from deepinfer_kernels.tilelang.moe_schedule_builders import _build_combine, _build_permute, _build_slots
+from deepinfer_kernels.tilelang.moe_schedule_builders import (
+    _build_combine,
+    _build_permute,
+    _build_silu_mul,
+    _build_slots,
+)
 
 DECODE = dict(bm=64, bn=64, bk=64, stages=4, threads=128)
 # down GEMM at decode sizes: 128-wide output tiles, 3 stages (H200 sweep of 8 tile shapes,
@@ -98,6 +103,10 @@ def _combine_kernel(topk: int, h: int, dtype: torch.dtype, add_shared: bool = Fa
                           lambda: _build_combine(topk, h, _DT[dtype], add_shared, add_residual))
 
 
+def _silu_mul_kernel(inter: int, dtype: torch.dtype):
+    return compile_cached("moe_silu_mul", (inter, _DT[dtype]), lambda: _build_silu_mul(inter, _DT[dtype]))
+
+
 def _permute_kernel(num_experts: int, topk: int, bm: int):
     return compile_cached("moe_permute", (num_experts, topk, bm), lambda: _build_permute(num_experts, topk, bm))
 
@@ -139,7 +148,11 @@ def precompile_specs(kind: str, rows: int, num_experts: int, k: int, nout: int, 
                      config: dict | None = None, dtype: torch.dtype = torch.bfloat16,
                      off_dtype: str = "int64") -> list[tuple[str, tuple]]:
     """(function, args) of the kernels one call needs. kind "gemm": grouped_expert_gemm(x [rows, k],
-    w [E, nout, k]); kind "routed": routed_experts with hidden k, expert width nout, tokens rows."""
+    w [E, nout, k]); kind "routed": routed_experts with hidden k, expert width nout, tokens rows;
+    kind "prefill": routed_experts_prefill (its two TileLang kernels)."""
+    if kind == "prefill":
+        return [("_silu_mul_kernel", (nout, dtype)), ("_combine_kernel", (topk, k, dtype)),
+                ("_combine_kernel", (topk, k, dtype, True, True))]
     if kind == "gemm":
         cfg = config or pick_config(rows, num_experts, swiglu=False, k=k, nout=nout)
         return [("_slots_kernel", (num_experts, cfg["bm"], off_dtype)),
@@ -209,6 +222,47 @@ def routed_experts_tilelang(x: torch.Tensor, weights: torch.Tensor, ids: torch.T
     _grouped_kernel(e, inter, h, cfg2, False, False, x.dtype)(act, w2.contiguous(), slots2, dummy, y)
     for name, t_ in (("shared", shared), ("residual", residual)):
         require(t_ is None or (t_.shape == (t, h) and t_.dtype == x.dtype), f"{name}: [T, H] of x's dtype")
+    _combine_kernel(topk, h, x.dtype, shared is not None, residual is not None)(
+        y, weights.float().contiguous(), inv, out if shared is None else shared.contiguous(),
+        out if residual is None else residual.contiguous(), out)
+    return out
+
+
+def routed_experts_prefill_tilelang(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                                    w13: torch.Tensor, w2: torch.Tensor, *, shared: torch.Tensor | None = None,
+                                    residual: torch.Tensor | None = None) -> torch.Tensor:
+    """``routed_experts_tilelang``'s arguments and result at prefill sizes: the two GEMMs are
+    ``torch._grouped_mm`` (cuBLAS grouped kernels, ~70% of the bf16 matmul rate at 32K tokens),
+    the work around them TileLang: the SwiGLU activation in one pass and the weighted combine
+    (with the shared expert and the residual) straight from the permuted rows. Replaces the torch
+    glue of ``routed_experts_grouped`` (fp32 copies of [T*k, H], a scaled copy, an ``index_copy``,
+    a sum: ~2.5 ms per layer at 64 x 512 tokens on the H200, 2026-11-30)."""
+    require(x.dim() == 2 and x.dtype in _DT, "x: bf16/fp16 [T, H]")
+    t, h = x.shape
+    require(ids.dim() == 2 and ids.shape[0] == t and weights.shape == ids.shape, "ids/weights: [T, k]")
+    e, two_i, hh = w13.shape
+    inter = two_i // 2
+    require(hh == h and w2.shape == (e, h, inter) and w13.dtype == x.dtype and w2.dtype == x.dtype,
+            "w13 [E, 2I, H] / w2 [E, H, I] of x's dtype expected")
+    require(h % 8 == 0 and inter % 8 == 0, f"H={h} / I={inter}: multiples of 8 expected")
+    for name, t_ in (("shared", shared), ("residual", residual)):
+        require(t_ is None or (t_.shape == (t, h) and t_.dtype == x.dtype), f"{name}: [T, H] of x's dtype")
+    device = require_cuda(x=x, weights=weights, ids=ids, w13=w13, w2=w2)
+    topk = ids.shape[1]
+    out = torch.empty(t, h, dtype=x.dtype, device=device)
+    if t == 0:
+        return out
+    n = t * topk
+    sorted_ids, order = torch.sort(ids.reshape(-1), stable=True)                        # [T*k]
+    ends = torch.searchsorted(sorted_ids, torch.arange(e, device=device, dtype=sorted_ids.dtype),
+                              right=True, out_int32=True)                             # [E] cumulative ends
+    xp = x.index_select(0, order // topk)                                               # [T*k, H]
+    gu = torch._grouped_mm(xp, w13.transpose(1, 2), offs=ends)                          # [T*k, 2I]
+    act = torch.empty(n, inter, dtype=x.dtype, device=device)
+    _silu_mul_kernel(inter, x.dtype)(gu, act)
+    y = torch._grouped_mm(act, w2.transpose(1, 2), offs=ends)                           # [T*k, H]
+    inv = torch.empty(n, dtype=torch.int32, device=device)
+    inv[order] = torch.arange(n, dtype=torch.int32, device=device)                      # (t, j) -> its row of y
     _combine_kernel(topk, h, x.dtype, shared is not None, residual is not None)(
         y, weights.float().contiguous(), inv, out if shared is None else shared.contiguous(),
         out if residual is None else residual.contiguous(), out)
