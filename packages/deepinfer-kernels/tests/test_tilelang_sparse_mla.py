@@ -174,3 +174,18 @@ def test_bulk_and_ws_agree_bit_for_bit(case_kw):
     ws_out, ws_lse = _run(case, "ws")
     bulk_out, bulk_lse = _run(case, "bulk")
     assert torch.equal(bulk_out, ws_out) and torch.equal(bulk_lse, ws_lse)
+
+
+@pytest.mark.parametrize("num_splits", [None, 3])
+def test_bulk_trims_trailing_empty_blocks_bit_for_bit(num_splits):
+    """Above TRIM_MIN_ROWS rows "bulk" walks each row only up to its last valid index: ragged rows
+    (some empty, some with -1 holes) give exactly the untrimmed "ws" result, and match the reference."""
+    from deepinfer_kernels.tilelang.sparse_mla import TRIM_MIN_ROWS
+
+    rows = TRIM_MIN_ROWS + 44
+    case = T.make_sparse_mla_case(rows, 16, 512, 384, 120000, "cuda", seed=77, ragged=True, empty_frac=0.05,
+                                  empty_rows=(0, 5, rows - 1))
+    ws_out, ws_lse = _run(case, "ws", num_splits)
+    bulk_out, bulk_lse = _run(case, "bulk", num_splits)
+    assert torch.equal(bulk_out, ws_out) and torch.equal(bulk_lse, ws_lse)
+    _check(case, bulk_out, bulk_lse)

@@ -58,14 +58,18 @@ def pipelined_bucket(bps: int) -> int:
     return max(4, 1 << max(0, (bps - 1).bit_length()))
 
 
+TRIM_MIN_ROWS = 256   # "bulk" calls with more rows (prefill) skip each row's trailing empty blocks
+
+
 def get_kernel(heads: int, d: int, variant: str = "ws", split: bool = False, hb: int | None = None,
-               bps: int = 0):
+               bps: int = 0, trim: bool = False):
     """Compiled kernel for one shape bucket: (heads, D, heads per CTA, split) [+ the static block
-    count bucket for the pipelined variant]."""
+    count bucket for the pipelined variant; + trim for "bulk"]."""
     hb = hb or _heads_per_cta(heads, variant)
     if variant == "bulk":
         # two dequantizing warpgroups: 1.25x one in the H200 diagnostics (2026-11-30)
-        return compile_cached("sparse_mla_bulk", (heads, d, hb, split), lambda: _build_bulk(heads, d, hb, split, 2))
+        key = (heads, d, hb, split) + (("trim",) if trim else ())
+        return compile_cached("sparse_mla_bulk", key, lambda: _build_bulk(heads, d, hb, split, 2, trim))
     if variant == "ws":
         return compile_cached("sparse_mla_ws", (heads, d, hb, split), lambda: _build_ws(heads, d, hb, split))
     nblk = pipelined_bucket(bps)
@@ -112,10 +116,14 @@ def precompile_specs(rows: int, heads: int, d: int, width: int, variant: str = "
     variant = resolve_variant(variant, heads, d)
     p = plan(rows, heads, d, width, sms, num_splits, variant)
     split = p["num_splits"] > 1
-    specs = [("get_kernel", (heads, d, variant, split, p["hb"], p["bps"]))]
+    specs = [("get_kernel", (heads, d, variant, split, p["hb"], p["bps"], _trims(variant, rows)))]
     if split:
         specs.append(("get_combine_kernel", (heads, d)))
     return specs
+
+
+def _trims(variant: str, rows: int) -> bool:
+    return variant == "bulk" and rows > TRIM_MIN_ROWS
 
 
 def sparse_mla_attention_tilelang(q: torch.Tensor, kv_pool: torch.Tensor, indices: torch.Tensor,
@@ -160,12 +168,12 @@ def sparse_mla_attention_tilelang(q: torch.Tensor, kv_pool: torch.Tensor, indice
     if ns == 1:
         dummy_o = torch.empty(1, 1, heads, d, dtype=torch.float32, device=device)
         dummy_l = torch.empty(1, 1, heads, dtype=torch.float32, device=device)
-        kernel = get_kernel(heads, d, variant, False, hb, bps)
+        kernel = get_kernel(heads, d, variant, False, hb, bps, _trims(variant, rows))
         kernel(q, kv_pool, indices, out, lse, dummy_o, dummy_l, scale, bps)
         return out, lse
     opart = torch.empty(ns, rows, heads, d, dtype=torch.float32, device=device)
     lpart = torch.empty(ns, rows, heads, dtype=torch.float32, device=device)
-    kernel = get_kernel(heads, d, variant, True, hb, bps)
+    kernel = get_kernel(heads, d, variant, True, hb, bps, _trims(variant, rows))
     kernel(q, kv_pool, indices, out, lse, opart, lpart, scale, bps)
     get_combine_kernel(heads, d)(opart, lpart, out, lse)
     return out, lse

@@ -20,6 +20,11 @@ Pipeline of one CTA (one query row x ``HB`` heads, blocks of 64 tokens, two of e
 
 Only valid indices are copied (the barrier expects 528 bytes per valid record); the producers
 write zeros and a ``-inf`` mask for the others, as in ``"ws"``.
+
+``trim``: the CTA first finds its row's last valid index (every thread scans a few columns, one
+shared-memory atomic max) and walks only the block pairs up to it. A fully masked block leaves the
+online softmax exactly as it was (alpha 1, P 0), so the result is bit-identical; prefill rows
+early in a prompt have most of their far entries empty (padding to the widest row).
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations at
@@ -33,10 +38,10 @@ from deepinfer_kernels.tilelang.sparse_mla_builders import (
 )
 
 
-def _build_bulk(heads: int, d: int, hb: int, split: bool, producers: int = 1):
+def _build_bulk(heads: int, d: int, hb: int, split: bool, producers: int = 1, trim: bool = False):
     """Bulk-copy warp-specialized kernel; same signature and dynamic shapes as ``_build_ws``
     (``bps``, blocks per split, is even). ``producers`` dequantizing warpgroups (1 or 2) share
-    each block."""
+    each block; ``trim`` skips the block pairs past the row's last valid index."""
     import tilelang.language as T
 
     BI = BLOCK_TOKENS
@@ -138,7 +143,26 @@ def _build_bulk(heads: int, d: int, hb: int, split: bool, producers: int = 1):
             kb_empty = T.alloc_barrier(arrive_count=[128, 128])
             tx = T.get_thread_binding()
             b0 = sp * bps                 # first block of this split
+            nj = T.alloc_var(T.int32)
             nj = bps // 2
+            if trim:
+                last_s = T.alloc_shared((1,), T.int32)
+                lv = T.alloc_var(T.int32)
+                if tx == 0:
+                    last_s[0] = -1
+                T.sync_threads()
+                lv = -1
+                for c in T.serial(T.ceildiv(W, 128 + PT)):
+                    col = c * (128 + PT) + tx
+                    if col < W:
+                        if Idx[r, col] >= 0:
+                            lv = col
+                T.atomic_max(last_s[0], lv)
+                T.sync_threads()
+                # pairs of this split that hold a block with a valid index
+                nj = T.max(0, T.min(bps // 2, ((last_s[0] + BI) // BI - b0 + 1) // 2))
+                T.sync_threads()          # every thread has read last_s: the planner may reuse its bytes
+            nblk = 2 * nj                 # blocks this split walks
             if tx < 128:
                 # ---------------------------------------------------------------- consumer
                 consume(tx, r, hg, sp, nj, Q, Q_s, Kb, vm, S_sm, P_s, alpha_s, inv_s, kb_full, kb_empty,
@@ -151,9 +175,9 @@ def _build_bulk(heads: int, d: int, hb: int, split: bool, producers: int = 1):
                 ib = T.alloc_local((2 * (RPL + 1),), T.int32)   # slots + count, per stage
                 if tp < 32:
                     for s in T.unroll(2):
-                        load_indices(Idx, r, W, b0 + s, s < bps, tp, ib, s * (RPL + 1))
+                        load_indices(Idx, r, W, b0 + s, s < nblk, tp, ib, s * (RPL + 1))
                         issue_block(Pool, K8, ix_s, fp8_full, s, tp, ib, s * (RPL + 1))
-                        load_indices(Idx, r, W, b0 + 2 + s, 2 + s < bps, tp, ib, s * (RPL + 1))
+                        load_indices(Idx, r, W, b0 + 2 + s, 2 + s < nblk, tp, ib, s * (RPL + 1))
                 for j in T.serial(nj):
                     for s in T.unroll(2):
                         T.barrier_wait(fp8_full[s], j & 1)
@@ -165,6 +189,6 @@ def _build_bulk(heads: int, d: int, hb: int, split: bool, producers: int = 1):
                         if (tp < 32) and (j + 1 < nj):
                             T.barrier_wait(fp8_empty[s], j & 1)
                             issue_block(Pool, K8, ix_s, fp8_full, s, tp, ib, s * (RPL + 1))
-                            load_indices(Idx, r, W, b0 + 2 * j + 4 + s, 2 * j + 4 + s < bps, tp, ib, s * (RPL + 1))
+                            load_indices(Idx, r, W, b0 + 2 * j + 4 + s, 2 * j + 4 + s < nblk, tp, ib, s * (RPL + 1))
 
     return main
