@@ -10,16 +10,22 @@ kernels between a call's two markers are that call's. A kernel's duration is the
 CUDA graph replays it (graphs change the gaps between kernels, not the kernels).
 
     python tools/profile_ops.py --model preset:mini --batch 1 [--nextn 0] [--steps 3] [--top 30]
-    python tools/profile_ops.py --model preset:mini --phase prefill --batch 64 --prompt-len 512
+    python tools/profile_ops.py --model preset:mini --phase prefill --batch 64 --prompt-len 512 [--syncs]
 
 Prints per step: each TileLang op's calls, total and per-call device time; the other kernels
-(cuBLAS GEMMs, torch element-wise ops) grouped by kernel name; the total.
+(cuBLAS GEMMs, torch element-wise ops) grouped by kernel name; the total; the timeline (host wall
+time, kernel span, idle time between kernels and the largest gaps); with `--syncs`, where the step
+synchronizes with the device (each sync lets the GPU run dry while the host catches up).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import time
+import traceback
+import warnings
 from dataclasses import dataclass, field
 
 
@@ -94,6 +100,8 @@ def main() -> None:
                     help="prefill: one step that prefills --batch prompts at once (after a warm-up prefill)")
     ap.add_argument("--steps", type=int, default=3, help="decode steps profiled (times are per step)")
     ap.add_argument("--top", type=int, default=30, help="kernel names listed outside the TileLang ops")
+    ap.add_argument("--syncs", action="store_true",
+                    help="also list where the profiled steps synchronize with the device (torch's sync debug mode)")
     args = ap.parse_args()
 
     import numpy as np
@@ -152,7 +160,9 @@ def main() -> None:
             engine.step()
     torch.cuda.synchronize()
     recording[0] = True
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    syncs: collections.Counter = collections.Counter()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof, _sync_sites(torch, syncs, args.syncs):
+        t0 = time.perf_counter()
         if prefill:
             while engine.stats.num_prefill_steps == steps_done:
                 engine.step()
@@ -160,8 +170,10 @@ def main() -> None:
             for _ in range(args.steps):
                 engine.step()
         torch.cuda.synchronize()
+        wall_ms = (time.perf_counter() - t0) * 1e3
     recording[0] = False
-    kernels = [(e.name, e.time_range.elapsed_us()) for e in kernel_events(prof, torch)]
+    events = kernel_events(prof, torch)
+    kernels = [(e.name, e.time_range.elapsed_us()) for e in events]
     result = attribute(kernels, labels, marker)
     n = 1 if prefill else args.steps
     print(f"== {args.model} {args.phase} batch {args.batch} nextn {args.nextn}: {result.total_us / n:.1f} us of kernels per "
@@ -172,6 +184,44 @@ def main() -> None:
     print("-- other kernels: count/step, us/step, us each")
     for name, (count, us) in sorted(result.by_kernel.items(), key=lambda kv: -kv[1][1])[: args.top]:
         print(f"{count / n:7.1f} {us / n:9.1f} {us / max(count, 1):8.2f}  {name}")
+    span_us = (events[-1].time_range.end - events[0].time_range.start) if events else 0.0
+    gaps = [(b.time_range.start - a.time_range.end, a.name, b.name) for a, b in zip(events, events[1:])]
+    print(f"-- timeline per step: host wall {wall_ms / n:.2f} ms, first kernel start -> last kernel end "
+          f"{span_us / n / 1e3:.2f} ms, idle between kernels {sum(g[0] for g in gaps if g[0] > 0) / n / 1e3:.2f} ms "
+          f"(eager, marker kernels included); largest gaps:")
+    for us, before, after in sorted(gaps, reverse=True)[:8]:
+        print(f"  {us:9.1f} us  after {before[:60]}  before {after[:60]}")
+    if args.syncs:
+        print(f"-- synchronizing calls ({sum(syncs.values())}), by call site:")
+        for site, count in syncs.most_common(20):
+            print(f"  {count:5d}  {site}")
+
+
+@contextlib.contextmanager
+def _sync_sites(torch, counter: collections.Counter, enabled: bool):
+    """While enabled: count each synchronizing torch call by its innermost deepinfer call sites
+    (torch's sync debug mode warns at each one; the warning's stack names the caller)."""
+    if not enabled:
+        yield
+        return
+    previous = warnings.showwarning
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchronizing" not in str(message):
+            return previous(message, category, filename, lineno, file, line)
+        frames = [f for f in traceback.extract_stack()[:-1] if "deepinfer" in f.filename]
+        counter[" <- ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}" for f in frames[::-1][:3])] += 1
+
+    warnings.showwarning = record
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = record
+            yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+        warnings.showwarning = previous
 
 
 if __name__ == "__main__":
