@@ -125,6 +125,8 @@ class ModelRunner:
             context_lens=context_lens, block_tables=block_tables, slot_mapping=slot_mapping,
             block_size=self.block_size, is_prefill=is_prefill, is_last_chunk=is_last_chunk, logit_rows=logit_rows_t,
             return_dspark_features=self.spec is not None,
+            # prefill: the exact bound, known here, sizes the far-entry candidates without a device read
+            max_context_len=int(out.context_lens.max()) if is_prefill and out.req_cnt else None,
         )
 
     def apply_zos_fixup(self, meta: ForwardMetadata, out: SchedulerOutput, prev: DeviceStepState | None) -> None:

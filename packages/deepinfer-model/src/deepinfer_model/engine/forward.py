@@ -18,7 +18,7 @@ Decode (`meta.is_prefill == False`) is CUDA-graph capturable: no host sync, and 
 depends only on (total_q, req_cnt, block_tables width, config, `meta.context_bound`):
 - every row is a full row (`full_rows = arange(total_q)`, no nonzero);
 - the far-entry candidates of compressed layers have the static width
-  `max_far = max(0, context_bound - W) // r` (prefill: the batch's max, read on the host);
+  `max_far = max(0, context_bound - W) // r` (prefill: the same with the runner's exact bound, else the batch's max read on the host);
 - cache writes skip slot -1 through sync-free masked writes; compressor entries are combined for
   every row and stored only where a row completes one.
 Extra masked work of a decode step, per compressed layer and row: indexer scores over `max_far`
@@ -194,7 +194,10 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
                                  entry_rope=functools.partial(rows.entry_rope, dim=attn.rope_dim, theta=attn.theta))
     far = None
     if layer.ratio > 0:
-        max_far = None if meta.is_prefill else static_max_far(meta, cfg.sliding_window, layer.ratio)
+        # static when the metadata bounds the context on the host (decode always; prefill from the
+        # engine's runner, whose bound is the step's exact max); else the batch's max, read on the host
+        static = not meta.is_prefill or meta.max_context_len is not None
+        max_far = static_max_far(meta, cfg.sliding_window, layer.ratio) if static else None
         far = far_selection(model, layer, inputs.q_latent, inputs.index_weights, rows, meta, cache, max_far)
     if far is None:   # window only: attend within the layer's plane
         o, _ = sparse_mla_attention(q, cache.kv[plane], rows.window_slots_int32(meta, cfg.sliding_window),
