@@ -37,31 +37,28 @@ def update_compressed_source(model, src: int, terms: torch.Tensor, positions: to
     layout = cache.layout
     r = comp.ratio
     rope = entry_rope(r) if static and entry_rope is not None else None
-    if r == 1 and static:
+    if r == 1:   # every row closes an entry: no selection (rows with slot -1 are skipped by the stores)
         latent, ik = comp.combine(terms.unsqueeze(1), positions, rope)
-        dslots = slots                                                            # -1 rows: skipped
-    elif r == 1:
-        done = slots >= 0
-        latent, ik = comp.combine(terms[done].unsqueeze(1), positions[done])
-        dslots = slots[done]
+        dslots = slots
     else:
         plane = layout.stage_planes[src]
         write_rows(cache.comp_stage[plane], slots, terms)
         done = (slots >= 0) & (positions % r == r - 1)
         if static:
             t = positions
-        else:
-            if not bool(done.any()):
+        else:   # the closing rows, read once (one sync; the selections below index with them)
+            closing = done.nonzero().squeeze(1)
+            if closing.numel() == 0:
                 return
-            t = positions[done]
+            t = positions.index_select(0, closing)
         vpos = t.unsqueeze(1) - (r - 1) + torch.arange(r, device=t.device).unsqueeze(0)      # [E, r]
-        tok_slots = slots_of(block_tables, req if static else req[done], vpos, cache.block_size)
+        tok_slots = slots_of(block_tables, req if static else req.index_select(0, closing), vpos, cache.block_size)
         missing = (tok_slots < 0) & done.unsqueeze(1) if static else tok_slots < 0
         if (not static or host_checks(tok_slots)) and bool(missing.any()):
             raise RuntimeError(f"layer {src}: a compressed entry's tokens have no slot in the block table")
         gathered = cache.comp_stage[plane, tok_slots.clamp(min=0)].float()            # [E, r, S]
         latent, ik = comp.combine(gathered, t // r, rope)
-        dslots = torch.where(done, slots, torch.full_like(slots, -1)) if static else slots[done]
+        dslots = torch.where(done, slots, torch.full_like(slots, -1)) if static else slots.index_select(0, closing)
     if dslots.numel() == 0:
         return
     store_kv_fp8(latent, cache.kv[layout.comp_planes[src]], dslots)          # the source's planes: slots
