@@ -13,6 +13,8 @@ ref = model.reference_forward(token_ids, mode="bounded_replay", prompt_len=P, kv
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -30,6 +32,23 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
+@contextlib.contextmanager
+def _built_on(device: torch.device, dtype: torch.dtype):
+    """Parameters created inside are allocated on `device` in `dtype` (off the CPU only): a
+    full-width model (`flash-slice`, 91 GB in bf16) is never materialized on the host in float32.
+    The constructors' own values (zeros, ones, kaiming) are overwritten by every loader."""
+    if device.type == "cpu":
+        yield
+        return
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
 class V41Model(nn.Module):
     def __init__(self, cfg: V41Config):
         super().__init__()
@@ -45,8 +64,9 @@ class V41ForCausalLM(nn.Module):
         super().__init__()
         device = torch.device(device or "cpu")
         self.config = cfg
-        self.model = V41Model(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        with _built_on(device, dtype or default_dtype(device)):
+            self.model = V41Model(cfg)
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.to(device=device, dtype=dtype or default_dtype(device))
