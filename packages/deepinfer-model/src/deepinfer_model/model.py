@@ -84,6 +84,8 @@ class V41ForCausalLM(nn.Module):
         return self.lm_head.weight.dtype
 
     # ------------------------------------------------------------------ weights
+    INIT_CHUNK_BYTES = 4 << 30   # larger stacked weights are drawn one slice at a time (other values then)
+
     @torch.no_grad()
     def init_random_weights(self, seed: int = 0, std: float = 0.02, on_device: bool = False) -> V41ForCausalLM:
         """Deterministic random weights (rounded to bf16): norms ~1, linear weights N(0, 1/fan_in),
@@ -96,6 +98,10 @@ class V41ForCausalLM(nn.Module):
             return torch.randn(shape, generator=g, device=gen_device)
 
         for name, p in self.named_parameters():
+            if p.numel() * 4 > self.INIT_CHUNK_BYTES and p.dim() >= 3:   # stacked experts of a full-width model
+                for i in range(p.shape[0]):                                 # float32 temporaries one expert at a time
+                    p[i].copy_((randn(p.shape[1:]) * p.shape[-1] ** -0.5).to(torch.bfloat16).to(p.dtype))
+                continue
             if name.endswith("norm.weight") or "layernorm" in name:
                 v = 1.0 + 0.1 * randn(p.shape)
             elif name.endswith("pos_bias"):
