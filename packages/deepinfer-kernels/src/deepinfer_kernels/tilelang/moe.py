@@ -179,15 +179,7 @@ def routed_experts_tilelang(x: torch.Tensor, weights: torch.Tensor, ids: torch.T
     """x [T, H], weights [T, k], ids [T, k], w13 [E, 2I, H], w2 [E, H, I] -> [T, H]; like
     ``routed_experts_ref``, then ``residual + (out + shared)`` in x's dtype when given ([T, H]
     each; added by the combine kernel, bit-identical to the two torch adds)."""
-    require(x.dim() == 2 and x.dtype in _DT, "x: bf16/fp16 [T, H]")
-    t, h = x.shape
-    require(ids.dim() == 2 and ids.shape[0] == t and weights.shape == ids.shape, "ids/weights: [T, k]")
-    e, two_i, hh = w13.shape
-    inter = two_i // 2
-    require(hh == h and w2.shape == (e, h, inter) and w13.dtype == x.dtype and w2.dtype == x.dtype,
-            "w13 [E, 2I, H] / w2 [E, H, I] of x's dtype expected")
-    device = require_cuda(x=x, weights=weights, ids=ids, w13=w13, w2=w2)
-    topk = ids.shape[1]
+    t, h, e, inter, topk, device = _check_routed_args(x, weights, ids, w13, w2, shared, residual)
     out = torch.empty(t, h, dtype=x.dtype, device=device)
     if t == 0:
         return out
@@ -220,12 +212,7 @@ def routed_experts_tilelang(x: torch.Tensor, weights: torch.Tensor, ids: torch.T
     dummy = torch.empty(1, dtype=torch.int32, device=device)
     slots2 = slots1 if cfg2["bm"] == cfg1["bm"] else _slots(offsets, e, n, cfg2["bm"])
     _grouped_kernel(e, inter, h, cfg2, False, False, x.dtype)(act, w2.contiguous(), slots2, dummy, y)
-    for name, t_ in (("shared", shared), ("residual", residual)):
-        require(t_ is None or (t_.shape == (t, h) and t_.dtype == x.dtype), f"{name}: [T, H] of x's dtype")
-    _combine_kernel(topk, h, x.dtype, shared is not None, residual is not None)(
-        y, weights.float().contiguous(), inv, out if shared is None else shared.contiguous(),
-        out if residual is None else residual.contiguous(), out)
-    return out
+    return _combine(out, y, weights, inv, shared, residual)
 
 
 def routed_experts_prefill_tilelang(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
@@ -237,18 +224,8 @@ def routed_experts_prefill_tilelang(x: torch.Tensor, weights: torch.Tensor, ids:
     (with the shared expert and the residual) straight from the permuted rows. Replaces the torch
     glue of ``routed_experts_grouped`` (fp32 copies of [T*k, H], a scaled copy, an ``index_copy``,
     a sum: ~2.5 ms per layer at 64 x 512 tokens on the H200, 2026-11-30)."""
-    require(x.dim() == 2 and x.dtype in _DT, "x: bf16/fp16 [T, H]")
-    t, h = x.shape
-    require(ids.dim() == 2 and ids.shape[0] == t and weights.shape == ids.shape, "ids/weights: [T, k]")
-    e, two_i, hh = w13.shape
-    inter = two_i // 2
-    require(hh == h and w2.shape == (e, h, inter) and w13.dtype == x.dtype and w2.dtype == x.dtype,
-            "w13 [E, 2I, H] / w2 [E, H, I] of x's dtype expected")
+    t, h, e, inter, topk, device = _check_routed_args(x, weights, ids, w13, w2, shared, residual)
     require(h % 8 == 0 and inter % 8 == 0, f"H={h} / I={inter}: multiples of 8 expected")
-    for name, t_ in (("shared", shared), ("residual", residual)):
-        require(t_ is None or (t_.shape == (t, h) and t_.dtype == x.dtype), f"{name}: [T, H] of x's dtype")
-    device = require_cuda(x=x, weights=weights, ids=ids, w13=w13, w2=w2)
-    topk = ids.shape[1]
     out = torch.empty(t, h, dtype=x.dtype, device=device)
     if t == 0:
         return out
@@ -263,7 +240,28 @@ def routed_experts_prefill_tilelang(x: torch.Tensor, weights: torch.Tensor, ids:
     y = torch._grouped_mm(act, w2.transpose(1, 2), offs=ends)                           # [T*k, H]
     inv = torch.empty(n, dtype=torch.int32, device=device)
     inv[order] = torch.arange(n, dtype=torch.int32, device=device)                      # (t, j) -> its row of y
-    _combine_kernel(topk, h, x.dtype, shared is not None, residual is not None)(
+    return _combine(out, y, weights, inv, shared, residual)
+
+
+def _check_routed_args(x, weights, ids, w13, w2, shared, residual) -> tuple:
+    """The routed-experts launchers' operand checks -> (T, H, E, I, k, device)."""
+    require(x.dim() == 2 and x.dtype in _DT, "x: bf16/fp16 [T, H]")
+    t, h = x.shape
+    require(ids.dim() == 2 and ids.shape[0] == t and weights.shape == ids.shape, "ids/weights: [T, k]")
+    e, two_i, hh = w13.shape
+    inter = two_i // 2
+    require(hh == h and w2.shape == (e, h, inter) and w13.dtype == x.dtype and w2.dtype == x.dtype,
+            "w13 [E, 2I, H] / w2 [E, H, I] of x's dtype expected")
+    for name, t_ in (("shared", shared), ("residual", residual)):
+        require(t_ is None or (t_.shape == (t, h) and t_.dtype == x.dtype), f"{name}: [T, H] of x's dtype")
+    return t, h, e, inter, ids.shape[1], require_cuda(x=x, weights=weights, ids=ids, w13=w13, w2=w2)
+
+
+def _combine(out: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, inv: torch.Tensor,
+             shared: torch.Tensor | None, residual: torch.Tensor | None) -> torch.Tensor:
+    """out [T, H] = sum_j weights[t, j] * y[inv[t * k + j]] (+ shared, + residual) by the combine
+    kernel; unused addend operands are passed as ``out`` (never read)."""
+    _combine_kernel(weights.shape[1], out.shape[1], out.dtype, shared is not None, residual is not None)(
         y, weights.float().contiguous(), inv, out if shared is None else shared.contiguous(),
         out if residual is None else residual.contiguous(), out)
     return out
