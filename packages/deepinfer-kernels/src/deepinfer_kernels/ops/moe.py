@@ -71,6 +71,14 @@ def permute_by_expert(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor
     return order, offsets
 
 
+def grouped_mm_order(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids [T, k] -> (order [T*k] int64: flat (t*k + slot) indices sorted by expert, stable;
+    ends [E] int32: cumulative rows per expert, `torch._grouped_mm`'s `offs`). Static shapes, no sync."""
+    sorted_ids, order = torch.sort(ids.reshape(-1).long(), stable=True)
+    ends = torch.searchsorted(sorted_ids, torch.arange(num_experts, device=ids.device), right=True, out_int32=True)
+    return order, ends
+
+
 def grouped_expert_gemm_ref(x: torch.Tensor, w: torch.Tensor, expert_offsets: torch.Tensor) -> torch.Tensor:
     """x [N, K] (rows grouped by expert), w [E, Nout, K], expert_offsets [E+1] -> [N, Nout]."""
     out = torch.empty(x.shape[0], w.shape[1], dtype=torch.float32, device=x.device)
@@ -147,9 +155,7 @@ def routed_experts_grouped(x: torch.Tensor, weights: torch.Tensor, ids: torch.Te
     if t == 0:
         return torch.zeros_like(x)
     num_experts, inter = w13.shape[0], w13.shape[1] // 2
-    sorted_ids, order = torch.sort(ids.reshape(-1).long(), stable=True)         # [T*k]
-    ends = torch.searchsorted(sorted_ids, torch.arange(num_experts, device=x.device),
-                              right=True, out_int32=True)                     # [E] cumulative ends
+    order, ends = grouped_mm_order(ids, num_experts)
     xp = x[order // k]                                                         # [T*k, H]
     gu = torch._grouped_mm(xp, w13.transpose(1, 2), offs=ends)                 # [T*k, 2I]
     act = F.silu(gu[:, :inter].float()) * gu[:, inter:].float()

@@ -21,7 +21,7 @@ import os
 import torch
 
 from deepinfer_kernels.batch_invariant import batch_invariant_enabled
-from deepinfer_kernels.ops.moe import permute_by_expert
+from deepinfer_kernels.ops.moe import grouped_mm_order, permute_by_expert
 from deepinfer_kernels.tilelang._common import compile_cached, require, require_cuda
 from deepinfer_kernels.tilelang.moe_builders import _build_grouped, _build_grouped_swapped, _build_grouped_ws
 from deepinfer_kernels.tilelang.moe_schedule_builders import (
@@ -230,9 +230,7 @@ def routed_experts_prefill_tilelang(x: torch.Tensor, weights: torch.Tensor, ids:
     if t == 0:
         return out
     n = t * topk
-    sorted_ids, order = torch.sort(ids.reshape(-1), stable=True)                        # [T*k]
-    ends = torch.searchsorted(sorted_ids, torch.arange(e, device=device, dtype=sorted_ids.dtype),
-                              right=True, out_int32=True)                             # [E] cumulative ends
+    order, ends = grouped_mm_order(ids, e)                                              # [T*k], [E]
     xp = x.index_select(0, order // topk)                                               # [T*k, H]
     gu = torch._grouped_mm(xp, w13.transpose(1, 2), offs=ends)                          # [T*k, 2I]
     act = torch.empty(n, inter, dtype=x.dtype, device=device)
