@@ -97,10 +97,13 @@ class V41ForCausalLM(nn.Module):
         def randn(shape: torch.Size) -> torch.Tensor:
             return torch.randn(shape, generator=g, device=gen_device)
 
+        def linear(shape: torch.Size) -> torch.Tensor:   # [..., out, in]: unit-variance outputs
+            return randn(shape) * shape[-1] ** -0.5
+
         for name, p in self.named_parameters():
             if p.numel() * 4 > self.INIT_CHUNK_BYTES and p.dim() >= 3:   # stacked experts of a full-width model
                 for i in range(p.shape[0]):                                 # float32 temporaries one expert at a time
-                    p[i].copy_((randn(p.shape[1:]) * p.shape[-1] ** -0.5).to(torch.bfloat16).to(p.dtype))
+                    p[i].copy_(linear(p.shape[1:]).to(torch.bfloat16).to(p.dtype))
                 continue
             if name.endswith("norm.weight") or "layernorm" in name:
                 v = 1.0 + 0.1 * randn(p.shape)
@@ -114,8 +117,8 @@ class V41ForCausalLM(nn.Module):
                 v = std * randn(p.shape)
             elif "embed" in name or ".tables." in name:
                 v = randn(p.shape)
-            else:  # linear / stacked expert weights [..., out, in]: unit-variance outputs
-                v = randn(p.shape) * p.shape[-1] ** -0.5
+            else:  # linear / stacked expert weights
+                v = linear(p.shape)
             p.copy_(v.to(torch.bfloat16).to(p.dtype))
         return self
 
