@@ -212,16 +212,14 @@ def _sync_sites(torch, counter: collections.Counter, enabled: bool):
         frames = [f for f in traceback.extract_stack()[:-1] if "deepinfer" in f.filename]
         counter[" <- ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}" for f in frames[::-1][:3])] += 1
 
-    warnings.showwarning = record
     torch.cuda.set_sync_debug_mode("warn")
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings():   # restores the filters and showwarning on exit
             warnings.simplefilter("always")
             warnings.showwarning = record
             yield
     finally:
         torch.cuda.set_sync_debug_mode("default")
-        warnings.showwarning = previous
 
 
 if __name__ == "__main__":
