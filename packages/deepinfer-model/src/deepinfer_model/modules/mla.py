@@ -91,7 +91,7 @@ class MLAAttention(nn.Module):
         q, q_latent and latent equal `query` and `latent` up to the GEMM's summation order."""
         n, dc = u.shape[0], self.dc
         table = positions if isinstance(positions, RopeTable) else rope_table(positions, self.rope_dim, self.theta)
-        fused = self.input_projection(u)                                       # [N, qr + ... + D], contiguous
+        fused = self.input_projection(u)                # [N, qr + ... + pad + D], contiguous (pad: fused_projection.py)
         qr = self.q_a_proj.out_features
         ni = self.indexer.n_heads if self.indexer is not None else 0
         stage = self.compressor.stage_width if self.compressor_reads_input else 0
