@@ -189,3 +189,27 @@ def test_bulk_trims_trailing_empty_blocks_bit_for_bit(num_splits):
     bulk_out, bulk_lse = _run(case, "bulk", num_splits)
     assert torch.equal(bulk_out, ws_out) and torch.equal(bulk_lse, ws_lse)
     _check(case, bulk_out, bulk_lse)
+
+
+@pytest.mark.parametrize("rows,heads,width", [(301, 16, 384), (257, 32, 1024), (262, 16, 200)])
+def test_bulk_row_groups_equal_the_one_row_kernel_bit_for_bit(rows, heads, width):
+    """The row-group kernel (prefill sizes: several rows per CTA, one pipeline over their block
+    pairs) gives exactly the one-row trimmed kernel's result: ragged rows, -1 holes, empty rows
+    (first, inside a group, last), a row count that is not a multiple of the group, two head groups."""
+    from deepinfer_kernels.tilelang.sparse_mla import LOG2E, get_kernel, get_rows_kernel, plan
+
+    case = T.make_sparse_mla_case(rows, heads, 512, width, 120000, "cuda", seed=rows + width, ragged=True,
+                                  empty_frac=0.03, empty_rows=(0, 6, rows - 1))
+    p = plan(rows, heads, 512, width, 132, 1, "bulk")
+    outs = []
+    for kernel in (get_kernel(heads, 512, "bulk", False, p["hb"], p["bps"], True), get_rows_kernel(heads, 512, p["hb"])):
+        out = torch.empty(rows, heads, 512, dtype=torch.bfloat16, device="cuda")
+        lse = torch.empty(rows, heads, dtype=torch.float32, device="cuda")
+        dummy_o = torch.empty(1, 1, heads, 512, dtype=torch.float32, device="cuda")
+        dummy_l = torch.empty(1, 1, heads, dtype=torch.float32, device="cuda")
+        kernel(case.q, case.pool, case.indices, out, lse, dummy_o, dummy_l, case.sm_scale * LOG2E, p["bps"])
+        outs.append((out, lse))
+    torch.cuda.synchronize()
+    (one_out, one_lse), (grp_out, grp_lse) = outs
+    assert torch.equal(grp_out, one_out) and torch.equal(grp_lse, one_lse)
+    _check(case, grp_out, grp_lse)

@@ -31,6 +31,7 @@ from deepinfer_kernels.tilelang.sparse_mla_builders import (  # noqa: F401  (BLO
     _record_bytes,
 )
 from deepinfer_kernels.tilelang.sparse_mla_bulk import _build_bulk
+from deepinfer_kernels.tilelang.sparse_mla_bulk_rows import MAX_PAIRS, ROWS_PER_CTA, _build_bulk_rows
 from deepinfer_kernels.tilelang.sparse_mla_ws import _build_ws
 
 VARIANTS = KERNEL_VARIANTS
@@ -77,6 +78,15 @@ def get_kernel(heads: int, d: int, variant: str = "ws", split: bool = False, hb:
                           lambda: _build_pipelined(heads, d, hb, split, nblk))
 
 
+def get_rows_kernel(heads: int, d: int, hb: int, rpc: int = ROWS_PER_CTA):
+    """The row-group "bulk" kernel (prefill: ``rpc`` rows per CTA, one pipeline across them)."""
+    return compile_cached("sparse_mla_bulk_rows", (heads, d, hb, rpc), lambda: _build_bulk_rows(heads, d, hb, 2, rpc))
+
+
+def _uses_rows_kernel(variant: str, rows: int, width: int, num_splits: int) -> bool:
+    return _trims(variant, rows) and num_splits == 1 and width <= 2 * BLOCK_TOKENS * MAX_PAIRS
+
+
 def get_combine_kernel(heads: int, d: int):
     return compile_cached("sparse_mla_combine", (heads, d), lambda: _build_combine(heads, d))
 
@@ -116,6 +126,8 @@ def precompile_specs(rows: int, heads: int, d: int, width: int, variant: str = "
     variant = resolve_variant(variant, heads, d)
     p = plan(rows, heads, d, width, sms, num_splits, variant)
     split = p["num_splits"] > 1
+    if _uses_rows_kernel(variant, rows, width, p["num_splits"]):
+        return [("get_rows_kernel", (heads, d, p["hb"]))]
     specs = [("get_kernel", (heads, d, variant, split, p["hb"], p["bps"], _trims(variant, rows)))]
     if split:
         specs.append(("get_combine_kernel", (heads, d)))
@@ -168,6 +180,9 @@ def sparse_mla_attention_tilelang(q: torch.Tensor, kv_pool: torch.Tensor, indice
     if ns == 1:
         dummy_o = torch.empty(1, 1, heads, d, dtype=torch.float32, device=device)
         dummy_l = torch.empty(1, 1, heads, dtype=torch.float32, device=device)
+        if _uses_rows_kernel(variant, rows, width, ns):   # prefill: one pipeline over several rows per CTA
+            get_rows_kernel(heads, d, hb)(q, kv_pool, indices, out, lse, dummy_o, dummy_l, scale, bps)
+            return out, lse
         kernel = get_kernel(heads, d, variant, False, hb, bps, _trims(variant, rows))
         kernel(q, kv_pool, indices, out, lse, dummy_o, dummy_l, scale, bps)
         return out, lse

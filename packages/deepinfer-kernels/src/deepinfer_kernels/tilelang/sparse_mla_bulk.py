@@ -38,22 +38,17 @@ from deepinfer_kernels.tilelang.sparse_mla_builders import (
 )
 
 
-def _build_bulk(heads: int, d: int, hb: int, split: bool, producers: int = 1, trim: bool = False):
-    """Bulk-copy warp-specialized kernel; same signature and dynamic shapes as ``_build_ws``
-    (``bps``, blocks per split, is even). ``producers`` dequantizing warpgroups (1 or 2) share
-    each block; ``trim`` skips the block pairs past the row's last valid index."""
-    import tilelang.language as T
-
+def _bulk_macros(T, d: int, producers: int):
+    """The producer side shared by the bulk kernels: ``load_indices`` (a block's slots into
+    registers), ``issue_block`` (one warp's bulk copies of a block into an FP8 stage) and
+    ``dequant_block`` (the producers turn an FP8 stage into the bf16 stage and the -inf mask)."""
     BI = BLOCK_TOKENS
     REC = _record_bytes(d)
     CH = d // 16                      # 16-byte chunks per record body
     PT = 128 * producers              # producer threads
     NCH = BI * CH // PT               # chunks per producer thread per block
-    H = heads
-    HG = (H + hb - 1) // hb
     RPL = BI // 32                    # records issued per lane of the issuing warp
     assert BI * CH % PT == 0 and d % 64 == 0 and REC % 16 == 0 and BI == 64 and producers in (1, 2)
-    consume = _staged_consumer_macro(T, hb, d, H, split)
 
     # Dequant thread layout (as in "ws"): a thread owns RPT records x CPR consecutive 16-byte
     # chunks of each; lane L of warp w takes row L % RW and part L // RW, so the 8 lanes of a
@@ -105,6 +100,24 @@ def _build_bulk(heads: int, d: int, hb: int, split: bool, producers: int = 1, tr
                     Kb[stage, rec, (part * CPR + jj) * 16 + v] = bv[v]
             if part == 0:
                 vm[stage, rec] = T.if_then_else(ok, 0.0, -T.infinity(T.float32))
+
+    return load_indices, issue_block, dequant_block
+
+
+def _build_bulk(heads: int, d: int, hb: int, split: bool, producers: int = 1, trim: bool = False):
+    """Bulk-copy warp-specialized kernel; same signature and dynamic shapes as ``_build_ws``
+    (``bps``, blocks per split, is even). ``producers`` dequantizing warpgroups (1 or 2) share
+    each block; ``trim`` skips the block pairs past the row's last valid index."""
+    import tilelang.language as T
+
+    BI = BLOCK_TOKENS
+    REC = _record_bytes(d)
+    PT = 128 * producers              # producer threads
+    H = heads
+    HG = (H + hb - 1) // hb
+    RPL = BI // 32                    # records issued per lane of the issuing warp
+    consume = _staged_consumer_macro(T, hb, d, H, split)
+    load_indices, issue_block, dequant_block = _bulk_macros(T, d, producers)
 
     R = T.dynamic("R")
     W = T.dynamic("W")

@@ -136,9 +136,14 @@ def make_verify_case(requests: int, rows_per_req: int, heads: int, d: int, windo
 
 
 def make_prefill_case(tokens: int, heads: int, d: int, window: int, far_blocks: int, block: int,
-                      slots: int, device, seed: int = 0, pool: torch.Tensor | None = None) -> SparseMLACase:
+                      slots: int, device, seed: int = 0, pool: torch.Tensor | None = None,
+                      prompt_len: int = 0, ratio: int = 4) -> SparseMLACase:
     """One prefill chunk: row t sees the window t-window+1..t (slots of consecutive positions) plus
-    ``far_blocks`` blocks of ``block`` compressed entries (shared by runs of rows)."""
+    ``far_blocks`` blocks of ``block`` compressed entries (shared by runs of rows).
+
+    ``prompt_len`` > 0: the engine's layout for prompts of that length (row t at position
+    t % prompt_len): window slots before position 0 are -1 (at the front), and a row has only the
+    (position + 1 - window) // ratio far entries a ratio-``ratio`` layer has closed, -1 after them."""
     g = _gen(seed + 3)
     if pool is None:
         pool = make_pool(slots, d, device, seed)
@@ -149,6 +154,11 @@ def make_prefill_case(tokens: int, heads: int, d: int, window: int, far_blocks: 
     sel = torch.stack([torch.randperm(far_blocks * 4, generator=g)[:far_blocks] for _ in range(math.ceil(tokens / 64))])
     far = (sel.unsqueeze(2) * block + torch.arange(block)).reshape(sel.shape[0], -1)
     far = comp[far].repeat_interleave(64, dim=0)[:tokens]
+    if prompt_len > 0:
+        pos = t % prompt_len                                                     # [tokens, 1]
+        win = torch.where(pos - window + 1 + torch.arange(window).unsqueeze(0) >= 0, win, -1)
+        n_far = ((pos + 1 - window).clamp(min=0) // ratio).clamp(max=far.shape[1])
+        far = torch.where(torch.arange(far.shape[1]).unsqueeze(0) < n_far, far, -1)
     idx = torch.cat([win, far], dim=1)
     q = torch.randn(tokens, heads, d, generator=g).to(torch.bfloat16).to(device)
     return SparseMLACase(q, pool, idx.to(torch.int32).to(device), 1.0 / math.sqrt(d))
