@@ -37,3 +37,17 @@ def test_ties_go_to_the_lower_expert_and_the_op_dispatches():
     torch.testing.assert_close(w, torch.full((3, 6), 1 / 6, device="cuda"))
     w2, ids2 = ref.moe_route(logits, bias, 6, True, 1.0)    # the op picks the kernel on SM90
     assert torch.equal(ids2, ids) and torch.equal(w2, w)
+
+
+def test_route_reads_a_column_slice_in_place():
+    """The router logits as a column slice of the MoE's fused input GEMM output route exactly like
+    their contiguous copy."""
+    from deepinfer_kernels.tilelang.moe_route import moe_route_tilelang
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    wide = torch.randn(40, 1088, device="cuda", generator=g).to(torch.bfloat16)
+    bias = torch.randn(64, device="cuda", generator=g) * 0.01
+    view = wide[:, :64]
+    w, ids = moe_route_tilelang(view, bias, 6, True, 2.5)
+    w_c, ids_c = moe_route_tilelang(view.contiguous(), bias, 6, True, 2.5)
+    assert torch.equal(ids, ids_c) and torch.equal(w, w_c)

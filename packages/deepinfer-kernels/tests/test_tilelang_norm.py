@@ -37,3 +37,17 @@ def test_rms_norm_keeps_leading_dims_and_dispatches():
     torch.testing.assert_close(got.float(), ref.rms_norm_ref(x, w, 1e-5).float(), rtol=2.0 ** -7, atol=1e-6)
     assert torch.equal(ref.rms_norm(x, w, 1e-5), got)   # the op picks the kernel on SM90
     assert rms_norm_tilelang(x[:0], w, 1e-5).shape == (0, 7, 256)
+
+
+def test_rms_norm_reads_a_column_slice_in_place():
+    """A column slice of a wider output (the fused projections' q_a / KV latent) gives exactly the
+    contiguous copy's result."""
+    from deepinfer_kernels.tilelang.norm import rms_norm_tilelang
+
+    g = torch.Generator(device="cuda").manual_seed(7)
+    wide = torch.randn(33, 1552, device="cuda", generator=g).to(torch.bfloat16)
+    w = torch.randn(448, device="cuda", generator=g)
+    for start in (0, 1040):
+        view = wide[:, start: start + 448]
+        assert not view.is_contiguous()
+        assert torch.equal(rms_norm_tilelang(view, w, 1e-6), rms_norm_tilelang(view.contiguous(), w, 1e-6))

@@ -27,11 +27,12 @@ def _build(e: int, k: int, logit_dtype: str, bias_dtype: str, normalise: bool, s
 
     PER_LANE = (e + 31) // 32
     N = T.dynamic("N")
+    SL = T.dynamic("SL")                # row stride of the logits: the MoE's fused input GEMM's slice reads in place
     NEG_INF = -T.infinity(T.float32)
 
     @T.prim_func
     def main(
-        Logits: T.Tensor((N, e), logit_dtype),
+        Logits: T.StridedTensor((N, e), (SL, 1), logit_dtype),
         Bias: T.Tensor((e,), bias_dtype),
         Weights: T.Tensor((N, k), T.float32),
         Ids: T.Tensor((N, k), T.int32),
@@ -108,5 +109,6 @@ def moe_route_tilelang(router_logits: torch.Tensor, bias: torch.Tensor, top_k: i
     ids = torch.empty(t, top_k, dtype=torch.int32, device=device)
     if t:
         _kernel(e, top_k, router_logits.dtype, bias.dtype, norm_topk_prob, routed_scaling_factor)(
-            router_logits.contiguous(), bias.contiguous(), weights, ids)
+            router_logits if router_logits.stride(1) == 1 else router_logits.contiguous(), bias.contiguous(),
+            weights, ids)
     return weights, ids

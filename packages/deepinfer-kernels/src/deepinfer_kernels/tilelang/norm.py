@@ -23,10 +23,11 @@ def _build(d: int, x_dtype: str, w_dtype: str, eps: float):
 
     PER_LANE = d // 32
     N = T.dynamic("N")
+    SX = T.dynamic("SX")                # row stride of X: a column slice of a wider output reads in place
 
     @T.prim_func
     def main(
-        X: T.Tensor((N, d), x_dtype),
+        X: T.StridedTensor((N, d), (SX, 1), x_dtype),
         W: T.Tensor((d,), w_dtype),
         Y: T.Tensor((N, d), x_dtype),
     ):
@@ -56,20 +57,21 @@ def _build(d: int, x_dtype: str, w_dtype: str, eps: float):
 
 
 def _kernel(d: int, x_dtype: torch.dtype, w_dtype: torch.dtype, eps: float):
-    key = (d, _DTYPES[x_dtype], _DTYPES[w_dtype], float(eps))
+    key = (d, _DTYPES[x_dtype], _DTYPES[w_dtype], float(eps), "strided")
     return compile_cached("rms_norm", key, lambda: _build(d, _DTYPES[x_dtype], _DTYPES[w_dtype], float(eps)))
 
 
 def rms_norm_tilelang(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., D] bf16 / fp16, weight [D] float32 or x's dtype -> x's dtype; like ``rms_norm_ref``.
-    D a multiple of 32 (one warp per row, D / 32 values per lane), at most 8192."""
+    D a multiple of 32 (one warp per row, D / 32 values per lane), at most 8192. A 2-D x whose rows
+    are contiguous (a column slice of a fused projection's output) is read in place, not copied."""
     require(x.dtype in (torch.bfloat16, torch.float16), f"x: bf16 or fp16, got {x.dtype}")
     require(weight.dim() == 1 and weight.dtype in (torch.float32, x.dtype), "weight: [D], float32 or x's dtype")
     d = x.shape[-1]
     require(weight.shape[0] == d and d % 32 == 0 and 32 <= d <= 8192, f"D={d}: a multiple of 32 in [32, 8192]")
     require_cuda(x=x, weight=weight)
-    rows = x.reshape(-1, d).contiguous()
-    out = torch.empty_like(rows)
+    rows = x if x.dim() == 2 and x.stride(1) == 1 else x.reshape(-1, d).contiguous()
+    out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
     if rows.shape[0]:
         _kernel(d, x.dtype, weight.dtype, eps)(rows, weight.contiguous(), out)
     return out.view(x.shape)
