@@ -141,6 +141,7 @@ def count(model: str | None, nextn: int, batch: int, by_function: bool = False, 
     import deepinfer_model.engine.forward as eng_forward
     import deepinfer_model.engine.indexing as eng_indexing
     import deepinfer_model.modules.dspark as mod_dspark
+    import deepinfer_model.modules.ffn as mod_ffn
     import deepinfer_model.modules.moe as mod_moe
     import deepinfer_model.modules.norm as mod_norm
     import deepinfer_model.modules.rope as mod_rope
@@ -149,7 +150,7 @@ def count(model: str | None, nextn: int, batch: int, by_function: bool = False, 
     from deepinfer_kernels.ops.capture import force_capturable
 
     counter, undo = StepOpCounter(), []
-    for module in (eng_forward, eng_indexing, eng_dspark, eng_compressed, mod_moe, mod_rope, ops_kv_fp8,
+    for module in (eng_forward, eng_indexing, eng_dspark, eng_compressed, mod_moe, mod_ffn, mod_rope, ops_kv_fp8,
                    ops_kv_fp4, ops_sparse_mla, ops_indexer, ops_moe):
         for op in LAUNCHERS:   # every op with a TileLang kernel on SM90
             if hasattr(module, op):

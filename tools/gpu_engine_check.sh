@@ -65,7 +65,7 @@ case "$MODE" in
       > "$OUT/quick_invariance.log" 2>&1 &
     stage quick_speculation 200 "${T[@]}" -m "gpu and not slow" $E/test_gpu_engine.py \
       -k "greedy_speculation and 5" > "$OUT/quick_speculation.log" 2>&1 &
-    stage quick_new_kernels 200 "${T[@]}" -m gpu $K/test_tilelang_norm.py $K/test_tilelang_moe_route.py \
+    stage quick_new_kernels 200 "${T[@]}" -m gpu $K/test_tilelang_norm.py $K/test_tilelang_moe_route.py $K/test_tilelang_activation.py \
       packages/deepinfer-model/tests/test_norm_cuda.py $K/test_attention_indices.py $K/test_rope_inplace.py $K/test_paged_slots.py $K/test_write_rows.py \
       $K/test_tilelang_moe.py::test_routed_experts_combine_adds_shared_and_residual_bit_for_bit \
       > "$OUT/quick_new_kernels.log" 2>&1 &

@@ -62,6 +62,11 @@ def _specs():
             add("kv_store", "kv_store", [("_kernel", ("fp4", d, dt, torch.int64, False)),
                                          ("_kernel", ("fp4", d, dt, None, True))])
 
+    # ---- SwiGLU activation (dense FFN 2816, shared expert 512, default model 48 / 192)
+    from deepinfer_kernels.tilelang import activation
+    for inter in (2816, 512, 48, 192):
+        add("activation", "activation", [("_kernel", (inter, bf16))])
+
     # ---- indexer
     for h, di in ((8, 128), (64, 128), (2, 32), (8, 64)):
         add("indexer", "indexer", [("_scores_kernel", (h, di, "scores", 1))])

@@ -1,0 +1,69 @@
+"""SwiGLU's activation in one launch (TileLang, SM90): ``silu(gate) * up``.
+
+Same function as ``deepinfer_kernels.ops.activation.silu_mul_ref``, with its roundings: silu in
+float32 rounded to the activations' dtype, then the product in float32 rounded again (torch's
+``F.silu(gate) * up`` for bf16 / fp16). gate and up are read with their own row strides (column
+slices of the fused gate/up GEMM's output), 8 values per thread.
+"""
+
+import torch
+
+from deepinfer_kernels.tilelang._common import compile_cached, require, require_cuda
+
+# No `from __future__ import annotations` (TileLang evaluates prim_func annotations).
+
+PER = 8
+_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _build(inter: int, dtype: str):
+    import tilelang.language as T
+
+    NTR = inter // PER                    # threads per row
+    ROWS = max(1, 256 // NTR)             # rows per CTA
+    N = T.dynamic("N")
+    SG = T.dynamic("SG")
+    SU = T.dynamic("SU")
+
+    @T.prim_func
+    def main(
+        G: T.StridedTensor((N, inter), (SG, 1), dtype),
+        U: T.StridedTensor((N, inter), (SU, 1), dtype),
+        Y: T.Tensor((N, inter), dtype),
+    ):
+        with T.Kernel(T.ceildiv(N, ROWS), threads=NTR * ROWS) as b:
+            tx = T.get_thread_binding()
+            row = b * ROWS + tx // NTR
+            col = (tx % NTR) * PER
+            g = T.alloc_local((PER,), dtype)
+            u = T.alloc_local((PER,), dtype)
+            s = T.alloc_local((PER,), dtype)
+            if row < N:
+                for v in T.vectorized(PER):
+                    g[v] = G[row, col + v]
+                for v in T.vectorized(PER):
+                    u[v] = U[row, col + v]
+                for v in T.vectorized(PER):
+                    s[v] = T.cast(T.cast(g[v], T.float32) / (1.0 + T.exp(-T.cast(g[v], T.float32))), dtype)
+                for v in T.vectorized(PER):
+                    Y[row, col + v] = T.cast(T.cast(s[v], T.float32) * T.cast(u[v], T.float32), dtype)
+
+    return main
+
+
+def _kernel(inter: int, dtype: torch.dtype):
+    return compile_cached("silu_mul", (inter, _DTYPES[dtype]), lambda: _build(inter, _DTYPES[dtype]))
+
+
+def silu_mul_tilelang(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gate, up [N, I] bf16 / fp16 (rows contiguous, any row stride; I a multiple of 8) -> [N, I]
+    contiguous; like ``silu_mul_ref``."""
+    require(gate.dim() == 2 and gate.dtype in _DTYPES and up.shape == gate.shape and up.dtype == gate.dtype,
+            "gate, up: [N, I] of one dtype, bf16 or fp16")
+    require(gate.shape[1] % PER == 0 and gate.stride(1) == 1 and up.stride(1) == 1,
+            f"I={gate.shape[1]}: a multiple of {PER}, rows contiguous")
+    require_cuda(gate=gate, up=up)
+    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    if gate.shape[0]:
+        _kernel(gate.shape[1], gate.dtype)(gate, up, out)
+    return out
