@@ -63,7 +63,6 @@ def _specs():
                                          ("_kernel", ("fp4", d, dt, None, True))])
 
     # ---- SwiGLU activation (dense FFN 2816, shared expert 512, default model 48 / 192)
-    from deepinfer_kernels.tilelang import activation
     for inter in (2816, 512, 48, 192):
         add("activation", "activation", [("_kernel", (inter, bf16))])
 
@@ -73,6 +72,7 @@ def _specs():
     for h, di, bs in ((8, 128, 16), (64, 128, 64), (2, 32, 2), (4, 32, 4)):
         for vlen_dtype in ("int32", "int64"):   # the engine's valid counts are int64
             add("indexer", "indexer", [("_scores_kernel", (h, di, "blocks", bs, vlen_dtype))])
+        add("indexer", "indexer", [("_scores_kernel", (h, di, "blocks", bs, "int64", "bfloat16"))])   # the engine's
     for bs in (1, 2, 3, 16, 64):
         add("indexer", "indexer", [("_block_max_kernel", (bs,))])
     for nb, k in ((1, 4), (7, 3), (64, 16), (1000, 16), (3000, 32), (125, 16), (24, 8), (45, 4), (3, 16),

@@ -89,3 +89,16 @@ def test_fused_topk_blocks_equal_the_chain():
     want = select_topk_blocks(*candidate_block_max(indexer_scores(q, w, pool, idx), valid, 4), 3)
     assert got.dtype == torch.int32 and torch.equal(got, want)
     assert got[1].tolist() == [-1, -1, -1] and got[3].tolist() == [0, -1, -1]
+
+
+def test_indexer_topk_blocks_weight_scale_is_the_scaled_float_weights():
+    """weight_scale multiplies the (any-dtype, possibly strided) head weights in float32 first."""
+    from deepinfer_kernels.ops.indexer import indexer_topk_blocks
+    from deepinfer_kernels.tilelang import testing as TT
+
+    c = TT.make_indexer_case(5, 4, 64, 120, 500, "cpu", seed=4, empty_frac=0.05)
+    wide = torch.randn(5, 12).to(torch.bfloat16)
+    view = wide[:, 4:8]
+    got = indexer_topk_blocks(c.q, view, c.k_pool, c.indices, c.valid_lens, 4, 6, weight_scale=0.5)
+    want = indexer_topk_blocks(c.q, view.float() * 0.5, c.k_pool, c.indices, c.valid_lens, 4, 6)
+    assert torch.equal(got, want)

@@ -114,3 +114,18 @@ def test_public_ops_pick_the_kernels_on_cuda():
     exact = indexer_topk_blocks(c.q.float(), c.weights, c.k_pool, c.indices, c.valid_lens, 16, 16)
     assert torch.equal(exact, ref.indexer_topk_blocks_ref(c.q.float(), c.weights, c.k_pool, c.indices,
                                                           c.valid_lens, 16, 16))
+
+
+def test_fused_indexer_scales_strided_bf16_weights_like_torch():
+    """Head weights as a bf16 column slice with a scale (the engine's fused GEMM output and
+    n_heads ** -0.5): exactly the result of the float32 weights torch scales first."""
+    from deepinfer_kernels.tilelang.indexer import indexer_topk_blocks_tilelang
+
+    c = T.make_indexer_case(6, 8, 128, 300, 4000, "cuda", seed=9, empty_frac=0.02)
+    wide = torch.randn(6, 24, device="cuda").to(torch.bfloat16)
+    wide[:, 8:16] = c.weights.to(torch.bfloat16)
+    view, scale = wide[:, 8:16], 8 ** -0.5
+    got = indexer_topk_blocks_tilelang(c.q, view, c.k_pool, c.indices, c.valid_lens, 16, 16, scale)
+    want = indexer_topk_blocks_tilelang(c.q, view.float() * scale, c.k_pool, c.indices, c.valid_lens, 16, 16)
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)

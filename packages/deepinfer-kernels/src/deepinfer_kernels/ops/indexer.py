@@ -84,9 +84,11 @@ def select_topk_blocks_ref(block_scores: torch.Tensor, num_valid_blocks: torch.T
 
 
 def indexer_topk_blocks_ref(q: torch.Tensor, weights: torch.Tensor, k_pool: torch.Tensor, indices: torch.Tensor,
-                           valid_lens: torch.Tensor, block_size: int, topk: int) -> torch.Tensor:
-    """The three references chained -> block ids int32 [rows, topk], -1 padded."""
-    scores = indexer_scores_ref(q, weights, k_pool, indices)
+                           valid_lens: torch.Tensor, block_size: int, topk: int,
+                           weight_scale: float = 1.0) -> torch.Tensor:
+    """The three references chained, with head weights `weights.float() * weight_scale`
+    -> block ids int32 [rows, topk], -1 padded."""
+    scores = indexer_scores_ref(q, weights.float() * weight_scale, k_pool, indices)
     return select_topk_blocks_ref(*candidate_block_max_ref(scores, valid_lens, block_size), topk)
 
 
@@ -146,10 +148,12 @@ def select_topk_blocks(block_scores: torch.Tensor, num_valid_blocks: torch.Tenso
 
 
 def indexer_topk_blocks(q: torch.Tensor, weights: torch.Tensor, k_pool: torch.Tensor, indices: torch.Tensor,
-                        valid_lens: torch.Tensor, block_size: int, topk: int) -> torch.Tensor:
-    """`select_topk_blocks(*candidate_block_max(indexer_scores(q, weights, k_pool, indices), valid_lens,
-    block_size), topk)`: q [rows, heads, Di], weights [rows, heads], k_pool uint8 [slots, Di/2+Di/32],
-    indices int32 [rows, n], valid_lens [rows] -> block ids int32 [rows, topk] (-1 padded).
+                        valid_lens: torch.Tensor, block_size: int, topk: int, weight_scale: float = 1.0) -> torch.Tensor:
+    """`select_topk_blocks(*candidate_block_max(indexer_scores(q, weights.float() * weight_scale, k_pool,
+    indices), valid_lens, block_size), topk)`: q [rows, heads, Di], weights [rows, heads] (any float
+    dtype; a column slice is read in place by the kernel), k_pool uint8 [slots, Di/2+Di/32], indices
+    int32 [rows, n], valid_lens [rows] -> block ids int32 [rows, topk] (-1 padded). The kernel
+    scales the weights as it loads them (the same float32 product as torch's).
 
     On SM90 with a bf16 q and a block size dividing 64: the fused TileLang kernels. Its scores
     round like `indexer_scores`' kernel (fp32 sums in another order than the reference), so a
@@ -169,6 +173,6 @@ def indexer_topk_blocks(q: torch.Tensor, weights: torch.Tensor, k_pool: torch.Te
         check_tensor("weights", weights, 2, FLOAT_DTYPES)
         check_tensor("k_pool", k_pool, 2, (torch.uint8,))
         check_dim("k_pool", k_pool, 1, fp4_record_bytes(q.shape[2]))
-        return kernel(q, weights, k_pool, indices, valid_lens, block_size, topk)
-    scores = indexer_scores(q, weights, k_pool, indices)
+        return kernel(q, weights, k_pool, indices, valid_lens, block_size, topk, weight_scale)
+    scores = indexer_scores(q, weights.float() * weight_scale, k_pool, indices)
     return select_topk_blocks(*candidate_block_max(scores, valid_lens, block_size), topk)

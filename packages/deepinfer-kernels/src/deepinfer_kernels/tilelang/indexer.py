@@ -40,6 +40,7 @@ NT = 128
 TILES_PER_CTA = 1      # candidates per CTA = 64: a decode row's few hundred candidates spread over
                        # CTAs (8 tiles per CTA ran them serially: ~12 us of a ~20 us call at batch 1)
 MAX_SORT = 16384       # largest number of blocks the top-k kernel sorts
+_W_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def _fp4_record_bytes(di: int) -> int:
@@ -53,10 +54,12 @@ def _padded_heads(h: int) -> int:
 # ----------------------------------------------------------------------------- scores kernel
 
 
-def _build_scores(heads: int, di: int, mode: str, block_size: int, vlen_dtype: str = "int32"):
+def _build_scores(heads: int, di: int, mode: str, block_size: int, vlen_dtype: str = "int32",
+                  w_dtype: str = "float32"):
     """mode "scores": write per-entry scores [R, N]; mode "blocks": write block scores [R, NB]
     (candidate_block_max rules with valid_lens, of dtype ``vlen_dtype``) and the valid block
-    counts [R], for block sizes that divide TILE * TILES_PER_CTA."""
+    counts [R], for block sizes that divide TILE * TILES_PER_CTA. Head weights: ``w_dtype`` rows
+    with their own stride (a slice of the fused input GEMM), times the scalar ``wscale``."""
     import tilelang.language as T
 
     H = heads
@@ -76,17 +79,19 @@ def _build_scores(heads: int, di: int, mode: str, block_size: int, vlen_dtype: s
     S = T.dynamic("S")
     NB = T.dynamic("NB")
     NSC = T.dynamic("NSC")              # Scores columns (N in "scores" mode, else a 1-wide dummy)
+    SW = T.dynamic("SW")                # row stride of the head weights
 
     @T.prim_func
     def main(
         Q: T.Tensor((R, H, di), T.bfloat16),
-        Wt: T.Tensor((R, H), T.float32),
+        Wt: T.StridedTensor((R, H), (SW, 1), w_dtype),
         Pool: T.Tensor((S, REC), T.uint8),
         Idx: T.Tensor((R, N), T.int32),
         VLen: T.Tensor((R,), vlen_dtype),
         Scores: T.Tensor((R, NSC), T.float32),
         Blocks: T.Tensor((R, NB), T.float32),
         NValid: T.Tensor((R,), T.int32),
+        wscale: T.float32,
     ):
         with T.Kernel(R, T.ceildiv(N, CHUNK), threads=NT) as (r, cb):
             T.import_source(FP4_DEQUANT_SRC)
@@ -104,7 +109,7 @@ def _build_scores(heads: int, di: int, mode: str, block_size: int, vlen_dtype: s
             for h, k in T.Parallel(HP, di):
                 Q_s[h, k] = T.if_then_else(h < H, Q[r, T.min(h, H - 1), k], T.bfloat16(0))
             for h in T.Parallel(HP):
-                w_s[h] = T.if_then_else(h < H, Wt[r, T.min(h, H - 1)], 0.0)
+                w_s[h] = T.if_then_else(h < H, T.cast(Wt[r, T.min(h, H - 1)], T.float32) * wscale, 0.0)
             for t in T.serial(TILES_PER_CTA):
                 c0 = cb * CHUNK + t * TILE
                 cand = tx // TPC
@@ -177,6 +182,7 @@ def _build_block_max(block_size: int):
         VLen: T.Tensor((R,), T.int32),
         Blocks: T.Tensor((R, NB), T.float32),
         NValid: T.Tensor((R,), T.int32),
+        wscale: T.float32,
     ):
         with T.Kernel(R, T.ceildiv(NB, NT), threads=NT) as (r, bb):
             tx = T.get_thread_binding()
@@ -261,9 +267,9 @@ def _build_topk(p2: int, topk: int):
 # ----------------------------------------------------------------------------- launchers
 
 
-def _scores_kernel(heads, di, mode, block_size, vlen_dtype="int32"):
-    return compile_cached("indexer_scores", (heads, di, mode, block_size, vlen_dtype, TILES_PER_CTA),
-                          lambda: _build_scores(heads, di, mode, block_size, vlen_dtype))
+def _scores_kernel(heads, di, mode, block_size, vlen_dtype="int32", w_dtype="float32"):
+    return compile_cached("indexer_scores", (heads, di, mode, block_size, vlen_dtype, w_dtype, TILES_PER_CTA),
+                          lambda: _build_scores(heads, di, mode, block_size, vlen_dtype, w_dtype))
 
 
 def _block_max_kernel(block_size: int):
@@ -304,7 +310,7 @@ def indexer_scores_tilelang(q: torch.Tensor, weights: torch.Tensor, k_pool: torc
     vlen = torch.zeros(rows, dtype=torch.int32, device=device)
     _scores_kernel(heads, di, "scores", 1)(
         q.to(torch.bfloat16).contiguous(), weights.float().contiguous(), k_pool,
-        indices.to(torch.int32).contiguous(), vlen, out, dummy_b, vlen)
+        indices.to(torch.int32).contiguous(), vlen, out, dummy_b, vlen, 1.0)
     return out
 
 
@@ -344,9 +350,10 @@ def select_topk_blocks_tilelang(block_scores: torch.Tensor, num_valid_blocks: to
 
 def indexer_topk_blocks_tilelang(q: torch.Tensor, weights: torch.Tensor, k_pool: torch.Tensor,
                                  indices: torch.Tensor, valid_lens: torch.Tensor, block_size: int,
-                                 topk: int) -> torch.Tensor:
-    """Fused ``select_topk_blocks(*candidate_block_max(indexer_scores(q, weights, k_pool, indices),
-    valid_lens, block_size), topk)`` -> int32 [rows, topk]. ``block_size`` must divide 64."""
+                                 topk: int, weight_scale: float = 1.0) -> torch.Tensor:
+    """Fused ``select_topk_blocks(*candidate_block_max(indexer_scores(q, weights.float() * weight_scale,
+    k_pool, indices), valid_lens, block_size), topk)`` -> int32 [rows, topk]. ``block_size`` must
+    divide 64; weights bf16 / fp16 / fp32 with rows contiguous (any row stride)."""
     rows, heads, di, device = _check_scores_args(q, weights, k_pool, indices)
     require(block_size > 0 and (TILE * TILES_PER_CTA) % block_size == 0,
             f"block_size={block_size}: the fused kernel needs a divisor of {TILE * TILES_PER_CTA}")
@@ -362,9 +369,10 @@ def indexer_topk_blocks_tilelang(q: torch.Tensor, weights: torch.Tensor, k_pool:
     blocks = torch.empty(rows, nb, dtype=torch.float32, device=device)
     nvalid = torch.empty(rows, dtype=torch.int32, device=device)
     dummy_s = torch.empty(rows, 1, dtype=torch.float32, device=device)
-    _scores_kernel(heads, di, "blocks", block_size, str(vlen.dtype).removeprefix("torch."))(
-        q.to(torch.bfloat16).contiguous(), weights.float().contiguous(), k_pool,
-        indices.to(torch.int32).contiguous(), vlen, dummy_s, blocks, nvalid)
+    w = weights if weights.dtype in _W_DTYPES and weights.stride(1) == 1 else weights.float().contiguous()
+    _scores_kernel(heads, di, "blocks", block_size, str(vlen.dtype).removeprefix("torch."), _W_DTYPES[w.dtype])(
+        q.to(torch.bfloat16).contiguous(), w, k_pool, indices.to(torch.int32).contiguous(), vlen, dummy_s, blocks,
+        nvalid, float(weight_scale))
     _topk_kernel(nb, topk)(blocks, nvalid, out)
     return out
 

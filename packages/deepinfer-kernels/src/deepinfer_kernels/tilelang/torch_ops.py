@@ -92,17 +92,19 @@ def _(q, weights, k_pool, indices):
 
 @torch.library.custom_op("deepinfer::indexer_topk_blocks", mutates_args=())
 def indexer_topk_blocks(q: torch.Tensor, weights: torch.Tensor, k_pool: torch.Tensor, indices: torch.Tensor,
-                        valid_lens: torch.Tensor, block_size: int, topk: int) -> torch.Tensor:
-    return get_launcher("indexer_topk_blocks")(q, weights, k_pool, indices, valid_lens, block_size, topk).contiguous()
+                        valid_lens: torch.Tensor, block_size: int, topk: int, weight_scale: float = 1.0) -> torch.Tensor:
+    return get_launcher("indexer_topk_blocks")(q, weights, k_pool, indices, valid_lens, block_size, topk,
+                                               weight_scale).contiguous()
 
 
 @indexer_topk_blocks.register_kernel("cpu")
-def _(q, weights, k_pool, indices, valid_lens, block_size, topk):
-    return _ref("indexer_topk_blocks")(q, weights, k_pool, indices, valid_lens, block_size, topk).contiguous()
+def _(q, weights, k_pool, indices, valid_lens, block_size, topk, weight_scale=1.0):
+    return _ref("indexer_topk_blocks")(q, weights, k_pool, indices, valid_lens, block_size, topk,
+                                       weight_scale).contiguous()
 
 
 @indexer_topk_blocks.register_fake
-def _(q, weights, k_pool, indices, valid_lens, block_size, topk):
+def _(q, weights, k_pool, indices, valid_lens, block_size, topk, weight_scale=1.0):
     return q.new_empty((q.shape[0], topk), dtype=torch.int32)
 
 

@@ -167,11 +167,12 @@ def far_selection(model, layer, q_lat, index_weights, rows: _Rows, meta: Forward
     if max_far == 0:
         return None
     indexer = layer.self_attn.indexer
-    q_idx, w = indexer.query_heads(q_lat), indexer.head_weights(index_weights)
-    # the source's index plane, addressed by the entries' slots as they are
-    blocks = indexer_topk_blocks(q_idx, w, cache.index_k[cache.layout.index_planes[src]],
+    # the source's index plane, addressed by the entries' slots as they are; the head weights are
+    # `indexer.head_weights(index_weights)`, scaled by the op as it reads them (no launch here)
+    k_plane = cache.index_k[cache.layout.index_planes[src]]
+    blocks = indexer_topk_blocks(indexer.query_heads(q_lat), index_weights, k_plane,
                                  rows.far_entry_slots_int32(r, requested), n_far, cfg.index_block_size,
-                                 cfg.index_topk)                               # int32 [N, topk]
+                                 cfg.index_topk, weight_scale=indexer.head_weight_scale)   # int32 [N, topk]
     return FarSelection(blocks, n_far, ent_slots, cache.layout.comp_planes[src] * cache.num_slots)
 
 

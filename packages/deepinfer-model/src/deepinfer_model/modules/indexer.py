@@ -30,6 +30,10 @@ class LightningIndexer(nn.Module):
         """q_latent [N, qr] -> q_idx [N, ni, Di] in the weights' dtype."""
         return self.wq_b(q_latent).view(-1, self.n_heads, self.head_dim)
 
+    @property
+    def head_weight_scale(self) -> float:
+        return self.n_heads ** -0.5
+
     def head_weights(self, projected: torch.Tensor) -> torch.Tensor:
         """projected = W_iw u [N, ni] (the engine computes it in the layer's fused input GEMM) -> w float32 [N, ni]."""
-        return projected.float() * self.n_heads ** -0.5
+        return projected.float() * self.head_weight_scale
