@@ -157,6 +157,8 @@ def count(model: str | None, nextn: int, batch: int, by_function: bool = False, 
                 _wrap(module, op, lambda op=op: counter.launches("tilelang:" + op), undo)
     for module in (mod_norm, mod_dspark):   # RMSNorm.forward calls norm.rms_norm; the draft calls its import
         _count_rms_norm_as_cuda(counter, module, undo)
+    # the residual add + norm: one TileLang launch on CUDA for the 2-D bf16 rows the step has
+    _wrap(mod_norm.RMSNorm, "add_forward", lambda: counter.launches("tilelang:add_rms_norm"), undo)
     llm = LLM(model, device="cpu", dtype="bfloat16", block_size=16, max_num_batched_tokens=256,
               max_num_seqs=batch, max_model_len=512, num_speculative_tokens=nextn, enable_mtp_varlen=False)
     engine, net = llm.engine, llm.engine.runner.model

@@ -97,6 +97,8 @@ def _specs():
         for xd, wd in ((bf16, f32), (f16, f32), (bf16, bf16)):
             add("norm", "norm", [("_kernel", (d, xd, wd, 1e-6))])
     add("norm", "norm", [("_kernel", (256, bf16, f32, 1e-5))])
+    for d in (1024, 192, 3072):   # the residual add + norm of mini, the default model, flash
+        add("norm", "norm", [("_kernel", (d, bf16, f32, 1e-6, True))])
     for e, k in ((8, 2), (64, 6), (384, 6), (256, 8), (16, 4)):
         for ld in (bf16, f32):
             for normalise in (True, False):

@@ -25,3 +25,15 @@ def test_bad_weight_names_the_field():
         rms_norm(x, torch.ones(32), 1e-6)
     with pytest.raises(ValueError, match="weight: expected 1 dims"):
         rms_norm(x, torch.ones(1, 64), 1e-6)
+
+
+def test_add_rms_norm_is_the_add_then_the_norm():
+    from deepinfer_kernels.ops.norm import add_rms_norm, rms_norm
+
+    x = torch.randn(4, 64).to(torch.bfloat16)
+    r = torch.randn(4, 64).to(torch.bfloat16)
+    w = torch.rand(64) + 0.5
+    s, y = add_rms_norm(x, r, w, 1e-6)
+    assert torch.equal(s, x + r) and torch.equal(y, rms_norm(x + r, w, 1e-6))
+    with pytest.raises(ValueError, match="residual"):
+        add_rms_norm(x, r[:, :32], w, 1e-6)

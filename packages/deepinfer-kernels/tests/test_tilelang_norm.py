@@ -51,3 +51,16 @@ def test_rms_norm_reads_a_column_slice_in_place():
         view = wide[:, start: start + 448]
         assert not view.is_contiguous()
         assert torch.equal(rms_norm_tilelang(view, w, 1e-6), rms_norm_tilelang(view.contiguous(), w, 1e-6))
+
+
+@pytest.mark.parametrize("d,rows", [(1024, 1), (1024, 67), (192, 5)])
+def test_add_rms_norm_equals_the_add_then_the_norm_bit_for_bit(d, rows):
+    from deepinfer_kernels.tilelang.norm import add_rms_norm_tilelang, rms_norm_tilelang
+
+    g = torch.Generator(device="cuda").manual_seed(d + rows)
+    x = (torch.randn(rows, d, device="cuda", generator=g) * 3).to(torch.bfloat16)
+    r = torch.randn(rows, d, device="cuda", generator=g).to(torch.bfloat16)
+    w = torch.randn(d, device="cuda", generator=g)
+    s, y = add_rms_norm_tilelang(x, r, w, 1e-6)
+    assert torch.equal(s, x + r)
+    assert torch.equal(y, rms_norm_tilelang(x + r, w, 1e-6))

@@ -41,3 +41,28 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if x.is_cuda:   # torch's fused norm in float32: three launches with the casts, not the formula's five
         return F.rms_norm(x.float(), (d,), weight.float(), eps).to(x.dtype)
     return rms_norm_ref(x, weight, eps)
+
+
+def add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, residual [..., D] -> (s = x + residual in x's dtype, rms_norm(s, weight, eps))."""
+    s = x + residual
+    return s, rms_norm(s, weight, eps)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add and the norm after it (a decoder layer's `x + attn(x)` then its
+    post-attention norm): one launch on SM90 for 2-D bf16 / fp16 rows, `add_rms_norm_ref` elsewhere.
+    Same values as the two calls (s rounded to x's dtype before it is normalised)."""
+    if residual.shape != x.shape or residual.dtype != x.dtype:
+        raise ValueError(f"residual: expected {list(x.shape)} {x.dtype} (x's), got {list(residual.shape)} "
+                         f"{residual.dtype}")
+    check_tensor("weight", weight, 1, FLOAT_DTYPES)
+    d = x.shape[-1]
+    device = check_same_device(x=x, residual=residual, weight=weight)
+    kernel = tilelang_launcher("add_rms_norm", device, supported=x.dim() == 2 and x.dtype in (torch.bfloat16, torch.float16)
+                               and weight.dtype in (torch.float32, x.dtype) and d % 32 == 0 and 32 <= d <= 8192)
+    if kernel is not None:
+        return kernel(x, residual, weight, eps)
+    return add_rms_norm_ref(x, residual, weight, eps)

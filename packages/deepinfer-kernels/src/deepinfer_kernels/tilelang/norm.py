@@ -18,7 +18,9 @@ ROWS_PER_CTA = NT // 32
 _DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
-def _build(d: int, x_dtype: str, w_dtype: str, eps: float):
+def _build(d: int, x_dtype: str, w_dtype: str, eps: float, add: bool = False):
+    """``add``: the row is ``X + Res`` rounded to x's dtype (torch's add), written to ``Sum`` and
+    normalised; otherwise ``Res`` / ``Sum`` are not touched (the launcher passes X / Y)."""
     import tilelang.language as T
 
     PER_LANE = d // 32
@@ -30,6 +32,8 @@ def _build(d: int, x_dtype: str, w_dtype: str, eps: float):
         X: T.StridedTensor((N, d), (SX, 1), x_dtype),
         W: T.Tensor((d,), w_dtype),
         Y: T.Tensor((N, d), x_dtype),
+        Res: T.Tensor((N, d), x_dtype),
+        Sum: T.Tensor((N, d), x_dtype),
     ):
         with T.Kernel(T.ceildiv(N, ROWS_PER_CTA), threads=NT) as bx:
             tx = T.get_thread_binding()
@@ -41,7 +45,11 @@ def _build(d: int, x_dtype: str, w_dtype: str, eps: float):
             safe_row = T.min(row, N - 1)
             total = 0.0
             for k in T.serial(PER_LANE):
-                xv[k] = T.cast(X[safe_row, lane + 32 * k], T.float32)
+                if add:
+                    xv[k] = T.cast(T.cast(T.cast(X[safe_row, lane + 32 * k], T.float32)
+                                          + T.cast(Res[safe_row, lane + 32 * k], T.float32), x_dtype), T.float32)
+                else:
+                    xv[k] = T.cast(X[safe_row, lane + 32 * k], T.float32)
                 total = total + xv[k] * xv[k]
             total = total + T.shfl_xor(total, 16)   # butterfly: every lane ends with the row's sum
             total = total + T.shfl_xor(total, 8)
@@ -52,13 +60,15 @@ def _build(d: int, x_dtype: str, w_dtype: str, eps: float):
             if row < N:
                 for k in T.serial(PER_LANE):
                     Y[row, lane + 32 * k] = T.cast(xv[k] * rstd * T.cast(W[lane + 32 * k], T.float32), x_dtype)
+                    if add:
+                        Sum[row, lane + 32 * k] = T.cast(xv[k], x_dtype)
 
     return main
 
 
-def _kernel(d: int, x_dtype: torch.dtype, w_dtype: torch.dtype, eps: float):
-    key = (d, _DTYPES[x_dtype], _DTYPES[w_dtype], float(eps), "strided")
-    return compile_cached("rms_norm", key, lambda: _build(d, _DTYPES[x_dtype], _DTYPES[w_dtype], float(eps)))
+def _kernel(d: int, x_dtype: torch.dtype, w_dtype: torch.dtype, eps: float, add: bool = False):
+    key = (d, _DTYPES[x_dtype], _DTYPES[w_dtype], float(eps), "strided", add)
+    return compile_cached("rms_norm", key, lambda: _build(d, _DTYPES[x_dtype], _DTYPES[w_dtype], float(eps), add))
 
 
 def rms_norm_tilelang(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -73,5 +83,24 @@ def rms_norm_tilelang(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torc
     rows = x if x.dim() == 2 and x.stride(1) == 1 else x.reshape(-1, d).contiguous()
     out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
     if rows.shape[0]:
-        _kernel(d, x.dtype, weight.dtype, eps)(rows, weight.contiguous(), out)
+        _kernel(d, x.dtype, weight.dtype, eps)(rows, weight.contiguous(), out, out, out)
     return out.view(x.shape)
+
+
+def add_rms_norm_tilelang(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                          eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, residual [N, D] bf16 / fp16 -> (s = x + residual in x's dtype, rms_norm(s)); like
+    ``add_rms_norm_ref`` (the same roundings as torch's add followed by ``rms_norm_tilelang``)."""
+    require(x.dtype in (torch.bfloat16, torch.float16) and residual.dtype == x.dtype and residual.shape == x.shape
+            and x.dim() == 2, f"x, residual: [N, D] of one dtype, bf16 or fp16, got {x.dtype} {tuple(x.shape)} / "
+            f"{residual.dtype} {tuple(residual.shape)}")
+    require(weight.dim() == 1 and weight.dtype in (torch.float32, x.dtype), "weight: [D], float32 or x's dtype")
+    d = x.shape[-1]
+    require(weight.shape[0] == d and d % 32 == 0 and 32 <= d <= 8192, f"D={d}: a multiple of 32 in [32, 8192]")
+    require_cuda(x=x, residual=residual, weight=weight)
+    rows = x if x.stride(1) == 1 else x.contiguous()
+    s = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x.shape[0]:
+        _kernel(d, x.dtype, weight.dtype, eps, True)(rows, weight.contiguous(), y, residual.contiguous(), s)
+    return s, y

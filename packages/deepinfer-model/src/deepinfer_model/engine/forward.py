@@ -181,9 +181,10 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
     layer = model.model.layers[l]
     attn = layer.self_attn
     ns = cache.num_slots
-    if layer.engram is not None:
-        x = x + layer.engram.from_buckets(x, rows.engram_buckets(layer.engram.table_size))
-    u = layer.input_layernorm(x)
+    if layer.engram is not None:   # the Engram add and the input norm: one launch
+        x, u = layer.input_layernorm.add_forward(x, layer.engram.from_buckets(x, rows.engram_buckets(layer.engram.table_size)))
+    else:
+        u = layer.input_layernorm(x)
     rope = rows.rope(attn.rope_dim, attn.theta)
     inputs = attn.project_input(u, rope)             # every projection of u: one GEMM
     q = inputs.q
@@ -207,8 +208,7 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
         idx = attention_indices(rows.window_slots(meta, cfg.sliding_window), plane * ns, far.blocks, far.n_far,
                                 far.entry_slots, far.base, cfg.index_block_size)
         o, _ = sparse_mla_attention(q, cache.kv_flat, idx, attn.sm_scale)
-    x = x + attn.output(o)
-    u = layer.post_attention_layernorm(x)
+    x, u = layer.post_attention_layernorm.add_forward(x, attn.output(o))   # the add and the norm: one launch
     if isinstance(layer.mlp, MoE):   # the residual add happens in the routed experts' combine
         return layer.mlp(u, residual=x)
     return x + layer.mlp(u)

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from deepinfer_kernels.batch_invariant import batch_invariant_enabled
+from deepinfer_kernels.ops.norm import add_rms_norm
 from deepinfer_kernels.ops.norm import rms_norm as mixed_dtype_rms_norm
 
 
@@ -18,6 +19,15 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim] -> [..., dim]
         return rms_norm(x, self.weight, self.eps)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(s = x + residual, self(s)): one launch on CUDA for bf16 rows with the float32 weight,
+        the add then `forward` elsewhere (the same values)."""
+        if (x.is_cuda and x.dim() == 2 and self.weight.dim() == 1 and x.dtype != self.weight.dtype
+                and not batch_invariant_enabled()):
+            return add_rms_norm(x, residual, self.weight, self.eps)
+        s = x + residual
+        return s, self(s)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
