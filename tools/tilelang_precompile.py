@@ -65,6 +65,7 @@ def _specs():
     # ---- SwiGLU activation (dense FFN 2816, shared expert 512, default model 48 / 192)
     for inter in (2816, 512, 48, 192):
         add("activation", "activation", [("_kernel", (inter, bf16))])
+    add("activation", "activation", [("_kernel", (512, bf16, False))])   # the MoE prefill's single rounding
 
     # ---- indexer
     for h, di in ((8, 128), (64, 128), (2, 32), (8, 64)):

@@ -16,7 +16,9 @@ PER = 8
 _DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
-def _build(inter: int, dtype: str):
+def _build(inter: int, dtype: str, round_silu: bool = True):
+    """``round_silu``: silu rounded to dtype before the product (torch's ``F.silu(g) * u`` in dtype);
+    False: one rounding at the end (``(F.silu(g.float()) * u.float()).to(dtype)``, the MoE prefill's)."""
     import tilelang.language as T
 
     NTR = inter // PER                    # threads per row
@@ -43,21 +45,27 @@ def _build(inter: int, dtype: str):
                     g[v] = G[row, col + v]
                 for v in T.vectorized(PER):
                     u[v] = U[row, col + v]
-                for v in T.vectorized(PER):
-                    s[v] = T.cast(T.cast(g[v], T.float32) / (1.0 + T.exp(-T.cast(g[v], T.float32))), dtype)
-                for v in T.vectorized(PER):
-                    Y[row, col + v] = T.cast(T.cast(s[v], T.float32) * T.cast(u[v], T.float32), dtype)
+                if round_silu:
+                    for v in T.vectorized(PER):
+                        s[v] = T.cast(T.cast(g[v], T.float32) / (1.0 + T.exp(-T.cast(g[v], T.float32))), dtype)
+                    for v in T.vectorized(PER):
+                        Y[row, col + v] = T.cast(T.cast(s[v], T.float32) * T.cast(u[v], T.float32), dtype)
+                else:
+                    for v in T.vectorized(PER):
+                        Y[row, col + v] = T.cast(T.cast(g[v], T.float32) / (1.0 + T.exp(-T.cast(g[v], T.float32)))
+                                                 * T.cast(u[v], T.float32), dtype)
 
     return main
 
 
-def _kernel(inter: int, dtype: torch.dtype):
-    return compile_cached("silu_mul", (inter, _DTYPES[dtype]), lambda: _build(inter, _DTYPES[dtype]))
+def _kernel(inter: int, dtype: torch.dtype, round_silu: bool = True):
+    return compile_cached("silu_mul", (inter, _DTYPES[dtype], round_silu),
+                          lambda: _build(inter, _DTYPES[dtype], round_silu))
 
 
-def silu_mul_tilelang(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+def silu_mul_tilelang(gate: torch.Tensor, up: torch.Tensor, round_silu: bool = True) -> torch.Tensor:
     """gate, up [N, I] bf16 / fp16 (rows contiguous, any row stride; I a multiple of 8) -> [N, I]
-    contiguous; like ``silu_mul_ref``."""
+    contiguous; like ``silu_mul_ref`` (``round_silu=False``: the float32 product rounded once)."""
     require(gate.dim() == 2 and gate.dtype in _DTYPES and up.shape == gate.shape and up.dtype == gate.dtype,
             "gate, up: [N, I] of one dtype, bf16 or fp16")
     require(gate.shape[1] % PER == 0 and gate.stride(1) == 1 and up.stride(1) == 1,
@@ -65,5 +73,5 @@ def silu_mul_tilelang(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     require_cuda(gate=gate, up=up)
     out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     if gate.shape[0]:
-        _kernel(gate.shape[1], gate.dtype)(gate, up, out)
+        _kernel(gate.shape[1], gate.dtype, round_silu)(gate, up, out)
     return out

@@ -23,11 +23,11 @@ import torch
 from deepinfer_kernels.batch_invariant import batch_invariant_enabled
 from deepinfer_kernels.ops.moe import grouped_mm_order, permute_by_expert
 from deepinfer_kernels.tilelang._common import compile_cached, require, require_cuda
+from deepinfer_kernels.tilelang.activation import silu_mul_tilelang
 from deepinfer_kernels.tilelang.moe_builders import _build_grouped, _build_grouped_swapped, _build_grouped_ws
 from deepinfer_kernels.tilelang.moe_schedule_builders import (
     _build_combine,
     _build_permute,
-    _build_silu_mul,
     _build_slots,
 )
 
@@ -103,10 +103,6 @@ def _combine_kernel(topk: int, h: int, dtype: torch.dtype, add_shared: bool = Fa
                           lambda: _build_combine(topk, h, _DT[dtype], add_shared, add_residual))
 
 
-def _silu_mul_kernel(inter: int, dtype: torch.dtype):
-    return compile_cached("moe_silu_mul", (inter, _DT[dtype]), lambda: _build_silu_mul(inter, _DT[dtype]))
-
-
 def _permute_kernel(num_experts: int, topk: int, bm: int):
     return compile_cached("moe_permute", (num_experts, topk, bm), lambda: _build_permute(num_experts, topk, bm))
 
@@ -151,7 +147,7 @@ def precompile_specs(kind: str, rows: int, num_experts: int, k: int, nout: int, 
     w [E, nout, k]); kind "routed": routed_experts with hidden k, expert width nout, tokens rows;
     kind "prefill": routed_experts_prefill (its two TileLang kernels)."""
     if kind == "prefill":
-        return [("_silu_mul_kernel", (nout, dtype)), ("_combine_kernel", (topk, k, dtype)),
+        return [("_combine_kernel", (topk, k, dtype)),
                 ("_combine_kernel", (topk, k, dtype, True, True))]
     if kind == "gemm":
         cfg = config or pick_config(rows, num_experts, swiglu=False, k=k, nout=nout)
@@ -233,8 +229,7 @@ def routed_experts_prefill_tilelang(x: torch.Tensor, weights: torch.Tensor, ids:
     order, ends = grouped_mm_order(ids, e)                                              # [T*k], [E]
     xp = x.index_select(0, order // topk)                                               # [T*k, H]
     gu = torch._grouped_mm(xp, w13.transpose(1, 2), offs=ends)                          # [T*k, 2I]
-    act = torch.empty(n, inter, dtype=x.dtype, device=device)
-    _silu_mul_kernel(inter, x.dtype)(gu, act)
+    act = silu_mul_tilelang(gu[:, :inter], gu[:, inter:], round_silu=False)              # [T*k, I]
     y = torch._grouped_mm(act, w2.transpose(1, 2), offs=ends)                           # [T*k, H]
     inv = torch.empty(n, dtype=torch.int32, device=device)
     inv[order] = torch.arange(n, dtype=torch.int32, device=device)                      # (t, j) -> its row of y

@@ -1,7 +1,7 @@
 """TileLang builders of the MoE's bookkeeping kernels around the grouped GEMMs (``moe_builders.py``),
 launched by ``moe.py``: the tile schedule (m-slot -> expert, first row, rows), the decode-size
-permutation by expert in one CTA, the weighted top-k combine in slot order, and the SwiGLU
-activation between the prefill path's two torch grouped GEMMs.
+permutation by expert in one CTA, and the weighted top-k combine in slot order (the prefill
+path's SwiGLU between its torch grouped GEMMs is ``activation.py``'s kernel).
 """
 
 # No `from __future__ import annotations` (TileLang evaluates prim_func annotations).
@@ -170,39 +170,3 @@ def _build_combine(topk: int, H: int, dtype: str, add_shared: bool = False, add_
 
     return main
 
-
-def _build_silu_mul(inter: int, dtype: str):
-    """act[n, i] = silu(gu[n, i]) * gu[n, I + i] in fp32, rounded to dtype (torch's
-    ``(F.silu(g.float()) * u.float()).to(dtype)`` in one pass); ``ROWS`` rows per CTA."""
-    import tilelang.language as T
-
-    PER = 8
-    NTR = inter // PER                    # threads per row
-    ROWS = max(1, 256 // NTR)
-    assert inter % PER == 0
-    N = T.dynamic("N")
-
-    @T.prim_func
-    def main(
-        GU: T.Tensor((N, 2 * inter), dtype),
-        Act: T.Tensor((N, inter), dtype),
-    ):
-        with T.Kernel(T.ceildiv(N, ROWS), threads=NTR * ROWS) as b:
-            tx = T.get_thread_binding()
-            row = b * ROWS + tx // NTR
-            col = (tx % NTR) * PER
-            g = T.alloc_local((PER,), dtype)
-            u = T.alloc_local((PER,), dtype)
-            o = T.alloc_local((PER,), dtype)
-            if row < N:
-                for v in T.vectorized(PER):
-                    g[v] = GU[row, col + v]
-                for v in T.vectorized(PER):
-                    u[v] = GU[row, inter + col + v]
-                for v in T.vectorized(PER):
-                    o[v] = T.cast(T.cast(g[v], T.float32) / (1.0 + T.exp(-T.cast(g[v], T.float32)))
-                                  * T.cast(u[v], T.float32), dtype)
-                for v in T.vectorized(PER):
-                    Act[row, col + v] = o[v]
-
-    return main
