@@ -17,7 +17,7 @@ T = pytest.importorskip("deepinfer_kernels.tilelang.testing")
 H, I, E, K = 1024, 512, 64, 6
 
 
-@pytest.mark.parametrize("tokens", [8, 32, 64, 128, 256, 32768])
+@pytest.mark.parametrize("tokens", [1, 8, 32, 64, 128, 256, 32768])   # 1: a batch-1 decode step's MoE
 def test_bench_routed_experts_tilelang(benchmark, tokens):
     from deepinfer_kernels.ops.moe import routed_experts_ref
     from deepinfer_kernels.tilelang.moe import routed_experts_tilelang
