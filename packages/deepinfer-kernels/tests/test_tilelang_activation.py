@@ -10,7 +10,7 @@ ops = pytest.importorskip("deepinfer_kernels.ops.activation")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("rows,inter", [(1, 512), (7, 2816), (1025, 48)])
+@pytest.mark.parametrize("rows,inter", [(1, 512), (7, 2816), (1025, 48), (3, 26880)])
 def test_silu_mul_matches_torch_on_slices_of_the_fused_output(dtype, rows, inter):
     from deepinfer_kernels.tilelang.activation import silu_mul_tilelang
 

@@ -3,7 +3,7 @@
 Same function as ``deepinfer_kernels.ops.activation.silu_mul_ref``, with its roundings: silu in
 float32 rounded to the activations' dtype, then the product in float32 rounded again (torch's
 ``F.silu(gate) * up`` for bf16 / fp16). gate and up are read with their own row strides (column
-slices of the fused gate/up GEMM's output), 8 values per thread.
+slices of the fused gate/up GEMM's output), 8 values per thread, up to 256 threads along a row per CTA.
 """
 
 import torch
@@ -22,6 +22,7 @@ def _build(inter: int, dtype: str, round_silu: bool = True):
     import tilelang.language as T
 
     NTR = inter // PER                    # threads per row
+    TCOL = min(NTR, 256)                  # threads along a row per CTA (wide rows: several CTAs)
     ROWS = max(1, 256 // NTR)             # rows per CTA
     N = T.dynamic("N")
     SG = T.dynamic("SG")
@@ -33,14 +34,15 @@ def _build(inter: int, dtype: str, round_silu: bool = True):
         U: T.StridedTensor((N, inter), (SU, 1), dtype),
         Y: T.Tensor((N, inter), dtype),
     ):
-        with T.Kernel(T.ceildiv(N, ROWS), threads=NTR * ROWS) as b:
+        with T.Kernel(T.ceildiv(N, ROWS), T.ceildiv(NTR, TCOL), threads=TCOL * ROWS) as (b, cb):
             tx = T.get_thread_binding()
-            row = b * ROWS + tx // NTR
-            col = (tx % NTR) * PER
+            row = b * ROWS + tx // TCOL
+            part = cb * TCOL + tx % TCOL
+            col = T.min(part, NTR - 1) * PER
             g = T.alloc_local((PER,), dtype)
             u = T.alloc_local((PER,), dtype)
             s = T.alloc_local((PER,), dtype)
-            if row < N:
+            if (row < N) and (part < NTR):
                 for v in T.vectorized(PER):
                     g[v] = G[row, col + v]
                 for v in T.vectorized(PER):

@@ -182,7 +182,6 @@ def _build_block_max(block_size: int):
         VLen: T.Tensor((R,), T.int32),
         Blocks: T.Tensor((R, NB), T.float32),
         NValid: T.Tensor((R,), T.int32),
-        wscale: T.float32,
     ):
         with T.Kernel(R, T.ceildiv(NB, NT), threads=NT) as (r, bb):
             tx = T.get_thread_binding()
