@@ -53,7 +53,7 @@ def test_rms_norm_reads_a_column_slice_in_place():
         assert torch.equal(rms_norm_tilelang(view, w, 1e-6), rms_norm_tilelang(view.contiguous(), w, 1e-6))
 
 
-@pytest.mark.parametrize("d,rows", [(1024, 1), (1024, 67), (192, 5)])
+@pytest.mark.parametrize("d,rows", [(1024, 1), (1024, 67), (192, 5), (3072, 1), (3072, 9)])
 def test_add_rms_norm_equals_the_add_then_the_norm_bit_for_bit(d, rows):
     from deepinfer_kernels.tilelang.norm import add_rms_norm_tilelang, rms_norm_tilelang
 
