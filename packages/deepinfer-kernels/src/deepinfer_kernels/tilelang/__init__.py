@@ -46,6 +46,7 @@ LAUNCHERS = {
     "rope_inplace": "rope:rope_inplace_tilelang",
     "paged_slots": "paged_slots:paged_slots_tilelang",
     "write_rows": "write_rows:write_rows_tilelang",
+    "greedy_pick": "greedy:greedy_pick_tilelang",
 }
 
 
