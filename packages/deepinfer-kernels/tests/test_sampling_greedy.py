@@ -52,13 +52,16 @@ def test_kernel_matches_the_reference(vocab, dtype):
     ftp, seqlens_q = ftp.cuda(), seqlens_q.cuda()
     logits = (torch.randn(rows, vocab, device="cuda", generator=g) * 3).to(dtype)
     top = logits.float().max() + 1
+    # requests 0, 2, 3 read rows 0, 1, 2 (request 1 has no row: it reads row 0)
     logits[0, vocab - 1] = top                       # the last column
     logits[1, vocab // 3] = logits[1, vocab - 2] = top   # a tie across chunks: the lower column
     logits[2, :] = -float("inf")                     # nothing finite but one column
     logits[2, min(7, vocab - 1)] = 0.0
     got = greedy_pick_tilelang(logits, ftp, seqlens_q)
     want = greedy_pick_ref(logits, ftp, seqlens_q)
+    assert got[2][:4].tolist() == [0, 0, 1, 2]
     assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])
+    assert got[0][0] == vocab - 1 and got[0][2] == min(vocab // 3, vocab - 2) and got[0][3] == min(7, vocab - 1)
     torch.testing.assert_close(got[1], want[1], rtol=2e-5, atol=2e-5)
-    assert got[1][2] == 0.0                         # the only finite logit: probability 1
+    assert got[1][3] == 0.0                         # the only finite logit: probability 1
     assert torch.equal(greedy_pick(logits, ftp.long(), seqlens_q.long())[0], want[0])   # int64 layout, dispatch
