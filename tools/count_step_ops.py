@@ -131,6 +131,7 @@ def _wrap(obj, attr: str, enter, undo: list) -> None:
 
 def count(model: str | None, nextn: int, batch: int, by_function: bool = False, greedy: bool = True):
     import deepinfer_engine.cuda_graphs as cuda_graphs
+    import deepinfer_engine.sampler as engine_sampler
     import deepinfer_kernels.ops.indexer as ops_indexer
     import deepinfer_kernels.ops.kv_fp4 as ops_kv_fp4
     import deepinfer_kernels.ops.kv_fp8 as ops_kv_fp8
@@ -151,7 +152,7 @@ def count(model: str | None, nextn: int, batch: int, by_function: bool = False, 
 
     counter, undo = StepOpCounter(), []
     for module in (eng_forward, eng_indexing, eng_dspark, eng_compressed, mod_moe, mod_ffn, mod_rope, ops_kv_fp8,
-                   ops_kv_fp4, ops_sparse_mla, ops_indexer, ops_moe):
+                   ops_kv_fp4, ops_sparse_mla, ops_indexer, ops_moe, engine_sampler):
         for op in LAUNCHERS:   # every op with a TileLang kernel on SM90
             if hasattr(module, op):
                 _wrap(module, op, lambda op=op: counter.launches("tilelang:" + op), undo)
