@@ -21,6 +21,7 @@ from deepinfer_engine.cuda_graphs import DecodeGraphRunner
 from deepinfer_engine.host_copy import array_to_device, arrays_to_device
 from deepinfer_engine.sampler import Sampler, SamplingBatch, top_logprobs_per_request
 from deepinfer_engine.speculation import SpeculativeDecoder
+from deepinfer_model.engine.prefill_plan import plan_prefill_rows
 from deepinfer_model.metadata import ForwardMetadata
 from deepinfer_sched import SchedulerOutput, StepKind
 
@@ -49,6 +50,7 @@ class DeviceStepState:
 
     token_ids: torch.Tensor      # [req_cnt_N] int64 main token sampled (0 where none was)
     rejected_rows: torch.Tensor  # [req_cnt_N] int64 rows the ledger will not keep (rejected drafts)
+    has_drafts: bool = True      # step N verified drafts (False: rejected_rows is all 0, rows do not move)
 
 
 @dataclass
@@ -113,13 +115,17 @@ class ModelRunner:
             logit_rows = (ftp + seqlens - 1)[np.asarray(out.is_last_chunk, dtype=bool)]
         else:
             logit_rows = np.arange(out.total_q)
+        # prefill: the step's row sets from these host arrays, so the forward reads no device value
+        plan = plan_prefill_rows(self.model.config, out.positions, seqlens, out.context_lens, out.is_last_chunk,
+                                 out.slot_mapping, out.block_tables, self.block_size, logit_rows) if is_prefill else None
         # one staging buffer and one copy per dtype for the 11 arrays (host time per step)
         i64, i32 = torch.int64, torch.int32
+        plan_arrays = [(a, i64) for a in plan.arrays()] if plan is not None else []
         (input_ids, positions, slot_mapping, logit_rows_t, seqlens_q, first_token_pos, context_lens, block_tables,
-         is_last_chunk) = arrays_to_device(
+         is_last_chunk, *plan_tensors) = arrays_to_device(
             [(out.input_token_ids, i64), (out.positions, i64), (out.slot_mapping, i64), (logit_rows, i64),
              (seqlens, i32), (ftp, i32), (out.context_lens, i32), (out.block_tables, i32),
-             (np.asarray(out.is_last_chunk, dtype=bool), torch.bool)], self.device)
+             (np.asarray(out.is_last_chunk, dtype=bool), torch.bool)] + plan_arrays, self.device)
         return ForwardMetadata(
             input_ids=input_ids, positions=positions, seqlens_q=seqlens_q, first_token_pos=first_token_pos,
             context_lens=context_lens, block_tables=block_tables, slot_mapping=slot_mapping,
@@ -127,6 +133,7 @@ class ModelRunner:
             return_dspark_features=self.spec is not None,
             # prefill: the exact bound, known here, sizes the far-entry candidates without a device read
             max_context_len=int(out.context_lens.max()) if is_prefill and out.req_cnt else None,
+            row_plan=plan.from_tensors(plan_tensors) if plan is not None else None,
         )
 
     def apply_zos_fixup(self, meta: ForwardMetadata, out: SchedulerOutput, prev: DeviceStepState | None) -> None:
@@ -143,6 +150,8 @@ class ModelRunner:
             raise RuntimeError("a step needs last step's sampled token but no previous step maps to it (remap)")
         if prev is None or not (out.remap >= 0).any():
             return
+        if meta.row_plan is not None and prev.has_drafts:   # rows may move: the host's row sets may not hold
+            meta.row_plan = None
         remap = self._tensor(out.remap, torch.int64)
         has_prev = remap >= 0
         r = remap.clamp(min=0)
@@ -187,7 +196,8 @@ class ModelRunner:
         if is_prefill and not np.asarray(out.is_last_chunk, dtype=bool).any():  # nothing samples
             zeros = torch.zeros(req_cnt, dtype=torch.int64, device=dev)
             host = {"token_ids": zeros, "token_logprobs": torch.zeros(req_cnt, dtype=torch.float32, device=dev)}
-            return self._finish_launch(out, host, started, cpu_start, [0] * req_cnt, DeviceStepState(zeros, zeros))
+            return self._finish_launch(out, host, started, cpu_start, [0] * req_cnt,
+                                       DeviceStepState(zeros, zeros, has_drafts=False))
         if is_prefill:  # one logits row per request whose prompt ends in this chunk
             sampled = np.flatnonzero(np.asarray(out.is_last_chunk, dtype=bool))
             idx = self._tensor(sampled, torch.int64)
@@ -233,7 +243,7 @@ class ModelRunner:
             host["confidence"] = confidence
 
         return self._finish_launch(out, host, started, cpu_start, list(sub.num_top_logprobs),
-                                   DeviceStepState(token_ids, rejected))
+                                   DeviceStepState(token_ids, rejected, has_drafts=not is_prefill))
 
     def _graphed_sampling(self, batch: SamplingBatch) -> bool:
         """The sampler runs inside a decode graph (no top-k / top-p pass, no top-n logprobs)."""

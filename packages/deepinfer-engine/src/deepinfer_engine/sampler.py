@@ -124,7 +124,7 @@ class Sampler:
         req_cnt, rows = ftp.shape[0], logits.shape[0]
         if checked and seqlens_q.device.type == "cpu" and req_cnt and int(seqlens_q.max()) > 1:
             raise ValueError(f"seqlens_q: at most 1 logits row per request without drafts, got {int(seqlens_q.max())}")
-        token_ids, token_logprobs, final_row = greedy_pick(logits, ftp, seqlens_q)   # [req_cnt] each
+        token_ids, token_logprobs, final_row = greedy_pick(logits, ftp, seqlens_q, checked)   # [req_cnt] each
         dev = logits.device
         return SampleResult(token_ids, token_logprobs,
                             torch.full((rows,), VERIFIED_END, dtype=torch.int32, device=dev),

@@ -13,8 +13,12 @@ contract; see its docstring and docs/model.md, "Decode: static shapes and graph 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from deepinfer_model.engine.prefill_plan import PrefillRowPlan
 
 
 class MetadataError(ValueError):
@@ -39,6 +43,8 @@ class ForwardMetadata:
     engram_ids: torch.Tensor | None = None  # [total_q] int32 compressed ids; None = model's vocab map
     max_context_len: int | None = None  # static bound on context_lens (decode: sizes the far-entry
                                         #   candidates); None = block_tables width * block_size
+    row_plan: PrefillRowPlan | None = None  # prefill: the step's row sets from the host (no device
+                                            #   reads); None = the forward derives them (syncs)
 
     @property
     def context_bound(self) -> int:
@@ -96,6 +102,8 @@ class ForwardMetadata:
     def to(self, device: torch.device | str) -> ForwardMetadata:
         """A copy with every tensor on `device`."""
         kw = {f: (v.to(device) if isinstance(v, torch.Tensor) else v) for f, v in self.__dict__.items()}
+        if self.row_plan is not None:
+            kw["row_plan"] = self.row_plan.map(lambda t: t.to(device))
         return ForwardMetadata(**kw)
 
     def pad_decode(self, num_rows: int, num_reqs: int | None = None) -> ForwardMetadata:

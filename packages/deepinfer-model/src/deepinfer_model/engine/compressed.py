@@ -28,11 +28,14 @@ from deepinfer_model.modules.rope import RopeTable
 
 def update_compressed_source(model, src: int, terms: torch.Tensor, positions: torch.Tensor, req: torch.Tensor,
                              slots: torch.Tensor, block_tables: torch.Tensor, cache, static: bool = False,
-                             entry_rope: Callable[[int], RopeTable] | None = None) -> None:
+                             entry_rope: Callable[[int], RopeTable] | None = None,
+                             closing_rows: dict[int, torch.Tensor] | None = None) -> None:
     """terms float32 [N, S]: the rows' `Compressor.token_terms` (an encoder-side source's come from
     its layer's fused input GEMM), positions/req/slots [N]; slot -1 rows write nothing.
     `entry_rope(r)` (static only): the RoPE table of the positions of the entries the rows close at
-    ratio r, shared by the step's sources of that ratio (`_Rows.entry_rope`)."""
+    ratio r, shared by the step's sources of that ratio (`_Rows.entry_rope`). `closing_rows`
+    (prefill, from the host: `prefill_plan.plan_prefill_rows`, which checked their slots): ratio ->
+    the rows closing an entry, so no row set is read from the device."""
     comp = model.model.layers[src].self_attn.compressor
     layout = cache.layout
     r = comp.ratio
@@ -44,17 +47,18 @@ def update_compressed_source(model, src: int, terms: torch.Tensor, positions: to
         plane = layout.stage_planes[src]
         write_rows(cache.comp_stage[plane], slots, terms)
         done = (slots >= 0) & (positions % r == r - 1)
+        planned = not static and closing_rows is not None
         if static:
             t = positions
-        else:   # the closing rows, read once (one sync; the selections below index with them)
-            closing = done.nonzero().squeeze(1)
+        else:   # the closing rows: the host's, or read once (one sync; the selections below index with them)
+            closing = closing_rows[r] if planned else done.nonzero().squeeze(1)
             if closing.numel() == 0:
                 return
             t = positions.index_select(0, closing)
         vpos = t.unsqueeze(1) - (r - 1) + torch.arange(r, device=t.device).unsqueeze(0)      # [E, r]
         tok_slots = slots_of(block_tables, req if static else req.index_select(0, closing), vpos, cache.block_size)
         missing = (tok_slots < 0) & done.unsqueeze(1) if static else tok_slots < 0
-        if (not static or host_checks(tok_slots)) and bool(missing.any()):
+        if ((not static and not planned) or host_checks(tok_slots)) and bool(missing.any()):
             raise RuntimeError(f"layer {src}: a compressed entry's tokens have no slot in the block table")
         gathered = cache.comp_stage[plane, tok_slots.clamp(min=0)].float()            # [E, r, S]
         latent, ik = comp.combine(gathered, t // r, rope)

@@ -176,6 +176,11 @@ def far_selection(model, layer, q_lat, index_weights, rows: _Rows, meta: Forward
     return FarSelection(blocks, n_far, ent_slots, cache.layout.comp_planes[src] * cache.num_slots)
 
 
+def _closing_rows(meta: ForwardMetadata) -> dict[int, torch.Tensor] | None:
+    """Prefill with a host row plan: ratio -> the rows (of every row) closing a compressed entry."""
+    return meta.row_plan.closing_rows if meta.is_prefill and meta.row_plan is not None else None
+
+
 def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata, cache) -> torch.Tensor:
     cfg = model.config
     layer = model.model.layers[l]
@@ -193,7 +198,8 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
     if attn.compressor is not None and not layer.is_consumer:
         update_compressed_source(model, l, inputs.compressor_terms, rows.positions, rows.req, rows.slots,
                                  meta.block_tables, cache, static=not meta.is_prefill,
-                                 entry_rope=functools.partial(rows.entry_rope, dim=attn.rope_dim, theta=attn.theta))
+                                 entry_rope=functools.partial(rows.entry_rope, dim=attn.rope_dim, theta=attn.theta),
+                                 closing_rows=_closing_rows(meta))
     far = None
     if layer.ratio > 0:
         # static when the metadata bounds the context on the host (decode always; prefill from the
@@ -214,8 +220,19 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
     return x + layer.mlp(u)
 
 
+def replay_lower_bound(model, meta: ForwardMetadata, req: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """int64 [N] each row's consumer window lower bound (its request's replay start; 0 without
+    YOCO or at decode). No host sync."""
+    topo, w = model.config.topology, model.config.sliding_window
+    if not meta.is_prefill or not topo.yoco_enabled:
+        return torch.zeros_like(positions)
+    ctx = meta.context_lens.long()
+    return (ctx - torch.clamp(ctx, max=w))[req]
+
+
 def full_row_mask(model, meta: ForwardMetadata, req: torch.Tensor, positions: torch.Tensor) -> tuple:
-    """-> (bool [N] rows that run every layer, int64 [N] consumer window lower bound)."""
+    """-> (bool [N] rows that run every layer, int64 [N] consumer window lower bound). Checks the
+    replay segment on the device (a sync; `prefill_plan.plan_prefill_rows` is the host version)."""
     topo, w = model.config.topology, model.config.sliding_window
     if not meta.is_prefill or not topo.yoco_enabled:
         return torch.ones_like(positions, dtype=torch.bool), torch.zeros_like(positions)
@@ -248,6 +265,9 @@ def engine_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
     if decode:
         full_rows = torch.arange(meta.total_q, device=positions.device)
         take = lambda t: t  # noqa: E731  (full_rows is every row)
+    elif meta.row_plan is not None:   # the host's row sets (checked there): no device read
+        full_rows, lo = meta.row_plan.full_rows, replay_lower_bound(model, meta, req, positions)
+        take = lambda t: t[full_rows]  # noqa: E731
     else:
         full, lo = full_row_mask(model, meta, req, positions)
         full_rows = full.nonzero().squeeze(1)
@@ -268,7 +288,8 @@ def engine_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
             terms = model.model.layers[src].self_attn.compressor.project_terms(s)
             update_compressed_source(model, src, terms, positions, req, slots, meta.block_tables, cache, static=decode,
                                      entry_rope=functools.partial(rows.entry_rope, dim=cfg.qk_rope_head_dim,
-                                                                  theta=cfg.rope_theta))
+                                                                  theta=cfg.rope_theta),
+                                     closing_rows=_closing_rows(meta))
         x = take(x)
         frows = rows if decode else rows.subset(full_rows, lo[full_rows])
         for l in (topo.consumer_layers if full_rows.numel() else ()):  # no last chunk: encoder side only
@@ -279,6 +300,8 @@ def engine_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
         x = take(x)
     if decode:  # every row is a full row: logit_rows index x directly
         lrows = meta.logit_rows.long()
+    elif meta.row_plan is not None:
+        lrows = meta.row_plan.logit_rows_in_full
     else:
         inv = torch.full((meta.total_q,), -1, dtype=torch.long, device=positions.device)
         inv[full_rows] = torch.arange(full_rows.numel(), device=positions.device)

@@ -38,8 +38,10 @@ def greedy_pick(
     logits: torch.Tensor,      # [rows, vocab] float
     ftp: torch.Tensor,         # [req_cnt] int
     seqlens_q: torch.Tensor,   # [req_cnt] int, each 0 or 1
+    checked: bool = True,      # False: the padded graph layout (its padding request holds several rows)
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> (token_ids int32 [req_cnt], token_logprobs float32 [req_cnt], final_row int32 [req_cnt])."""
+    """-> (token_ids int32 [req_cnt], token_logprobs float32 [req_cnt], final_row int32 [req_cnt]).
+    A request with several rows (unchecked only) reads its last one."""
     op = "greedy_pick"
     check_tensor(op, "logits", logits, [None, None], "[rows, vocab]", FLOAT_DTYPES)
     rows, vocab = logits.shape
@@ -49,7 +51,7 @@ def greedy_pick(
         raise ValueError(f"{op}: logits must have at least one row and one column, got {list(logits.shape)}")
     if is_host(ftp) and ftp.shape[0]:
         last = torch.where(seqlens_q > 0, ftp + seqlens_q - 1, 0)
-        if bool(((seqlens_q < 0) | (seqlens_q > 1)).any()):
+        if bool((seqlens_q < 0).any()) or (checked and bool((seqlens_q > 1).any())):
             raise ValueError(f"{op}: seqlens_q must be 0 or 1 (one logits row per request), got {seqlens_q.tolist()}")
         if bool(((last < 0) | (last >= rows)).any()):
             raise ValueError(f"{op}: ftp + seqlens_q - 1 must lie in [0, {rows}), got {last.tolist()}")
