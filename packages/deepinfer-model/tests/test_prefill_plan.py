@@ -10,20 +10,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from deepinfer_kernels.ops.capture import force_capturable
 from deepinfer_model.engine.forward import full_row_mask
 from deepinfer_model.engine.prefill_plan import plan_prefill_rows, with_row_plan
-from deepinfer_model.metadata import ForwardMetadata, MetadataError
+from deepinfer_model.metadata import MetadataError
 from deepinfer_model.testing import Driver, Seq, caches_equal, clone_cache, tiny_model
-
-
-def _step(driver: Driver, seqs: list[Seq], chunk_lens: list[int]) -> ForwardMetadata:
-    rows, last = [], []
-    for s, n in zip(seqs, chunk_lens, strict=True):
-        driver.ensure(s, s.num_computed + n)
-        rows.append(s.tokens[s.num_computed: s.num_computed + n])
-        last.append(s.num_computed + n == s.prompt_len)
-    meta = ForwardMetadata.build(rows, [s.num_computed for s in seqs], [s.blocks for s in seqs],
-                                 driver.block_size, True, last, "last")
-    meta.validate()
-    return meta
 
 
 def _prompts(lengths, seed=0):
@@ -39,7 +27,7 @@ def test_plan_equals_the_device_row_sets():
     # first chunks (two requests finish), then the rest (every request finishes)
     for chunks in ([24, 7, 16, 21, 30], [16, 0, 17, 0, 20]):
         live = [(s, n) for s, n in zip(seqs, chunks, strict=True) if n]
-        meta = _step(driver, [s for s, _ in live], [n for _, n in live])
+        meta = driver.prefill_meta([s for s, _ in live], [n for _, n in live])
         plan = with_row_plan(cfg, meta).row_plan
         req, positions = meta.row_to_req, meta.positions.long()
         full, _ = full_row_mask(model, meta, req, positions)
@@ -65,7 +53,7 @@ def test_plan_raises_what_the_forward_raises():
     # a last chunk that starts after the replay segment's first token: the forward's message
     seq = _prompts([w + 10])[0]
     seq.num_computed = 12
-    meta = _step(driver, [seq], [w - 2])
+    meta = driver.prefill_meta([seq], [w - 2])
     with pytest.raises(MetadataError, match="must hold the last") as host_err:
         with_row_plan(cfg, meta)
     req, positions = meta.row_to_req, meta.positions.long()
@@ -85,7 +73,7 @@ def test_forward_with_the_plan_equals_the_forward_without():
     seqs = _prompts([40, 9, 35, 26], seed=1)
     for chunks in ([20, 9, 16, 26], [20, 0, 19, 0]):
         live = [(s, n) for s, n in zip(seqs, chunks, strict=True) if n]
-        meta = _step(driver, [s for s, _ in live], [n for _, n in live])
+        meta = driver.prefill_meta([s for s, _ in live], [n for _, n in live])
         planned = with_row_plan(model.config, meta)
         assert planned.row_plan is not None and meta.row_plan is None
         cache = clone_cache(driver.cache)
@@ -119,7 +107,7 @@ def test_prefill_forward_with_the_plan_reads_no_device_value():
     model = tiny_model()
     driver = Driver(model, num_blocks=128)
     seqs = _prompts([40, 9, 35], seed=2)
-    meta = _step(driver, seqs, [24, 9, 35])
+    meta = driver.prefill_meta(seqs, [24, 9, 35])
     meta.max_context_len = int(meta.context_lens.max())
     planned = with_row_plan(model.config, meta)
     with force_capturable(), _SyncOps() as ops:   # the CUDA code path (no CPU-only value checks)

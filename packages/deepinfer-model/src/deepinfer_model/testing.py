@@ -53,7 +53,9 @@ class Driver:
         while len(seq.blocks) * self.block_size < upto:
             seq.blocks.append(self.free.pop())
 
-    def prefill(self, seqs: list[Seq], chunk_lens: list[int], features=False):
+    def prefill_meta(self, seqs: list[Seq], chunk_lens: list[int], features=False) -> ForwardMetadata:
+        """Metadata of one prefill step: the next `chunk_lens[i]` prompt tokens of each sequence
+        (blocks allocated; nothing run, `num_computed` unchanged)."""
         rows, last = [], []
         for s, n in zip(seqs, chunk_lens, strict=False):
             self.ensure(s, s.num_computed + n)
@@ -62,6 +64,10 @@ class Driver:
         meta = ForwardMetadata.build(rows, [s.num_computed for s in seqs], [s.blocks for s in seqs],
                                      self.block_size, True, last, "last", features, device=self.device)
         meta.validate()
+        return meta
+
+    def prefill(self, seqs: list[Seq], chunk_lens: list[int], features=False):
+        meta = self.prefill_meta(seqs, chunk_lens, features)
         out = self.model.forward(meta, self.cache)
         for s, n in zip(seqs, chunk_lens, strict=False):
             s.num_computed += n
