@@ -45,6 +45,7 @@ from deepinfer_model.engine.indexing import (
     slots_of,
     window_positions,
 )
+from deepinfer_model.engine.prefill_plan import LOGIT_ROW_OUTSIDE_REPLAY, short_last_chunk_error
 from deepinfer_model.metadata import ForwardMetadata, ForwardOutput, MetadataError
 from deepinfer_model.modules.engram import PAD_ID, ngram_buckets
 from deepinfer_model.modules.moe import MoE
@@ -220,31 +221,34 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
     return x + layer.mlp(u)
 
 
+def _replay_start(model, meta: ForwardMetadata) -> torch.Tensor | None:
+    """int64 [R] each request's replay start `context - min(W, context)` (None: every row runs every
+    layer, at decode or without YOCO). No host sync."""
+    if not meta.is_prefill or not model.config.topology.yoco_enabled:
+        return None
+    ctx = meta.context_lens.long()
+    return ctx - torch.clamp(ctx, max=model.config.sliding_window)
+
+
 def replay_lower_bound(model, meta: ForwardMetadata, req: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """int64 [N] each row's consumer window lower bound (its request's replay start; 0 without
     YOCO or at decode). No host sync."""
-    topo, w = model.config.topology, model.config.sliding_window
-    if not meta.is_prefill or not topo.yoco_enabled:
-        return torch.zeros_like(positions)
-    ctx = meta.context_lens.long()
-    return (ctx - torch.clamp(ctx, max=w))[req]
+    replay_start = _replay_start(model, meta)
+    return torch.zeros_like(positions) if replay_start is None else replay_start[req]
 
 
 def full_row_mask(model, meta: ForwardMetadata, req: torch.Tensor, positions: torch.Tensor) -> tuple:
     """-> (bool [N] rows that run every layer, int64 [N] consumer window lower bound). Checks the
     replay segment on the device (a sync; `prefill_plan.plan_prefill_rows` is the host version)."""
-    topo, w = model.config.topology, model.config.sliding_window
-    if not meta.is_prefill or not topo.yoco_enabled:
+    replay_start = _replay_start(model, meta)                                     # [R]
+    if replay_start is None:
         return torch.ones_like(positions, dtype=torch.bool), torch.zeros_like(positions)
     ctx = meta.context_lens.long()
-    replay_start = ctx - torch.clamp(ctx, max=w)                                  # [R]
     num_computed = ctx - meta.seqlens_q.long()
     short = meta.is_last_chunk & (num_computed > replay_start)
     if bool(short.any()):
         i = int(short.nonzero()[0])
-        raise MetadataError(f"request {i}: the last prefill chunk must hold the last min(W, prompt) = "
-                            f"{int(ctx[i] - replay_start[i])} tokens for the decoder bounded replay, "
-                            f"it starts at {int(num_computed[i])}")
+        raise short_last_chunk_error(i, int(ctx[i] - replay_start[i]), int(num_computed[i]))
     lo = replay_start[req]
     return meta.is_last_chunk[req] & (positions >= lo), lo
 
@@ -307,7 +311,7 @@ def engine_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
         inv[full_rows] = torch.arange(full_rows.numel(), device=positions.device)
         lrows = inv[meta.logit_rows.long()]
         if bool((lrows < 0).any()):
-            raise MetadataError("logit_rows: a row outside the replay segment of a last chunk has no logits")
+            raise MetadataError(LOGIT_ROW_OUTSIDE_REPLAY)
     logits = model.lm_head(model.model.norm(x[lrows])).float()
     out = ForwardOutput(logits=logits, full_rows=full_rows)
     if targets:  # no full row (a prefill step of non-last chunks only): no features either

@@ -22,16 +22,21 @@ import torch
 from deepinfer_model.metadata import ForwardMetadata, MetadataError
 
 
+def short_last_chunk_error(i: int, replay_len: int, chunk_start: int) -> MetadataError:
+    """Request i's last chunk starts after its replay segment (the forward's and the plan's check)."""
+    return MetadataError(f"request {i}: the last prefill chunk must hold the last min(W, prompt) = {replay_len} "
+                         f"tokens for the decoder bounded replay, it starts at {chunk_start}")
+
+
+LOGIT_ROW_OUTSIDE_REPLAY = "logit_rows: a row outside the replay segment of a last chunk has no logits"
+
+
 @dataclass
 class PrefillRowPlan:
     full_rows: torch.Tensor                 # [n_full] int64 rows that run every layer, ascending
     logit_rows_in_full: torch.Tensor        # [num_logit_rows] int64 index of each logit row in full_rows
     closing_rows: dict[int, torch.Tensor]   # ratio > 1 -> [E] int64 rows closing an entry (slot >= 0,
                                             #   position % ratio == ratio - 1), ascending
-
-    @property
-    def num_full_rows(self) -> int:
-        return int(self.full_rows.shape[0])
 
     def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> PrefillRowPlan:
         """The plan with `fn` applied to every tensor (e.g. a move to the device)."""
@@ -81,9 +86,7 @@ def plan_prefill_rows(config, positions: np.ndarray, seqlens_q: np.ndarray, cont
         short = np.flatnonzero(last & (num_computed > replay_start))
         if short.size:
             i = int(short[0])
-            raise MetadataError(f"request {i}: the last prefill chunk must hold the last min(W, prompt) = "
-                                f"{int(ctx[i] - replay_start[i])} tokens for the decoder bounded replay, "
-                                f"it starts at {int(num_computed[i])}")
+            raise short_last_chunk_error(i, int(ctx[i] - replay_start[i]), int(num_computed[i]))
         full_rows = np.flatnonzero(last[req] & (positions >= replay_start[req]))
     else:
         full_rows = np.arange(total_q)
@@ -91,7 +94,7 @@ def plan_prefill_rows(config, positions: np.ndarray, seqlens_q: np.ndarray, cont
     inv[full_rows] = np.arange(full_rows.size)
     lrows = inv[np.asarray(logit_rows, dtype=np.int64)]
     if (lrows < 0).any():
-        raise MetadataError("logit_rows: a row outside the replay segment of a last chunk has no logits")
+        raise MetadataError(LOGIT_ROW_OUTSIDE_REPLAY)
     closing: dict[int, np.ndarray] = {}
     tables = np.asarray(block_tables, dtype=np.int64)
     for r in sorted({int(config.compress_ratios[s]) for s in topo.compressed_sources} - {0, 1}):
