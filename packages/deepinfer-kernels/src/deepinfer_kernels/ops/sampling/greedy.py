@@ -21,13 +21,18 @@ from deepinfer_kernels.ops.sampling._checks import FLOAT_DTYPES, INDEX_DTYPES, c
 from deepinfer_kernels.platform import tilelang_launcher
 
 
+def final_rows(ftp: torch.Tensor, seqlens_q: torch.Tensor) -> torch.Tensor:
+    """[req_cnt] int32: each request's last logits row (row 0 for a request without rows)."""
+    return torch.where(seqlens_q > 0, ftp + seqlens_q - 1, 0).to(torch.int32)
+
+
 def greedy_pick_ref(
     logits: torch.Tensor,      # [rows, vocab] float
     ftp: torch.Tensor,         # [req_cnt] int first logits row of each request
     seqlens_q: torch.Tensor,   # [req_cnt] int logits rows of each request (0 or 1)
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (token_ids int32 [req_cnt], token_logprobs float32 [req_cnt], final_row int32 [req_cnt])."""
-    final_row = torch.where(seqlens_q > 0, ftp + seqlens_q - 1, 0).to(torch.int32)
+    final_row = final_rows(ftp, seqlens_q)
     f = final_row.long()
     token_ids = logits.argmax(dim=1)[f]
     token_logprobs = torch.log_softmax(logits.to(torch.float32), dim=1)[f, token_ids]
@@ -50,7 +55,7 @@ def greedy_pick(
     if vocab == 0 or rows == 0:
         raise ValueError(f"{op}: logits must have at least one row and one column, got {list(logits.shape)}")
     if is_host(ftp) and ftp.shape[0]:
-        last = torch.where(seqlens_q > 0, ftp + seqlens_q - 1, 0)
+        last = final_rows(ftp, seqlens_q)
         if bool((seqlens_q < 0).any()) or (checked and bool((seqlens_q > 1).any())):
             raise ValueError(f"{op}: seqlens_q must be 0 or 1 (one logits row per request), got {seqlens_q.tolist()}")
         if bool(((last < 0) | (last >= rows)).any()):
