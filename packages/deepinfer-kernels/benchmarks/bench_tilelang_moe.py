@@ -47,3 +47,31 @@ def test_bench_grouped_gemm_down_tilelang(benchmark, tokens):
     T.record_benchmark(benchmark, lambda: grouped_expert_gemm_tilelang(act, w2, off),
                        bytes_moved=active * H * I * 2 + act.numel() * 2 + tokens * K * H * 2,
                        flops=2.0 * tokens * K * I * H, extra={"tokens": tokens})
+
+
+def test_bench_routed_experts_public_prefill(benchmark):
+    """The public op at a prefill size, as the engine runs it (`routed_experts_prefill_tilelang`:
+    cuBLAS grouped GEMMs through torch._grouped_mm, TileLang SwiGLU and combine): FLOP rate
+    against the bf16 matmul ceiling (target >= 60%)."""
+    from deepinfer_kernels.ops.moe import routed_experts
+
+    tokens = 32768
+    x, w, ids, w13, w2 = T.make_moe_case(tokens, H, I, E, K, "cuda", seed=tokens)
+    T.record_benchmark(benchmark, lambda: routed_experts(x, w, ids, w13, w2),
+                       bytes_moved=T.moe_active_weight_bytes(ids, w13, w2), flops=T.moe_flops(tokens, K, H, I),
+                       extra={"tokens": tokens, "regime": "prefill", "path": "public"}, graph=False)
+
+
+@pytest.mark.parametrize("tokens", [8, 256, 32768])
+def test_bench_grouped_expert_gemm_public_down(benchmark, tokens):
+    """The public grouped GEMM (down projection): TileLang at decode sizes, cuBLAS grouped above."""
+    from deepinfer_kernels.ops.moe import grouped_expert_gemm, permute_by_expert
+
+    x, w, ids, w13, w2 = T.make_moe_case(tokens, H, I, E, K, "cuda", seed=tokens + 1)
+    _, off = permute_by_expert(ids, E)
+    act = torch.randn(tokens * K, I, device="cuda").to(torch.bfloat16)
+    active = int(torch.unique(ids).numel())
+    T.record_benchmark(benchmark, lambda: grouped_expert_gemm(act, w2, off),
+                       bytes_moved=active * H * I * 2 + act.numel() * 2 + tokens * K * H * 2,
+                       flops=2.0 * tokens * K * I * H, extra={"tokens": tokens, "path": "public"},
+                       graph=tokens <= 256)

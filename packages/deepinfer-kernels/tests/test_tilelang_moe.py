@@ -53,6 +53,22 @@ def test_grouped_expert_gemm(counts, k, nout, cfg):
                                atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("counts,nout", [([1] * 48 + [0] * 16, 1024),                  # decode: TileLang
+                                         ([300, 0, 700, 45, 1000, 0, 3, 2000], 1024),  # prefill: cuBLAS grouped
+                                         ([5000, 0, 7000, 1], 1000)])                  # prefill, Nout not 128-aligned
+def test_grouped_expert_gemm_public_op_dispatch(counts, nout):
+    """The public op on CUDA: TileLang at decode sizes, torch._grouped_mm above 64 rows per expert."""
+    g = torch.Generator().manual_seed(len(counts))
+    e, n, k = len(counts), sum(counts), 512
+    x = torch.randn(n, k, generator=g).to(torch.bfloat16).cuda()
+    w = (torch.randn(e, nout, k, generator=g) * k ** -0.5).to(torch.bfloat16).cuda()
+    off = _offsets(counts).cuda()
+    got = ref.grouped_expert_gemm(x, w, off)
+    want = ref.grouped_expert_gemm_ref(x, w, off)
+    assert got.dtype == torch.bfloat16 and got.shape == (n, nout)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
 @pytest.mark.parametrize("tokens,skew,gate_up", [(8, 0.0, None), (64, 3.0, None), (256, 0.0, None),
                                                  (1024, 1.0, None), (2048, 0.0, "pipelined")])
 def test_routed_experts(tokens, skew, gate_up):
