@@ -71,7 +71,7 @@ LONG_STRING_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"
 
 def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: bool | None = None,
                  compile_decode: bool | None = None, grammar: bool = False, invariant: bool = False,
-                 compile_speculation: bool | None = None) -> dict:
+                 compile_speculation: bool | None = None, decode_streams: bool | None = None) -> dict:
     from deepinfer_engine import SamplingParams
     from deepinfer_engine.structured_output import StructuredOutput
 
@@ -82,6 +82,8 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
         extra["compile_decode"] = compile_decode
     if compile_speculation is not None:
         extra["compile_speculation"] = compile_speculation
+    if decode_streams is not None:
+        extra["decode_streams"] = decode_streams
     t_start = time.perf_counter()
     previous = os.environ.get("DEEPINFER_BATCH_INVARIANT")
     os.environ["DEEPINFER_BATCH_INVARIANT"] = "1" if invariant else "0"   # read when the engine is built
@@ -139,6 +141,7 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
     sps = steps / elapsed
     row = dict(kind="decode", engine="deepinfer", model=args.model, batch=batch, prompt_len=args.prompt_len,
                nextn=engine.nextn, varlen=engine.budget.varlen, zos=zos, grammar=grammar, batch_invariant=invariant,
+               decode_streams=engine.model.decode_streams,
                cuda_graphs=engine.runner.graphs is not None,
                compiled=engine.runner.graphs is not None and engine.runner.graphs.compile,
                compiled_speculation=engine.runner.spec is not None and engine.runner.spec.compiled_tail is not None,
@@ -277,6 +280,8 @@ def main() -> None:
                          "(compile_speculation)")
     ap.add_argument("--grammar-compare", action="store_true",
                     help="also run decode with every request under a JSON schema (mask overhead; needs a tokenizer)")
+    ap.add_argument("--streams-compare", action="store_true",
+                    help="also run decode with the step's side streams off (decode_streams=False, one stream)")
     ap.add_argument("--invariant-compare", action="store_true",
                     help="also run decode with DEEPINFER_BATCH_INVARIANT=1 (cost of batch invariance)")
     ap.add_argument("--host-timers", action="store_true",
@@ -315,6 +320,8 @@ def main() -> None:
             rows.append(bench_decode(args, b, zos=True, nextn=first_nextn, invariant=True))
         if args.compile_compare:
             rows.append(bench_decode(args, b, zos=True, compile_decode=False))
+        if args.streams_compare:   # every kernel on one stream, same nextn as the first row
+            rows.append(bench_decode(args, b, zos=True, nextn=first_nextn, decode_streams=False))
     if not args.no_prefill:
         for chunk in (int(c) for c in (args.prefill_chunk_sizes or str(args.max_num_batched_tokens)).split(",")):
             rows.append(bench_prefill(args, chunk))

@@ -7,7 +7,7 @@ from deepinfer_engine.envs import Envs
 
 KNOBS = ("DEEPINFER_USE_NEXTN_DECODE", "DEEPINFER_ENABLE_MTP_VARLEN", "DEEPINFER_ZERO_OVERHEAD_SCHEDULING",
          "DEEPINFER_CUDAGRAPH_BATCH_SIZE_INTERVAL", "DEEPINFER_COMPILE_DECODE", "DEEPINFER_COMPILE_SPECULATION",
-         "DEEPINFER_BATCH_INVARIANT", "DEEPINFER_MAX_BACKTRACKING_TOKENS")
+         "DEEPINFER_BATCH_INVARIANT", "DEEPINFER_MAX_BACKTRACKING_TOKENS", "DEEPINFER_DECODE_STREAMS")
 
 
 @pytest.fixture
@@ -23,6 +23,7 @@ def test_defaults(clean_env):
     assert e.enable_mtp_varlen is False            # fixed-length verification unless asked (docs/benchmarks.md)
     assert e.zero_overhead_scheduling is True and e.cudagraph_batch_size_interval == 8
     assert not (e.compile_decode or e.compile_speculation or e.batch_invariant)
+    assert e.decode_streams is True
 
 
 def test_bad_values_name_the_variable(clean_env):
@@ -41,3 +42,11 @@ def test_engine_reads_varlen_from_the_environment_unless_configured(clean_env):
     clean_env.setenv("DEEPINFER_ENABLE_MTP_VARLEN", "1")
     assert LLM(**kw).engine.budget.varlen is True
     assert LLM(enable_mtp_varlen=False, **kw).engine.budget.varlen is False
+
+
+def test_engine_sets_decode_streams_from_the_environment_unless_configured(clean_env):
+    kw = dict(device="cpu", max_num_seqs=2, max_model_len=256)
+    assert LLM(**kw).engine.model.decode_streams is True      # used on CUDA decode steps only (streams.py)
+    clean_env.setenv("DEEPINFER_DECODE_STREAMS", "0")
+    assert LLM(**kw).engine.model.decode_streams is False
+    assert LLM(decode_streams=True, **kw).engine.model.decode_streams is True

@@ -32,6 +32,8 @@ class EngineConfig:
     zero_overhead_scheduling: bool | None = None  # CPU one step ahead of the device; None = env (default on)
     cuda_graphs: bool = True               # replay decode steps as CUDA graphs (CUDA only)
     compile_decode: bool | None = None     # torch.compile the graphed decode step; None = DEEPINFER_COMPILE_DECODE
+    decode_streams: bool | None = None     # decode steps run independent kernel chains on side CUDA streams;
+                                           #   None = DEEPINFER_DECODE_STREAMS (default on)
     compile_speculation: bool | None = None  # torch.compile the step's speculative part (CUDA graphs);
                                            #   None = DEEPINFER_COMPILE_SPECULATION
     seed: int = 0                          # engine seed: draws per-request seeds when none is given

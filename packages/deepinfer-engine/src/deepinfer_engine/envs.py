@@ -54,6 +54,7 @@ class Envs:
     compile_decode: bool                   # DEEPINFER_COMPILE_DECODE: inductor-compile the graphed decode step
     compile_speculation: bool              # DEEPINFER_COMPILE_SPECULATION: inductor-compile main keys, verification, draft head
     batch_invariant: bool                  # DEEPINFER_BATCH_INVARIANT
+    decode_streams: bool                   # DEEPINFER_DECODE_STREAMS: side streams for a decode step's independent chains
     confidence_head_temperature: tuple[float, ...] | None  # DEEPINFER_DFLASH_CONFIDENCE_HEAD_TEMPERATURE
     prefill_attempt_interval: int          # DEEPINFER_PREFILL_ATTEMPT_INTERVAL (DP vote, ALL points)
     prefill_any_attempt_interval: int      # DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL (DP vote, ANY points)
@@ -71,6 +72,7 @@ class Envs:
             compile_decode=_bool("DEEPINFER_COMPILE_DECODE", False),
             compile_speculation=_bool("DEEPINFER_COMPILE_SPECULATION", False),
             batch_invariant=_bool("DEEPINFER_BATCH_INVARIANT", False),
+            decode_streams=_bool("DEEPINFER_DECODE_STREAMS", True),
             confidence_head_temperature=_floats("DEEPINFER_DFLASH_CONFIDENCE_HEAD_TEMPERATURE"),
             prefill_attempt_interval=_int("DEEPINFER_PREFILL_ATTEMPT_INTERVAL", 70, minimum=1),
             prefill_any_attempt_interval=_int("DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL", 100, minimum=1),

@@ -74,6 +74,9 @@ class V41ForCausalLM(nn.Module):
         # token id -> compressed (Engram) id; identity until a tokenizer provides the classes.
         self.register_buffer("engram_vocab_map", torch.arange(cfg.vocab_size, dtype=torch.int32, device=device),
                              persistent=False)
+        # decode steps on CUDA launch their independent chains on side streams (engine/streams.py);
+        # the engine sets it from EngineConfig.decode_streams / DEEPINFER_DECODE_STREAMS
+        self.decode_streams = False
 
     @property
     def device(self) -> torch.device:

@@ -46,6 +46,7 @@ from deepinfer_model.engine.indexing import (
     window_positions,
 )
 from deepinfer_model.engine.prefill_plan import LOGIT_ROW_OUTSIDE_REPLAY, short_last_chunk_error
+from deepinfer_model.engine.streams import DecodeStreams
 from deepinfer_model.metadata import ForwardMetadata, ForwardOutput, MetadataError
 from deepinfer_model.modules.engram import PAD_ID, ngram_buckets
 from deepinfer_model.modules.moe import MoE
@@ -182,7 +183,8 @@ def _closing_rows(meta: ForwardMetadata) -> dict[int, torch.Tensor] | None:
     return meta.row_plan.closing_rows if meta.is_prefill and meta.row_plan is not None else None
 
 
-def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata, cache) -> torch.Tensor:
+def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata, cache,
+              streams: DecodeStreams) -> torch.Tensor:
     cfg = model.config
     layer = model.model.layers[l]
     attn = layer.self_attn
@@ -192,22 +194,27 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
     else:
         u = layer.input_layernorm(x)
     rope = rows.rope(attn.rope_dim, attn.theta)
-    inputs = attn.project_input(u, rope)             # every projection of u: one GEMM
-    q = inputs.q
+    fused = attn.fused_input(u, rope)                # every projection of u: one GEMM
     plane = cache.layout.window_planes[l]
-    store_kv_fp8(inputs.latent, cache.kv[plane], rows.slots)   # the layer's own plane: slots index it directly
     if attn.compressor is not None and not layer.is_consumer:
-        update_compressed_source(model, l, inputs.compressor_terms, rows.positions, rows.req, rows.slots,
-                                 meta.block_tables, cache, static=not meta.is_prefill,
-                                 entry_rope=functools.partial(rows.entry_rope, dim=attn.rope_dim, theta=attn.theta),
-                                 closing_rows=_closing_rows(meta))
+        # later steps read the entries (streams.py): at decode the compressor runs beside the layer
+        with streams.on("compress", reads=(fused,)):
+            update_compressed_source(model, l, attn.fused_compressor_terms(fused), rows.positions, rows.req,
+                                     rows.slots, meta.block_tables, cache, static=not meta.is_prefill,
+                                     entry_rope=functools.partial(rows.entry_rope, dim=attn.rope_dim,
+                                                                  theta=attn.theta),
+                                     closing_rows=_closing_rows(meta))
     far = None
-    if layer.ratio > 0:
-        # static when the metadata bounds the context on the host (decode always; prefill from the
-        # engine's runner, whose bound is the step's exact max); else the batch's max, read on the host
-        static = not meta.is_prefill or meta.max_context_len is not None
-        max_far = static_max_far(meta, cfg.sliding_window, layer.ratio) if static else None
-        far = far_selection(model, layer, inputs.q_latent, inputs.index_weights, rows, meta, cache, max_far)
+    with streams.on("query", reads=(fused,)):
+        q, q_lat = attn.fused_query(fused, rope)
+        if layer.ratio > 0:
+            # static when the metadata bounds the context on the host (decode always; prefill from the
+            # engine's runner, whose bound is the step's exact max); else the batch's max, read on the host
+            static = not meta.is_prefill or meta.max_context_len is not None
+            max_far = static_max_far(meta, cfg.sliding_window, layer.ratio) if static else None
+            far = far_selection(model, layer, q_lat, attn.fused_index_weights(fused), rows, meta, cache, max_far)
+    store_kv_fp8(attn.fused_latent(fused), cache.kv[plane], rows.slots)   # the layer's own plane: slots index it
+    streams.join("query", outputs=(q, None if far is None else far.blocks))
     if far is None:   # window only: attend within the layer's plane
         o, _ = sparse_mla_attention(q, cache.kv[plane], rows.window_slots_int32(meta, cfg.sliding_window),
                                     attn.sm_scale)
@@ -217,7 +224,7 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
         o, _ = sparse_mla_attention(q, cache.kv_flat, idx, attn.sm_scale)
     x, u = layer.post_attention_layernorm.add_forward(x, attn.output(o))   # the add and the norm: one launch
     if isinstance(layer.mlp, MoE):   # the residual add happens in the routed experts' combine
-        return layer.mlp(u, residual=x)
+        return layer.mlp(u, residual=x, streams=streams)
     return x + layer.mlp(u)
 
 
@@ -280,24 +287,26 @@ def engine_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
                                                            model.model.dspark is not None) else set()
     feats: dict[int, torch.Tensor] = {}
     # 3. Encoder layers over every row.
+    streams = DecodeStreams(positions.device, DecodeStreams.usable(model, decode))
     x = model.model.embed_tokens(meta.input_ids.long())
     for l in topo.encoder_layers:
-        x = run_layer(model, l, x, rows, meta, cache)
+        x = run_layer(model, l, x, rows, meta, cache, streams)
         if l in targets:
             feats[l] = take(x)
     # 4./5. YOCO shared hidden, consumer compressors, consumer layers over the full rows.
     if topo.yoco_enabled:
         s = model.model.layers[topo.first_consumer_layer].input_layernorm(x)
         for src in topo.consumer_sources:
-            terms = model.model.layers[src].self_attn.compressor.project_terms(s)
-            update_compressed_source(model, src, terms, positions, req, slots, meta.block_tables, cache, static=decode,
-                                     entry_rope=functools.partial(rows.entry_rope, dim=cfg.qk_rope_head_dim,
-                                                                  theta=cfg.rope_theta),
-                                     closing_rows=_closing_rows(meta))
+            with streams.on("compress", reads=(s,)):   # read by later steps only (streams.py)
+                terms = model.model.layers[src].self_attn.compressor.project_terms(s)
+                update_compressed_source(model, src, terms, positions, req, slots, meta.block_tables, cache,
+                                         static=decode, entry_rope=functools.partial(
+                                             rows.entry_rope, dim=cfg.qk_rope_head_dim, theta=cfg.rope_theta),
+                                         closing_rows=_closing_rows(meta))
         x = take(x)
         frows = rows if decode else rows.subset(full_rows, lo[full_rows])
         for l in (topo.consumer_layers if full_rows.numel() else ()):  # no last chunk: encoder side only
-            x = run_layer(model, l, x, frows, meta, cache)
+            x = run_layer(model, l, x, frows, meta, cache, streams)
             if l in targets:
                 feats[l] = x
     else:
@@ -313,6 +322,7 @@ def engine_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
         if bool((lrows < 0).any()):
             raise MetadataError(LOGIT_ROW_OUTSIDE_REPLAY)
     logits = model.lm_head(model.model.norm(x[lrows])).float()
+    streams.join_all()   # the compressors' writes (a captured graph ends on its capture stream)
     out = ForwardOutput(logits=logits, full_rows=full_rows)
     if targets:  # no full row (a prefill step of non-last chunks only): no features either
         hs = [feats.get(l, x[:0]) for l in model.model.dspark.target_layer_ids]

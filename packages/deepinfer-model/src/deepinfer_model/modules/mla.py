@@ -89,21 +89,45 @@ class MLAAttention(nn.Module):
     def project_input(self, u: torch.Tensor, positions: torch.Tensor | RopeTable) -> AttentionInputs:
         """u [N, H], positions [N] (or their RopeTable) -> every projection of u, from one GEMM;
         q, q_latent and latent equal `query` and `latent` up to the GEMM's summation order."""
-        n, dc = u.shape[0], self.dc
         table = positions if isinstance(positions, RopeTable) else rope_table(positions, self.rope_dim, self.theta)
-        fused = self.input_projection(u)                # [N, qr + ... + pad + D], contiguous (pad: fused_projection.py)
-        qr = self.q_a_proj.out_features
-        ni = self.indexer.n_heads if self.indexer is not None else 0
-        stage = self.compressor.stage_width if self.compressor_reads_input else 0
-        q_a, kv = fused[:, :qr], fused[:, -self.head_dim:]
-        index_weights = fused[:, qr: qr + ni] if ni else None
-        terms = fused[:, qr + ni: qr + ni + stage].float() if stage else None  # (c, ik, g): the packed layout
-        apply_rope_inplace(fused.view(n, 1, -1), table, self.theta)            # = RoPE of kv[:, dc:]
-        q_lat = self.q_a_layernorm(q_a)
-        q = self.q_b_proj(q_lat).view(n, self.num_heads, self.head_dim)        # fresh: rotated in place
+        fused = self.fused_input(u, table)
+        q, q_lat = self.fused_query(fused, table)
+        return AttentionInputs(q, q_lat, self.fused_latent(fused), self.fused_index_weights(fused),
+                               self.fused_compressor_terms(fused))
+
+    # `project_input` in parts (the engine's decode runs the query and the latent on two streams)
+    def fused_input(self, u: torch.Tensor, table: RopeTable) -> torch.Tensor:
+        """u [N, H] -> the fused projection [N, qr + ... + pad + D] (contiguous; pad:
+        fused_projection.py), the latent's RoPE tail already rotated in place."""
+        fused = self.input_projection(u)
+        apply_rope_inplace(fused.view(u.shape[0], 1, -1), table, self.theta)   # = RoPE of kv[:, dc:]
+        return fused
+
+    def fused_query(self, fused: torch.Tensor, table: RopeTable) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (q [N, nh, D] with RoPE, q_latent [N, qr])."""
+        q_lat = self.q_a_layernorm(fused[:, : self.q_a_proj.out_features])
+        q = self.q_b_proj(q_lat).view(fused.shape[0], self.num_heads, self.head_dim)   # fresh: rotated in place
         apply_rope_inplace(q, table, self.theta)
-        latent = torch.cat([self.kv_a_layernorm(kv[:, :dc]), kv[:, dc:]], dim=-1)
-        return AttentionInputs(q, q_lat, latent, index_weights, terms)
+        return q, q_lat
+
+    def fused_latent(self, fused: torch.Tensor) -> torch.Tensor:
+        """-> the KV latent [N, D] (normed content, rotated tail)."""
+        kv = fused[:, -self.head_dim:]
+        return torch.cat([self.kv_a_layernorm(kv[:, : self.dc]), kv[:, self.dc:]], dim=-1)
+
+    def fused_index_weights(self, fused: torch.Tensor) -> torch.Tensor | None:
+        """-> W_iw u [N, ni] (compressed layers), a view."""
+        if self.indexer is None:
+            return None
+        qr = self.q_a_proj.out_features
+        return fused[:, qr: qr + self.indexer.n_heads]
+
+    def fused_compressor_terms(self, fused: torch.Tensor) -> torch.Tensor | None:
+        """-> float32 [N, stage] token terms of an encoder-side compressor (c, ik, g: the packed layout)."""
+        if not self.compressor_reads_input:
+            return None
+        start = self.q_a_proj.out_features + (self.indexer.n_heads if self.indexer is not None else 0)
+        return fused[:, start: start + self.compressor.stage_width].float()
 
     def query_and_latent(self, u: torch.Tensor, positions: torch.Tensor | RopeTable
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

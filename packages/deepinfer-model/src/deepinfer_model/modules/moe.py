@@ -10,6 +10,9 @@ plain per-expert loop (the oracle).
 
 from __future__ import annotations
 
+import contextlib
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -17,6 +20,9 @@ from torch import nn
 from deepinfer_kernels.ops.moe import moe_route, routed_experts
 from deepinfer_model.modules.ffn import SwiGLU
 from deepinfer_model.modules.fused_projection import FusedProjection
+
+if TYPE_CHECKING:
+    from deepinfer_model.engine.streams import DecodeStreams
 
 
 class Router(nn.Module):
@@ -57,15 +63,21 @@ class MoE(nn.Module):
         """x [N, H] -> (weights float32 [N, k], ids int32 [N, k])."""
         return self.route_logits(self.gate(x))
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:  # [N, H] -> [N, H]
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                streams: DecodeStreams | None = None) -> torch.Tensor:  # [N, H] -> [N, H]
         """The MoE output, plus `residual` [N, H] when given (`residual + moe(x)`, added inside the
-        routed experts' combine on SM90 together with the shared expert's output)."""
+        routed experts' combine on SM90 together with the shared expert's output). `streams`
+        (decode): the shared expert runs beside the routing."""
         if self.input_projection is None:
             weights, ids = self.route(x)
             return routed_experts(x, weights, ids, self.experts.w13, self.experts.w2, residual=residual)
-        logits, gate, up = self.input_projection.split(self.input_projection(x))
+        fused = self.input_projection(x)
+        logits, gate, up = self.input_projection.split(fused)
+        with streams.on("shared", reads=(fused,)) if streams is not None else contextlib.nullcontext():
+            shared = self.shared_experts.from_gate_up(gate, up)
         weights, ids = self.route_logits(logits)
-        shared = self.shared_experts.from_gate_up(gate, up)
+        if streams is not None:
+            streams.join("shared", outputs=(shared,))
         return routed_experts(x, weights, ids, self.experts.w13, self.experts.w2, shared=shared, residual=residual)
 
     def route_reference(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
