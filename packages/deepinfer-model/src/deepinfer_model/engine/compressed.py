@@ -6,7 +6,8 @@ Per processed row (position t, slot s):
 2. rows with `t % r == r - 1` complete entry `j = t // r`: gather the stage rows of positions
    `t - r + 1 .. t` through the block table, `Compressor.combine` (the same function the
    reference uses), write the FP8 latent to the source's kv plane and the FP4 index key to its
-   index plane at the slot of position t.
+   index plane at the entry's packed slot (`indexing.entry_slots_of`: a block's entries are
+   consecutive records).
 
 `static=True` (decode, capturable): no boolean indexing and no host sync; every row gathers
 its would-be entry and runs `combine` (r stage gathers + one combine per row instead of per
@@ -22,7 +23,7 @@ import torch
 from deepinfer_kernels.ops.capture import host_checks, write_rows
 from deepinfer_kernels.ops.kv_fp4 import store_index_k_fp4
 from deepinfer_kernels.ops.kv_fp8 import store_kv_fp8
-from deepinfer_model.engine.indexing import slots_of
+from deepinfer_model.engine.indexing import entry_slots_of, slots_of
 from deepinfer_model.modules.rope import RopeTable
 
 
@@ -63,7 +64,10 @@ def update_compressed_source(model, src: int, terms: torch.Tensor, positions: to
                 raise RuntimeError(f"layer {src}: a compressed entry's tokens have no slot in the block table")
         gathered = cache.comp_stage[plane, tok_slots.clamp(min=0)].float()            # [E, r, S]
         latent, ik = comp.combine(gathered, t // r, rope)
-        dslots = torch.where(done, slots, torch.full_like(slots, -1)) if static else slots.index_select(0, closing)
+        # the entries' packed slots (indexing.py); at decode every row computes one, the closing rows keep it
+        closing_pos = torch.where(done, positions, torch.full_like(positions, -1)) if static else t
+        dslots = entry_slots_of(block_tables, req if static else req.index_select(0, closing),
+                                closing_pos.unsqueeze(1), cache.block_size, r).squeeze(1)
     if dslots.numel() == 0:
         return
     store_kv_fp8(latent, cache.kv[layout.comp_planes[src]], dslots)          # the source's planes: slots

@@ -41,6 +41,7 @@ from deepinfer_kernels.ops.sparse_mla import sparse_mla_attention
 from deepinfer_model.engine.compressed import update_compressed_source
 from deepinfer_model.engine.indexing import (
     entry_positions,
+    entry_slots_of,
     num_far_entries,
     slots_of,
     window_positions,
@@ -110,7 +111,7 @@ class _Rows:
 
     def far_entry_slots(self, meta: ForwardMetadata, width: int, ratio: int,
                         max_far: int | None) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """-> (n_far [N], slots [N, max_far] of the far entries' positions, max_far)."""
+        """-> (n_far [N], packed slots [N, max_far] of the far entries, max_far)."""
         key = ("far", ratio, max_far)
         if key not in self._memo:
             n_far = num_far_entries(self.positions, width, ratio)
@@ -118,8 +119,9 @@ class _Rows:
                 width_far = int(n_far.max()) if n_far.numel() else 0
             else:
                 width_far, n_far = max_far, n_far.clamp(max=max_far)
-            ent = None if width_far == 0 else slots_of(meta.block_tables, self.req,
-                                                       entry_positions(n_far, width_far, ratio), meta.block_size)
+            ent = None if width_far == 0 else entry_slots_of(meta.block_tables, self.req,
+                                                             entry_positions(n_far, width_far, ratio),
+                                                             meta.block_size, ratio)
             self._memo[key] = (n_far, ent, width_far)
         return self._memo[key]
 

@@ -5,7 +5,13 @@ virtual position v of request i  ->  slot = block_tables[i, v // bs] * bs + v % 
 slot s of plane p                 ->  flat row p * num_slots + s   (pools are viewed [planes * slots, rec])
 window of a row at position p     ->  positions max(lo, p - W + 1) .. p      (expand_swa_index, 1 segment)
 far entries of a row              ->  j < n_far = max(0, p - W + 1) // r     entry j at position j*r + r - 1
+entry closing at position v        ->  slot = block_tables[i, v // bs] * bs + (v % bs) // r   (packed)
 ```
+A block's bs / r compressed entries of ratio r fill its first bs / r slots of the source's planes:
+consecutive entries are consecutive records, so the attention and indexer kernels copy a run of
+them at once (one slot per entry at its last token would put them r records apart: one copy each).
+An entry stays in the block of its tokens (bs is a multiple of r), so prefix-shared blocks keep
+owning their entries.
 `-1` marks an empty column everywhere and survives every mapping.
 """
 
@@ -21,6 +27,18 @@ def slots_of(block_tables: torch.Tensor, req: torch.Tensor, vpos: torch.Tensor, 
     """block_tables [R, MB] int32, req [N], vpos [N, K] int64 (-1 = empty) -> slots int64 [N, K]
     (`deepinfer_kernels.ops.paged_slots`: one launch on SM90)."""
     return paged_slots(block_tables, req, vpos, block_size)
+
+
+def entry_slots_of(block_tables: torch.Tensor, req: torch.Tensor, vpos: torch.Tensor, block_size: int,
+                   ratio: int) -> torch.Tensor:
+    """Packed slots [N, K] int64 of the compressed entries of ratio `ratio` closing at positions
+    vpos [N, K] (-1 = empty) of requests req [N] (one launch on SM90)."""
+    return paged_slots(block_tables, req, vpos, block_size, stride=ratio)
+
+
+def packed_entry_slot(token_slot: int, ratio: int, block_size: int) -> int:
+    """The packed slot of the entry whose last token has slot `token_slot` (host ints; tests)."""
+    return token_slot - token_slot % block_size + (token_slot % block_size) // ratio
 
 
 def to_flat(slots: torch.Tensor, plane: int, num_slots: int) -> torch.Tensor:
