@@ -182,3 +182,22 @@ def test_routed_experts_adds_shared_and_residual_as_torch_does():
     assert torch.equal(routed_experts(x, w, ids, w13, w2, residual=residual), residual + routed)
     with pytest.raises(ValueError, match="shared"):
         routed_experts(x, w, ids, w13, w2, shared=shared.float())
+
+
+def test_routed_experts_calls_before_combine_once_before_the_addends_are_read():
+    """`before_combine` (a caller waiting for the stream that computes `shared`) runs once, after the
+    expert work and before the adds; the result is the same as without it."""
+    from deepinfer_kernels.tilelang import testing as T
+
+    x, w, ids, w13, w2 = T.make_moe_case(5, 256, 128, 16, 4, "cpu", seed=5)
+    shared = torch.randn(x.shape, generator=torch.Generator().manual_seed(6)).to(x.dtype)
+    want = routed_experts(x, w, ids, w13, w2, shared=shared, residual=x)
+    filled = torch.zeros_like(shared)
+    calls = []
+
+    def before_combine():   # the addend only becomes ready here
+        calls.append(1)
+        filled.copy_(shared)
+
+    got = routed_experts(x, w, ids, w13, w2, shared=filled, residual=x, before_combine=before_combine)
+    assert calls == [1] and torch.equal(got, want)

@@ -27,6 +27,8 @@ Implementations of `routed_experts`:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -211,10 +213,14 @@ def grouped_expert_gemm(x: torch.Tensor, w: torch.Tensor, expert_offsets: torch.
 
 def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                    w13: torch.Tensor, w2: torch.Tensor, shared: torch.Tensor | None = None,
-                   residual: torch.Tensor | None = None) -> torch.Tensor:
+                   residual: torch.Tensor | None = None,
+                   before_combine: Callable[[], None] | None = None) -> torch.Tensor:
     """x [T, H], weights [T, k] float32, ids int32 [T, k], w13 [E, 2I, H], w2 [E, H, I] -> [T, H].
     With `shared` / `residual` ([T, H], x's dtype): `residual + (routed + shared)`, rounded as those
-    torch adds are (on SM90 the combine kernel adds them: two launches fewer per MoE layer)."""
+    torch adds are (on SM90 the combine kernel adds them: two launches fewer per MoE layer).
+    `before_combine`: called on the host right before anything reading `shared` or `residual` is
+    launched (a caller computing them on another CUDA stream makes the current stream wait there,
+    so the expert GEMMs run beside that work)."""
     check_tensor("x", x, 2, FLOAT_DTYPES)
     check_tensor("weights", weights, 2, FLOAT_DTYPES)
     check_tensor("ids", ids, 2, INDEX_DTYPES)
@@ -242,12 +248,12 @@ def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                                and (x.shape[0] <= TILELANG_MOE_MAX_TOKENS or invariant)
                                and x.shape[1] % 128 == 0 and w2.shape[2] % 128 == 0)  # tile-aligned widths
     if kernel is not None and not torch.compiler.is_compiling():
-        return kernel(x, weights, ids, w13, w2, shared=shared, residual=residual)
+        return kernel(x, weights, ids, w13, w2, shared=shared, residual=residual, before_combine=before_combine)
     # prefill sizes on SM90: torch's grouped GEMMs with TileLang's activation and combine between them
     prefill = None if kernel is not None else tilelang_launcher(
         "routed_experts_prefill", device, supported=x.dtype == torch.bfloat16 and grouped_mm_usable(x, w13, w2))
     if prefill is not None:
-        return prefill(x, weights, ids, w13, w2, shared=shared, residual=residual)
+        return prefill(x, weights, ids, w13, w2, shared=shared, residual=residual, before_combine=before_combine)
     if kernel is not None:   # the traced custom op takes no addends: inductor generates the adds
         out = kernel(x, weights, ids, w13, w2)
     elif grouped_mm_usable(x, w13, w2):
@@ -256,5 +262,7 @@ def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
         out = routed_experts_masked(x, weights, ids, w13, w2)
     else:
         out = routed_experts_ref(x, weights, ids, w13, w2)
+    if before_combine is not None:
+        before_combine()
     out = out if shared is None else out + shared
     return out if residual is None else residual + out

@@ -17,6 +17,7 @@ the tile configuration, compiles once per shape bucket, launches.
 """
 
 import os
+from collections.abc import Callable
 
 import torch
 
@@ -171,7 +172,8 @@ def precompile_specs(kind: str, rows: int, num_experts: int, k: int, nout: int, 
 def routed_experts_tilelang(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                             w13: torch.Tensor, w2: torch.Tensor, *, shared: torch.Tensor | None = None,
                             residual: torch.Tensor | None = None, gate_up_config: dict | None = None,
-                            down_config: dict | None = None) -> torch.Tensor:
+                            down_config: dict | None = None,
+                            before_combine: Callable[[], None] | None = None) -> torch.Tensor:
     """x [T, H], weights [T, k], ids [T, k], w13 [E, 2I, H], w2 [E, H, I] -> [T, H]; like
     ``routed_experts_ref``, then ``residual + (out + shared)`` in x's dtype when given ([T, H]
     each; added by the combine kernel, bit-identical to the two torch adds)."""
@@ -208,12 +210,15 @@ def routed_experts_tilelang(x: torch.Tensor, weights: torch.Tensor, ids: torch.T
     dummy = torch.empty(1, dtype=torch.int32, device=device)
     slots2 = slots1 if cfg2["bm"] == cfg1["bm"] else _slots(offsets, e, n, cfg2["bm"])
     _grouped_kernel(e, inter, h, cfg2, False, False, x.dtype)(act, w2.contiguous(), slots2, dummy, y)
+    if before_combine is not None:
+        before_combine()
     return _combine(out, y, weights, inv, shared, residual)
 
 
 def routed_experts_prefill_tilelang(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                                     w13: torch.Tensor, w2: torch.Tensor, *, shared: torch.Tensor | None = None,
-                                    residual: torch.Tensor | None = None) -> torch.Tensor:
+                                    residual: torch.Tensor | None = None,
+                                    before_combine: Callable[[], None] | None = None) -> torch.Tensor:
     """``routed_experts_tilelang``'s arguments and result at prefill sizes: the two GEMMs are
     ``torch._grouped_mm`` (cuBLAS grouped kernels, ~70% of the bf16 matmul rate at 32K tokens),
     the work around them TileLang: the SwiGLU activation in one pass and the weighted combine
@@ -233,6 +238,8 @@ def routed_experts_prefill_tilelang(x: torch.Tensor, weights: torch.Tensor, ids:
     y = torch._grouped_mm(act, w2.transpose(1, 2), offs=ends)                           # [T*k, H]
     inv = torch.empty(n, dtype=torch.int32, device=device)
     inv[order] = torch.arange(n, dtype=torch.int32, device=device)                      # (t, j) -> its row of y
+    if before_combine is not None:
+        before_combine()
     return _combine(out, y, weights, inv, shared, residual)
 
 

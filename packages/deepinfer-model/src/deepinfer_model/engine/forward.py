@@ -125,6 +125,18 @@ class _Rows:
             self._memo[key] = (n_far, ent, width_far)
         return self._memo[key]
 
+    def precompute(self, model, meta: ForwardMetadata) -> None:
+        """Fill the memo of a decode forward up front (on a side stream, streams.py): the Engram
+        buckets, the window slots, and the far-entry slots of every compressed ratio."""
+        cfg = model.config
+        for l in cfg.engram_layer_ids:
+            self.engram_buckets(model.model.layers[l].engram.table_size)
+        self.window_slots_int32(meta, cfg.sliding_window)
+        for r in sorted({layer.ratio for layer in model.model.layers} - {0}):
+            max_far = static_max_far(meta, cfg.sliding_window, r)
+            if self.far_entry_slots(meta, cfg.sliding_window, r, max_far)[2]:
+                self.far_entry_slots_int32(r, max_far)
+
     def far_entry_slots_int32(self, ratio: int, max_far: int) -> torch.Tensor:
         """The slots of `far_entry_slots(..., ratio, max_far)` (called first) as the indexer's int32
         indices into one plane, shared by every layer of that ratio."""
@@ -192,11 +204,12 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
     attn = layer.self_attn
     ns = cache.num_slots
     if layer.engram is not None:   # the Engram add and the input norm: one launch
+        streams.join("rows")
         x, u = layer.input_layernorm.add_forward(x, layer.engram.from_buckets(x, rows.engram_buckets(layer.engram.table_size)))
     else:
         u = layer.input_layernorm(x)
     rope = rows.rope(attn.rope_dim, attn.theta)
-    fused = attn.fused_input(u, rope)                # every projection of u: one GEMM
+    fused = attn.fused_input(u)                      # every projection of u: one GEMM
     plane = cache.layout.window_planes[l]
     if attn.compressor is not None and not layer.is_consumer:
         # later steps read the entries (streams.py): at decode the compressor runs beside the layer
@@ -207,16 +220,23 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
                                                                   theta=attn.theta),
                                      closing_rows=_closing_rows(meta))
     far = None
+    if layer.ratio > 0:    # the indexer reads the far-entry slots
+        streams.join("rows")
     with streams.on("query", reads=(fused,)):
-        q, q_lat = attn.fused_query(fused, rope)
-        if layer.ratio > 0:
-            # static when the metadata bounds the context on the host (decode always; prefill from the
-            # engine's runner, whose bound is the step's exact max); else the batch's max, read on the host
-            static = not meta.is_prefill or meta.max_context_len is not None
-            max_far = static_max_far(meta, cfg.sliding_window, layer.ratio) if static else None
-            far = far_selection(model, layer, q_lat, attn.fused_index_weights(fused), rows, meta, cache, max_far)
+        q_lat = attn.fused_query_latent(fused)
+        if layer.ratio > 0:   # the indexer's chain beside the q_b GEMM
+            with streams.on("indexer", reads=(fused, q_lat)):
+                # static when the metadata bounds the context on the host (decode always; prefill from the
+                # engine's runner, whose bound is the step's exact max); else the batch's max, read on the host
+                static = not meta.is_prefill or meta.max_context_len is not None
+                max_far = static_max_far(meta, cfg.sliding_window, layer.ratio) if static else None
+                far = far_selection(model, layer, q_lat, attn.fused_index_weights(fused), rows, meta, cache, max_far)
+        q = attn.queries(q_lat, rope)
+    attn.rotate_latent_tail(fused, rope)             # the columns no side stream reads
     store_kv_fp8(attn.fused_latent(fused), cache.kv[plane], rows.slots)   # the layer's own plane: slots index it
-    streams.join("query", outputs=(q, None if far is None else far.blocks))
+    streams.join("query", outputs=(q,))
+    streams.join("indexer", outputs=(None if far is None else far.blocks,))
+    streams.join("rows")   # the window slots
     if far is None:   # window only: attend within the layer's plane
         o, _ = sparse_mla_attention(q, cache.kv[plane], rows.window_slots_int32(meta, cfg.sliding_window),
                                     attn.sm_scale)
@@ -267,13 +287,17 @@ def engine_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
     decode = not meta.is_prefill
     req = meta.row_to_req
     positions, slots = meta.positions.long(), meta.slot_mapping.long()
-    # 1. Engram ids first.
-    if cfg.engram_layer_ids:
-        cids = meta.engram_ids if meta.engram_ids is not None else model.engram_vocab_map[meta.input_ids.long()]
-        write_rows(cache.engram_ids, slots, cids.to(torch.int32))
+    streams = DecodeStreams(positions.device, DecodeStreams.usable(model, decode))
     rows = _Rows(positions, req, slots, torch.zeros_like(positions), None)
-    if cfg.engram_layer_ids:
-        rows.windows = engram_windows(model, meta, cache, rows)
+    # 1. Engram ids first. At decode the Engram windows and buckets and the rows' window / far-entry
+    # slots are computed on side stream "rows" (joined where a layer first reads them).
+    with streams.on("rows"):
+        if cfg.engram_layer_ids:
+            cids = meta.engram_ids if meta.engram_ids is not None else model.engram_vocab_map[meta.input_ids.long()]
+            write_rows(cache.engram_ids, slots, cids.to(torch.int32))
+            rows.windows = engram_windows(model, meta, cache, rows)
+        if decode:
+            rows.precompute(model, meta)
     # 2. Row sets (decode: every row, static; prefill: nonzero of the replay mask).
     if decode:
         full_rows = torch.arange(meta.total_q, device=positions.device)
@@ -289,7 +313,6 @@ def engine_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
                                                            model.model.dspark is not None) else set()
     feats: dict[int, torch.Tensor] = {}
     # 3. Encoder layers over every row.
-    streams = DecodeStreams(positions.device, DecodeStreams.usable(model, decode))
     x = model.model.embed_tokens(meta.input_ids.long())
     for l in topo.encoder_layers:
         x = run_layer(model, l, x, rows, meta, cache, streams)

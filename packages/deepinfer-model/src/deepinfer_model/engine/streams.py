@@ -3,9 +3,12 @@
 At decode sizes most kernels fill a few SMs for a few microseconds, so a layer's serial chain of
 ~40 launches leaves the GPU mostly idle. Chains that do not read each other's results run side by
 side when launched on different streams (a CUDA graph keeps the fork / join edges, so its replay
-runs them concurrently too). `engine/forward.py` uses three side streams at decode:
+runs them concurrently too). `engine/forward.py` uses five side streams at decode:
 
-- ``query``: q_a norm, q_b GEMM, RoPE, the indexer's top-k (joined before attention);
+- ``rows``: the forward's shared index arithmetic (Engram ids, windows and n-gram buckets, window
+  slots, far-entry slots per ratio), beside the first layer (joined where a layer first reads it);
+- ``query``: q_a norm, q_b GEMM, RoPE (joined before attention), and from it ``indexer``: the
+  indexer's query GEMM and top-k, beside the q_b GEMM;
 - ``compress``: an encoder source's compressor and the YOCO consumer-side compressors, joined only
   at the end of the forward. Their entries are read by later steps only: a decode row's far entries
   end at least W positions before it, the entries a step closes end at its own rows' positions,
@@ -39,8 +42,6 @@ def _side_stream(device: torch.device, name: str) -> torch.cuda.Stream:
 class DecodeStreams:
     """Side streams for one forward. Disabled (every block runs inline on the current stream):
     off the GPU, at prefill, under torch.compile, or when the model turned them off."""
-
-    NAMES = ("query", "compress", "shared")
 
     def __init__(self, device: torch.device, enabled: bool):
         self.enabled = enabled and device.type == "cuda" and not torch.compiler.is_compiling()

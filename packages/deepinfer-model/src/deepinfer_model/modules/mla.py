@@ -90,25 +90,31 @@ class MLAAttention(nn.Module):
         """u [N, H], positions [N] (or their RopeTable) -> every projection of u, from one GEMM;
         q, q_latent and latent equal `query` and `latent` up to the GEMM's summation order."""
         table = positions if isinstance(positions, RopeTable) else rope_table(positions, self.rope_dim, self.theta)
-        fused = self.fused_input(u, table)
-        q, q_lat = self.fused_query(fused, table)
-        return AttentionInputs(q, q_lat, self.fused_latent(fused), self.fused_index_weights(fused),
-                               self.fused_compressor_terms(fused))
+        fused = self.fused_input(u)
+        self.rotate_latent_tail(fused, table)
+        q_lat = self.fused_query_latent(fused)
+        return AttentionInputs(self.queries(q_lat, table), q_lat, self.fused_latent(fused),
+                               self.fused_index_weights(fused), self.fused_compressor_terms(fused))
 
     # `project_input` in parts (the engine's decode runs the query and the latent on two streams)
-    def fused_input(self, u: torch.Tensor, table: RopeTable) -> torch.Tensor:
-        """u [N, H] -> the fused projection [N, qr + ... + pad + D] (contiguous; pad:
-        fused_projection.py), the latent's RoPE tail already rotated in place."""
-        fused = self.input_projection(u)
-        apply_rope_inplace(fused.view(u.shape[0], 1, -1), table, self.theta)   # = RoPE of kv[:, dc:]
-        return fused
+    def fused_input(self, u: torch.Tensor) -> torch.Tensor:
+        """u [N, H] -> the fused projection [N, qr + ... + pad + D] (contiguous; pad: fused_projection.py)."""
+        return self.input_projection(u)
 
-    def fused_query(self, fused: torch.Tensor, table: RopeTable) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (q [N, nh, D] with RoPE, q_latent [N, qr])."""
-        q_lat = self.q_a_layernorm(fused[:, : self.q_a_proj.out_features])
-        q = self.q_b_proj(q_lat).view(fused.shape[0], self.num_heads, self.head_dim)   # fresh: rotated in place
+    def rotate_latent_tail(self, fused: torch.Tensor, table: RopeTable) -> None:
+        """RoPE of the latent's tail kv[:, dc:], in place (the last columns of the fused row; the
+        other columns are not touched)."""
+        apply_rope_inplace(fused.view(fused.shape[0], 1, -1), table, self.theta)
+
+    def fused_query_latent(self, fused: torch.Tensor) -> torch.Tensor:
+        """-> q_latent [N, qr] = RMSNorm(W_qa u)."""
+        return self.q_a_layernorm(fused[:, : self.q_a_proj.out_features])
+
+    def queries(self, q_lat: torch.Tensor, table: RopeTable) -> torch.Tensor:
+        """q_latent [N, qr] -> q [N, nh, D] with RoPE."""
+        q = self.q_b_proj(q_lat).view(q_lat.shape[0], self.num_heads, self.head_dim)   # fresh: rotated in place
         apply_rope_inplace(q, table, self.theta)
-        return q, q_lat
+        return q
 
     def fused_latent(self, fused: torch.Tensor) -> torch.Tensor:
         """-> the KV latent [N, D] (normed content, rotated tail)."""

@@ -67,7 +67,7 @@ class MoE(nn.Module):
                 streams: DecodeStreams | None = None) -> torch.Tensor:  # [N, H] -> [N, H]
         """The MoE output, plus `residual` [N, H] when given (`residual + moe(x)`, added inside the
         routed experts' combine on SM90 together with the shared expert's output). `streams`
-        (decode): the shared expert runs beside the routing."""
+        (decode): the shared expert runs beside the routing and the routed experts' GEMMs."""
         if self.input_projection is None:
             weights, ids = self.route(x)
             return routed_experts(x, weights, ids, self.experts.w13, self.experts.w2, residual=residual)
@@ -76,9 +76,10 @@ class MoE(nn.Module):
         with streams.on("shared", reads=(fused,)) if streams is not None else contextlib.nullcontext():
             shared = self.shared_experts.from_gate_up(gate, up)
         weights, ids = self.route_logits(logits)
-        if streams is not None:
-            streams.join("shared", outputs=(shared,))
-        return routed_experts(x, weights, ids, self.experts.w13, self.experts.w2, shared=shared, residual=residual)
+        # decode: the routing and the expert GEMMs run beside the shared expert, joined at the combine
+        join = None if streams is None else (lambda: streams.join("shared", outputs=(shared,)))
+        return routed_experts(x, weights, ids, self.experts.w13, self.experts.w2, shared=shared, residual=residual,
+                              before_combine=join)
 
     def route_reference(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The oracle's routing (written out, independent of the op): x [N, H] -> (weights float32
