@@ -34,19 +34,23 @@ def test_bench_routed_experts_tilelang(benchmark, tokens):
                        graph=tokens <= 256)   # past 16,384 rows the routing sorts with a bincount (host sync)
 
 
+@pytest.mark.parametrize("path", ["tilelang", "public"])
 @pytest.mark.parametrize("tokens", [8, 256, 32768])
-def test_bench_grouped_gemm_down_tilelang(benchmark, tokens):
-    """The down projection alone (plain grouped GEMM, TMA-fed on both operands)."""
-    from deepinfer_kernels.ops.moe import permute_by_expert
+def test_bench_grouped_gemm_down(benchmark, tokens, path):
+    """The down projection alone: the TileLang plain grouped GEMM (TMA-fed on both operands), or the
+    public op (TileLang at decode sizes, cuBLAS's grouped GEMM above 64 rows per expert)."""
+    from deepinfer_kernels.ops.moe import grouped_expert_gemm, permute_by_expert
     from deepinfer_kernels.tilelang.moe import grouped_expert_gemm_tilelang
 
+    gemm = grouped_expert_gemm_tilelang if path == "tilelang" else grouped_expert_gemm
     x, w, ids, w13, w2 = T.make_moe_case(tokens, H, I, E, K, "cuda", seed=tokens + 1)
     _, off = permute_by_expert(ids, E)
     act = torch.randn(tokens * K, I, device="cuda").to(torch.bfloat16)
     active = int(torch.unique(ids).numel())
-    T.record_benchmark(benchmark, lambda: grouped_expert_gemm_tilelang(act, w2, off),
+    T.record_benchmark(benchmark, lambda: gemm(act, w2, off),
                        bytes_moved=active * H * I * 2 + act.numel() * 2 + tokens * K * H * 2,
-                       flops=2.0 * tokens * K * I * H, extra={"tokens": tokens})
+                       flops=2.0 * tokens * K * I * H, extra={"tokens": tokens, "path": path},
+                       graph=path == "tilelang" or tokens <= 256)   # the public prefill case measured eagerly
 
 
 def test_bench_routed_experts_public_prefill(benchmark):
@@ -61,17 +65,3 @@ def test_bench_routed_experts_public_prefill(benchmark):
                        bytes_moved=T.moe_active_weight_bytes(ids, w13, w2), flops=T.moe_flops(tokens, K, H, I),
                        extra={"tokens": tokens, "regime": "prefill", "path": "public"}, graph=False)
 
-
-@pytest.mark.parametrize("tokens", [8, 256, 32768])
-def test_bench_grouped_expert_gemm_public_down(benchmark, tokens):
-    """The public grouped GEMM (down projection): TileLang at decode sizes, cuBLAS grouped above."""
-    from deepinfer_kernels.ops.moe import grouped_expert_gemm, permute_by_expert
-
-    x, w, ids, w13, w2 = T.make_moe_case(tokens, H, I, E, K, "cuda", seed=tokens + 1)
-    _, off = permute_by_expert(ids, E)
-    act = torch.randn(tokens * K, I, device="cuda").to(torch.bfloat16)
-    active = int(torch.unique(ids).numel())
-    T.record_benchmark(benchmark, lambda: grouped_expert_gemm(act, w2, off),
-                       bytes_moved=active * H * I * 2 + act.numel() * 2 + tokens * K * H * 2,
-                       flops=2.0 * tokens * K * I * H, extra={"tokens": tokens, "path": "public"},
-                       graph=tokens <= 256)
