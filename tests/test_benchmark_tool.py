@@ -86,3 +86,22 @@ def test_profile_step_tool_runs_a_step(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     assert "== preset:tiny prefill batch 2 prompt 40: 0 kernels" in res.stdout   # no CUDA kernels on the CPU
     assert "aten::mm" in res.stdout
+
+
+def test_pipelined_prefill_row_counts_the_window_of_queued_rounds(tmp_path):
+    """--prefill-pipelined: the synchronous row, then the ZOS row over queued rounds (window: the
+    rounds after the first and before the last, whole rounds of prompt tokens give or take the
+    step in flight at each end)."""
+    out = tmp_path / "rows.jsonl"
+    res = subprocess.run([sys.executable, str(ROOT / "tools" / "benchmark.py"), "--device", "cpu",
+                          "--model", "preset:tiny", "--prompt-len", "24", "--max-model-len", "256",
+                          "--decode-batch-sizes", "", "--prefill-batch", "4", "--max-num-batched-tokens", "48",
+                          "--prefill-pipelined", "--prefill-rounds", "4", "--result-jsonl", str(out)],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    sync, piped = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sync["kind"] == piped["kind"] == "prefill"
+    assert sync["pipelined"] is False and piped["pipelined"] is True and piped["zos"] is True
+    assert piped["rounds"] == 4 and piped["tokens_per_s"] > 0
+    per_round = 4 * 24
+    assert 2 * per_round - 48 <= piped["window_tokens"] <= 2 * per_round + 48   # +- one 48-token step

@@ -244,8 +244,45 @@ def bench_prefill(args, chunk_tokens: int | None = None) -> dict:
             tokens.append(computed)
     t, n = sum(times[5:]), sum(tokens[5:])
     row = dict(kind="prefill", engine="deepinfer", model=args.model, batch=args.prefill_batch,
-               prompt_len=args.prompt_len, chunk_tokens=chunk, tokens_per_s=n / t,
+               prompt_len=args.prompt_len, chunk_tokens=chunk, pipelined=False, tokens_per_s=n / t,
                tokens_per_step=n / len(times[5:]))
+    del engine
+    _free_device_memory()
+    return row
+
+
+def bench_prefill_pipelined(args, chunk_tokens: int | None = None) -> dict:
+    """Prefill tokens/s as the engine runs a queue of prompts by default (ZOS on: step N+1 is
+    launched before step N is collected, so the host's scheduling, metadata and output work hides
+    under the device). `--prefill-rounds` rounds of `--prefill-batch` prompts are queued at once;
+    the window skips the first round and stops before the last (in steady state one step is in
+    flight at both ends). Twice the sequence slots, so the next round is admitted while the
+    previous one's last step is in flight."""
+    from deepinfer_engine import SamplingParams
+
+    chunk = chunk_tokens or args.max_num_batched_tokens
+    engine = _engine(args, max_num_seqs=2 * args.prefill_batch, max_num_batched_tokens=chunk)
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    rounds = max(args.prefill_rounds, 3)
+    for r in range(rounds):
+        for p in _prompts(args.prefill_batch, args.prompt_len, engine.vocab_size, seed=2000 + r):
+            engine.add_request(prompt_token_ids=p, params=params)
+    per_round = args.prefill_batch * args.prompt_len
+    while engine.stats.num_prefill_tokens < per_round:   # warm-up: the first round
+        engine.step()
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize()
+    tok0, start = engine.stats.num_prefill_tokens, time.perf_counter()
+    while engine.stats.num_prefill_tokens < (rounds - 1) * per_round:
+        engine.step()
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize()
+    elapsed, tokens = time.perf_counter() - start, engine.stats.num_prefill_tokens - tok0
+    while engine.has_unfinished():
+        engine.step()
+    row = dict(kind="prefill", engine="deepinfer", model=args.model, batch=args.prefill_batch,
+               prompt_len=args.prompt_len, chunk_tokens=chunk, pipelined=True, zos=engine.zos,
+               rounds=rounds, tokens_per_s=tokens / elapsed, window_tokens=tokens)
     del engine
     _free_device_memory()
     return row
@@ -290,6 +327,9 @@ def main() -> None:
     ap.add_argument("--prefill-chunk-sizes", default=None,
                     help="comma-separated prefill budgets per step to sweep (SPEC §7: 4096..65536); "
                          "default: --max-num-batched-tokens only")
+    ap.add_argument("--prefill-pipelined", action="store_true",
+                    help="also measure prefill over a queue of prompt rounds with ZOS on (the engine's default loop)")
+    ap.add_argument("--prefill-rounds", type=int, default=8, help="rounds of --prefill-batch prompts queued (pipelined)")
     ap.add_argument("--peer", action="store_true", help="run the HF transformers peer in the same process")
     ap.add_argument("--result-jsonl", type=Path, default=None)
     args = ap.parse_args()
@@ -325,6 +365,8 @@ def main() -> None:
     if not args.no_prefill:
         for chunk in (int(c) for c in (args.prefill_chunk_sizes or str(args.max_num_batched_tokens)).split(",")):
             rows.append(bench_prefill(args, chunk))
+            if args.prefill_pipelined:
+                rows.append(bench_prefill_pipelined(args, chunk))
     if args.peer:
         from peer_hf import bench_peer
         rows.extend(bench_peer(args))
