@@ -219,6 +219,20 @@ def _time_host_phases(engine) -> dict[str, float]:
     return totals
 
 
+def _allocator_counts() -> dict:
+    """CUDA caching-allocator counters (a retry frees cached blocks and syncs the device; a device
+    malloc / free inside a timed window means the activations did not fit the cache)."""
+    if not torch.cuda.is_available():
+        return {}
+    stats = torch.cuda.memory_stats()
+    return {k: int(stats.get(k, 0)) for k in ("num_alloc_retries", "num_device_alloc", "num_device_free")}
+
+
+def _allocator_delta(before: dict) -> dict:
+    after = _allocator_counts()
+    return {f"window_{k}": after[k] - before[k] for k in before}
+
+
 def bench_prefill(args, chunk_tokens: int | None = None) -> dict:
     """Prefill tokens/s with chunks of `chunk_tokens` rows (default --max-num-batched-tokens)."""
     from deepinfer_engine import SamplingParams
@@ -228,7 +242,10 @@ def bench_prefill(args, chunk_tokens: int | None = None) -> dict:
                      max_num_batched_tokens=chunk)
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     times, tokens, round_id = [], [], 0
+    alloc0 = None
     while len(times) < 15:
+        if len(times) == 5 and alloc0 is None:   # the timed steps (after the first five)
+            alloc0 = _allocator_counts()
         if not engine.has_unfinished():
             for p in _prompts(args.prefill_batch, args.prompt_len, engine.vocab_size, seed=1000 + round_id):
                 engine.add_request(prompt_token_ids=p, params=params)
@@ -245,7 +262,7 @@ def bench_prefill(args, chunk_tokens: int | None = None) -> dict:
     t, n = sum(times[5:]), sum(tokens[5:])
     row = dict(kind="prefill", engine="deepinfer", model=args.model, batch=args.prefill_batch,
                prompt_len=args.prompt_len, chunk_tokens=chunk, pipelined=False, tokens_per_s=n / t,
-               tokens_per_step=n / len(times[5:]))
+               tokens_per_step=n / len(times[5:]), **_allocator_delta(alloc0 or {}))
     del engine
     _free_device_memory()
     return row
@@ -272,17 +289,19 @@ def bench_prefill_pipelined(args, chunk_tokens: int | None = None) -> dict:
         engine.step()
     if engine.device.type == "cuda":
         torch.cuda.synchronize()
+    alloc0 = _allocator_counts()
     tok0, start = engine.stats.num_prefill_tokens, time.perf_counter()
     while engine.stats.num_prefill_tokens < (rounds - 1) * per_round:
         engine.step()
     if engine.device.type == "cuda":
         torch.cuda.synchronize()
     elapsed, tokens = time.perf_counter() - start, engine.stats.num_prefill_tokens - tok0
+    alloc = _allocator_delta(alloc0)
     while engine.has_unfinished():
         engine.step()
     row = dict(kind="prefill", engine="deepinfer", model=args.model, batch=args.prefill_batch,
                prompt_len=args.prompt_len, chunk_tokens=chunk, pipelined=True, zos=engine.zos,
-               rounds=rounds, tokens_per_s=tokens / elapsed, window_tokens=tokens)
+               rounds=rounds, tokens_per_s=tokens / elapsed, window_tokens=tokens, **alloc)
     del engine
     _free_device_memory()
     return row
