@@ -205,8 +205,7 @@ def grouped_expert_gemm(x: torch.Tensor, w: torch.Tensor, expert_offsets: torch.
                                and k % 64 == 0 and nout % 128 == 0)
     if kernel is not None:
         return kernel(x, w, expert_offsets)
-    if (device.type == "cuda" and hasattr(torch, "_grouped_mm") and forced_backend() is not Backend.TORCH
-            and x.dtype == w.dtype == torch.bfloat16 and k % 8 == 0 and nout % 8 == 0 and current_platform().is_sm90):
+    if device.type == "cuda" and nout % 8 == 0 and grouped_mm_usable(x, w, w):   # K and Nout 16-byte rows
         return torch._grouped_mm(x.contiguous(), w.transpose(1, 2), offs=expert_offsets[1:].to(torch.int32))
     return grouped_expert_gemm_ref(x, w, expert_offsets)
 
