@@ -13,13 +13,14 @@ runs them concurrently too). `engine/forward.py` uses five side streams at decod
   at the end of the forward. Their entries are read by later steps only: a decode row's far entries
   end at least W positions before it, the entries a step closes end at its own rows' positions,
   and a request's rows of one step span at most nextn + 1 < W positions (`usable` checks it);
-- ``shared``: the MoE shared expert, beside the routing and the routed experts' GEMMs (joined at their combine).
+- ``shared``: the MoE shared expert, beside the routing and the routed experts' GEMMs (joined at
+  their combine).
 
 Every kernel and its inputs are the same as on one stream, so results are bit-identical
-(`packages/deepinfer-model/tests/test_decode_streams_cuda.py`). Memory: a tensor used on a stream other than the one that
-allocated it is marked with `record_stream`, so the caching allocator does not hand its block to
-another allocation before that stream's use has run (under graph capture torch defers such frees
-until the capture ends).
+(`tests/test_decode_streams_cuda.py` of this package). Memory: a tensor used on a stream other than
+the one that allocated it is marked with `record_stream`, so the caching allocator does not hand its
+block to another allocation before that stream's use has run (under graph capture torch defers such
+frees until the capture ends).
 """
 
 from __future__ import annotations
