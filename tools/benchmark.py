@@ -7,8 +7,9 @@ Decode: prompts of --prompt-len random tokens, greedy, EOS ignored; after the pr
 --warmup-steps decode steps and time --steps steps. avg_SPS = steps / s. Tokens/s are given two
 ways: full-acceptance accounting `avg_SPS * batch * (1 + nextn)` (the reference's headline
 formula) and real: tokens actually emitted / s.
-Prefill: rounds of --prefill-batch fresh prompts (prefix cache off, max_tokens 1); skip 5 warm-up
-prefill steps, time 10 steps; tokens/s = prompt tokens computed / s.
+Prefill (bench_prefill.py): rounds of --prefill-batch fresh prompts (prefix cache off, max_tokens 1);
+skip 5 warm-up prefill steps, time 10 steps; tokens/s = prompt tokens computed / s;
+--prefill-pipelined also over queued rounds with ZOS on.
 ZOS idle: with CUDA events at each step's device start and end, the idle gap between consecutive
 decode steps as a fraction of the step time.
 Decode at batch 1 without speculation also reports the weight bytes a step must read and
@@ -20,7 +21,6 @@ Every row of --result-jsonl is one measurement with its configuration.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import sys
@@ -31,37 +31,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_engine import build_engine, free_device_memory, make_prompts  # noqa: E402
+from bench_prefill import bench_prefill, bench_prefill_pipelined  # noqa: E402
 from roofline import measure_ceilings  # noqa: E402
-
-
-def _engine(args, **overrides):
-    from deepinfer_engine import LLM
-
-    kw = dict(device=args.device, block_size=args.block_size, max_num_seqs=max(args.max_num_seqs, 1),
-              max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-              num_speculative_tokens=args.nextn, enable_mtp_varlen=args.varlen, enable_prefix_caching=False)
-    kw.update(overrides)
-    return LLM(None if args.model == "default" else args.model, **kw).engine
-
-
-def _prompts(n: int, length: int, vocab: int, seed: int, code: bool = False) -> list[list[int]]:
-    if code:  # held-out stdlib function headers with their context (what the default model writes)
-        return _code_prompts(n, length)
-    rng = np.random.default_rng(seed)
-    return rng.integers(10, vocab, size=(n, length)).tolist()
-
-
-def _code_prompts(n: int, length: int) -> list[list[int]]:
-    from default_model.data import load_corpus
-    from default_model.evaluation import function_prompts
-    from tokenizers import Tokenizer
-
-    corpus = load_corpus()
-    tok = Tokenizer.from_file(str(corpus.tokenizer_path))
-    funcs = function_prompts(corpus.held_out, n=max(n, 100))
-    ids = [tok.encode(f["context"] + f["header"], add_special_tokens=False).ids[-length:] for f in funcs]
-    return [ids[i % len(ids)] for i in range(n)]
-
 
 # --grammar-compare: a long free string keeps every request under the mask (in its costliest state,
 # most tokens allowed) for the whole window
@@ -88,7 +60,7 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
     previous = os.environ.get("DEEPINFER_BATCH_INVARIANT")
     os.environ["DEEPINFER_BATCH_INVARIANT"] = "1" if invariant else "0"   # read when the engine is built
     try:
-        engine = _engine(args, zero_overhead_scheduling=zos, max_num_seqs=max(batch, 1), **extra)
+        engine = build_engine(args, zero_overhead_scheduling=zos, max_num_seqs=max(batch, 1), **extra)
     finally:
         if previous is None:
             os.environ.pop("DEEPINFER_BATCH_INVARIANT")
@@ -101,7 +73,7 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
                             structured_output=StructuredOutput.json_schema(LONG_STRING_SCHEMA) if grammar else None)
     # --rounds R: R windows over fresh prompts (at batch 1 one prompt is a small sample of acceptance)
     rounds = max(args.rounds, 1)
-    prompts = _prompts(batch * rounds, args.prompt_len, engine.vocab_size, seed=batch, code=args.code_prompts)
+    prompts = make_prompts(batch * rounds, args.prompt_len, engine.vocab_size, seed=batch, code=args.code_prompts)
     host_s, host_window, spans, gaps = None, None, [], []
     steps = elapsed = tokens = prefill_steps = drafts = 0
     for r in range(rounds):
@@ -165,7 +137,7 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
     if engine._structured is not None:
         engine._structured.shutdown()
     del engine
-    _free_device_memory()
+    free_device_memory()
     return row
 
 
@@ -179,14 +151,6 @@ def weight_bytes_per_decode_step(model) -> int:
     cfg = model.config
     element = model.lm_head.weight.element_size()
     return (param_counts(cfg).active_decode + cfg.vocab_size * cfg.hidden_size) * element
-
-
-def _free_device_memory() -> None:
-    """After the caller dropped its engine: free its KV pool and graphs before the next engine
-    sizes its pool from free memory."""
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def _abort_all(engine) -> None:
@@ -217,94 +181,6 @@ def _time_host_phases(engine) -> dict[str, float]:
     if engine._structured is not None:
         engine.runner.mask_provider = engine._structured.step_masks   # the runner holds the bound method
     return totals
-
-
-def _allocator_counts() -> dict:
-    """CUDA caching-allocator counters (a retry frees cached blocks and syncs the device; a device
-    malloc / free inside a timed window means the activations did not fit the cache)."""
-    if not torch.cuda.is_available():
-        return {}
-    stats = torch.cuda.memory_stats()
-    return {k: int(stats.get(k, 0)) for k in ("num_alloc_retries", "num_device_alloc", "num_device_free")}
-
-
-def _allocator_delta(before: dict) -> dict:
-    after = _allocator_counts()
-    return {f"window_{k}": after[k] - before[k] for k in before}
-
-
-def bench_prefill(args, chunk_tokens: int | None = None) -> dict:
-    """Prefill tokens/s with chunks of `chunk_tokens` rows (default --max-num-batched-tokens)."""
-    from deepinfer_engine import SamplingParams
-
-    chunk = chunk_tokens or args.max_num_batched_tokens
-    engine = _engine(args, max_num_seqs=args.prefill_batch, zero_overhead_scheduling=False, cuda_graphs=False,
-                     max_num_batched_tokens=chunk)
-    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
-    times, tokens, round_id = [], [], 0
-    alloc0 = None
-    while len(times) < 15:
-        if len(times) == 5 and alloc0 is None:   # the timed steps (after the first five)
-            alloc0 = _allocator_counts()
-        if not engine.has_unfinished():
-            for p in _prompts(args.prefill_batch, args.prompt_len, engine.vocab_size, seed=1000 + round_id):
-                engine.add_request(prompt_token_ids=p, params=params)
-            round_id += 1
-        before = engine.stats.num_prefill_tokens
-        start = time.perf_counter()
-        engine.step()
-        if engine.device.type == "cuda":
-            torch.cuda.synchronize()
-        computed = engine.stats.num_prefill_tokens - before
-        if computed:
-            times.append(time.perf_counter() - start)
-            tokens.append(computed)
-    t, n = sum(times[5:]), sum(tokens[5:])
-    row = dict(kind="prefill", engine="deepinfer", model=args.model, batch=args.prefill_batch,
-               prompt_len=args.prompt_len, chunk_tokens=chunk, pipelined=False, tokens_per_s=n / t,
-               tokens_per_step=n / len(times[5:]), **_allocator_delta(alloc0 or {}))
-    del engine
-    _free_device_memory()
-    return row
-
-
-def bench_prefill_pipelined(args, chunk_tokens: int | None = None) -> dict:
-    """Prefill tokens/s as the engine runs a queue of prompts by default (ZOS on: step N+1 is
-    launched before step N is collected, so the host's scheduling, metadata and output work hides
-    under the device). `--prefill-rounds` rounds of `--prefill-batch` prompts are queued at once;
-    the window skips the first round and stops before the last (in steady state one step is in
-    flight at both ends). Twice the sequence slots, so the next round is admitted while the
-    previous one's last step is in flight."""
-    from deepinfer_engine import SamplingParams
-
-    chunk = chunk_tokens or args.max_num_batched_tokens
-    engine = _engine(args, max_num_seqs=2 * args.prefill_batch, max_num_batched_tokens=chunk)
-    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
-    rounds = max(args.prefill_rounds, 3)
-    for r in range(rounds):
-        for p in _prompts(args.prefill_batch, args.prompt_len, engine.vocab_size, seed=2000 + r):
-            engine.add_request(prompt_token_ids=p, params=params)
-    per_round = args.prefill_batch * args.prompt_len
-    while engine.stats.num_prefill_tokens < per_round:   # warm-up: the first round
-        engine.step()
-    if engine.device.type == "cuda":
-        torch.cuda.synchronize()
-    alloc0 = _allocator_counts()
-    tok0, start = engine.stats.num_prefill_tokens, time.perf_counter()
-    while engine.stats.num_prefill_tokens < (rounds - 1) * per_round:
-        engine.step()
-    if engine.device.type == "cuda":
-        torch.cuda.synchronize()
-    elapsed, tokens = time.perf_counter() - start, engine.stats.num_prefill_tokens - tok0
-    alloc = _allocator_delta(alloc0)
-    while engine.has_unfinished():
-        engine.step()
-    row = dict(kind="prefill", engine="deepinfer", model=args.model, batch=args.prefill_batch,
-               prompt_len=args.prompt_len, chunk_tokens=chunk, pipelined=True, zos=engine.zos,
-               rounds=rounds, tokens_per_s=tokens / elapsed, window_tokens=tokens, **alloc)
-    del engine
-    _free_device_memory()
-    return row
 
 
 def main() -> None:
