@@ -9,7 +9,6 @@ from deepinfer_kernels.ops.attention_indices import attention_indices
 from deepinfer_kernels.ops.indexer import BF16_MAX
 from deepinfer_kernels.ops.kv_fp4 import dequantize_index_k_fp4
 from deepinfer_model.engine.forward import _Rows, far_selection
-from deepinfer_model.engine.indexing import packed_entry_slot
 from deepinfer_model.testing import Driver, Seq, tiny_model
 
 
@@ -38,7 +37,7 @@ def test_far_selection_in_the_engine_path():
     rows = _Rows(meta.positions, meta.row_to_req, meta.slot_mapping, torch.zeros(120, dtype=torch.long), None)
     far = far_indices(model, layer, q_lat, layer.self_attn.indexer.weights_proj(u), rows, meta, drv.cache)
     q_idx, wts = layer.self_attn.indexer.query(q_lat, u)
-    slot = lambda p: packed_entry_slot(seq.blocks[p // 8] * 8 + p % 8, r, 8)  # noqa: E731  (entry closing at p)
+    slot = lambda p: seq.slot(p, 8, r)  # noqa: E731  (the entry closing at p)
     keys = {}
     checked = 0
     for row in range(120):

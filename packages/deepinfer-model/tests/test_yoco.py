@@ -7,7 +7,6 @@ import torch
 
 from deepinfer_kernels.ops.kv_fp4 import dequantize_index_k_fp4
 from deepinfer_kernels.ops.kv_fp8 import dequantize_kv_fp8
-from deepinfer_model.engine.indexing import packed_entry_slot
 from deepinfer_model.reference import encoder_side
 from deepinfer_model.testing import Driver, Seq, tiny_model
 
@@ -56,7 +55,7 @@ def test_engine_prefill_writes_the_full_stack_decoder_kv():
         r = cfg.compress_ratios[src]
         lat_ref, ik_ref = full.entries[src]
         pos = torch.arange(lat_ref.shape[0]) * r + r - 1
-        slots = torch.tensor([packed_entry_slot(seq.blocks[p // 8] * 8 + p % 8, r, 8) for p in pos.tolist()])
+        slots = torch.tensor([seq.slot(p, 8, r) for p in pos.tolist()])
         lat = dequantize_kv_fp8(drv.cache.kv[lay.comp_planes[src], slots], cfg.head_dim)
         ik = dequantize_index_k_fp4(drv.cache.index_k[lay.index_planes[src], slots], cfg.index_head_dim)
         same = (lat == lat_ref).float().mean().item()

@@ -37,6 +37,11 @@ class Seq:
     blocks: list[int] = field(default_factory=list)
     num_computed: int = 0
 
+    def slot(self, position: int, block_size: int, ratio: int = 1) -> int:
+        """The pool slot of a token position; ratio r: the packed slot of the compressed entry of
+        ratio r closing there (`engine/indexing.py`)."""
+        return self.blocks[position // block_size] * block_size + (position % block_size) // ratio
+
 
 class Driver:
     """Allocates blocks, builds ForwardMetadata for prefill chunks / decode steps, runs the model."""

@@ -36,11 +36,6 @@ def entry_slots_of(block_tables: torch.Tensor, req: torch.Tensor, vpos: torch.Te
     return paged_slots(block_tables, req, vpos, block_size, stride=ratio)
 
 
-def packed_entry_slot(token_slot: int, ratio: int, block_size: int) -> int:
-    """The packed slot of the entry whose last token has slot `token_slot` (host ints; tests)."""
-    return token_slot - token_slot % block_size + (token_slot % block_size) // ratio
-
-
 def to_flat(slots: torch.Tensor, plane: int, num_slots: int) -> torch.Tensor:
     """slots [...] (-1 = empty) -> flat pool rows int64 of `plane`."""
     return torch.where(slots >= 0, slots + plane * num_slots, -1)
