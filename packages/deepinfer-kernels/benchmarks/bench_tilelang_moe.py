@@ -1,5 +1,6 @@
 """Benchmarks: routed experts (gate/up + SwiGLU grouped GEMM, down grouped GEMM, weighted combine)
-over 64 experts, top-6, hidden 1024, expert width 512.
+over 64 experts, top-6, hidden 1024, expert width 512 (`mini`); the decode sizes also at the
+V4.1-Flash expert shape (hidden 3072, expert width 3840: 70.8 MB of weights per expert).
 
 Decode sizes are weight-streaming bound: ratio = active expert weight bytes / time against
 4.29 TB/s (target >= 75%). Prefill sizes are compute bound: ratio against 793 TFLOP/s (target
@@ -15,6 +16,32 @@ pytest.importorskip("deepinfer_kernels.ops.moe")
 T = pytest.importorskip("deepinfer_kernels.tilelang.testing")
 
 H, I, E, K = 1024, 512, 64, 6
+FLASH_H, FLASH_I = 3072, 3840
+
+
+def _flash_moe_case(tokens: int, seed: int):
+    """make_moe_case's routing at the flash expert shape, the 4.5 GB of weights drawn on the GPU."""
+    x, w, ids, _, _ = T.make_moe_case(tokens, FLASH_H, 64, E, K, "cuda", seed=seed)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    w13 = (torch.randn(E, 2 * FLASH_I, FLASH_H, device="cuda", generator=g) * FLASH_H ** -0.5).to(torch.bfloat16)
+    w2 = (torch.randn(E, FLASH_H, FLASH_I, device="cuda", generator=g) * FLASH_I ** -0.5).to(torch.bfloat16)
+    return x, w, ids, w13, w2
+
+
+@pytest.mark.parametrize("tokens", [8, 32, 64, 128, 256])
+def test_bench_routed_experts_flash_shape(benchmark, tokens):
+    """Decode sizes at the flash expert shape, where each expert's weights are 70.8 MB: weight bytes
+    read / time against copy bandwidth (target >= 75%)."""
+    from deepinfer_kernels.ops.moe import routed_experts_ref
+    from deepinfer_kernels.tilelang.moe import routed_experts_tilelang
+
+    x, w, ids, w13, w2 = _flash_moe_case(tokens, seed=tokens)
+    wbytes = T.moe_active_weight_bytes(ids, w13, w2)
+    act_bytes = tokens * K * (FLASH_H * 2 + FLASH_I * 2 * 2 + FLASH_H * 2) + tokens * FLASH_H * 4
+    T.record_benchmark(benchmark, lambda: routed_experts_tilelang(x, w, ids, w13, w2),
+                       bytes_moved=wbytes + act_bytes, flops=T.moe_flops(tokens, K, FLASH_H, FLASH_I),
+                       ref_fn=lambda: routed_experts_ref(x, w, ids, w13, w2), reps=10,
+                       extra={"tokens": tokens, "weight_bytes": wbytes, "regime": "decode", "shape": "flash"})
 
 
 @pytest.mark.parametrize("tokens", [1, 8, 32, 64, 128, 256, 32768])   # 1: a batch-1 decode step's MoE
