@@ -11,7 +11,10 @@ Prefill (bench_prefill.py): rounds of --prefill-batch fresh prompts (prefix cach
 skip 5 warm-up prefill steps, time 10 steps; tokens/s = prompt tokens computed / s;
 --prefill-pipelined also over queued rounds with ZOS on.
 ZOS idle: with CUDA events at each step's device start and end, the idle gap between consecutive
-decode steps as a fraction of the step time.
+decode steps as a fraction of the step time. A whole-step graph's start event is recorded once
+its host work is done, right before its input copies, so the gap is the device's idle time
+(before session 12 it was recorded as `launch` began, and the host-paced eager launches of the
+fix-up then counted as step time, not idle: 0.4-0.7% was reported while the device idled ~25%).
 Decode at batch 1 without speculation also reports the weight bytes a step must read and
 weights / step time (`weight_read_tb_s`, and its fraction of the measured copy bandwidth on CUDA:
 issue 6's `flash-slice` roofline, e.g. `--model preset:flash-slice --decode-batch-sizes 1`).

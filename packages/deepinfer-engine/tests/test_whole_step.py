@@ -98,9 +98,9 @@ def test_greedy_variant_serves_all_greedy_steps_only(mix, monkeypatch, count_gra
     seen = []
     original = DecodeGraphRunner._inputs
 
-    def recording(self, g, all_greedy=False):
+    def recording(self, g, all_greedy=False, carry=False):
         seen.append(all_greedy)
-        return original(self, g, all_greedy)
+        return original(self, g, all_greedy, carry)
     want, _, _ = _generate(False, 5, False, params, count_graph_runner_calls, prompts)
     monkeypatch.setattr(DecodeGraphRunner, "_inputs", recording)
     got, calls, _ = _generate(True, 5, False, params, count_graph_runner_calls, prompts)

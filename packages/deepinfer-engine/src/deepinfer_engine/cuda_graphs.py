@@ -14,7 +14,9 @@ over S slots, not G + 1). Every graph reads fixed-address buffers:
               [R, S - 1)          empty requests (seqlen 0)
               S - 1               the padding request (seqlen G - total_q, block table all -1)
 
-so the graph of G has G rows and S requests whatever the batch. Graphs per bucket:
+so the graph of G has G rows and S requests whatever the batch. The whole-step graphs take their
+inputs from the host in one copy per dtype (graph_inputs.py) and apply the ZOS fix-up themselves
+(decode_step.apply_remap, from the carry the previous whole step wrote). Graphs per bucket:
 
 - the *step* graph (captured up front): the whole decode step of decode_step.py, target forward,
   sampler and draft head, for steps with plain temperature / greedy sampling; a *greedy* variant
@@ -45,7 +47,14 @@ from dataclasses import dataclass
 
 import torch
 
-from deepinfer_engine.decode_step import DecodeStepInputs, DecodeStepOutputs, run_decode_step, run_decode_tail
+from deepinfer_engine.decode_step import (
+    DecodeStepInputs,
+    DecodeStepOutputs,
+    StepCarry,
+    run_decode_step,
+    run_decode_tail,
+)
+from deepinfer_engine.graph_inputs import GraphInputBuffers, StagedStep
 from deepinfer_engine.sampler import Sampler, SamplingBatch
 from deepinfer_kernels.ops.sampling import NO_VOCAB_MASK
 from deepinfer_kernels.ops.verification import MTP_PADDING_ROW
@@ -68,7 +77,8 @@ def _cut(o: DecodeStepOutputs, rows: int, requests: int) -> DecodeStepOutputs:
     """A padded step's outputs cut to the step's own rows and requests."""
     return DecodeStepOutputs(o.token_ids[:requests], o.token_logprobs[:requests], o.verified_token_ids[:rows],
                              o.verified_logprobs[:rows], o.num_accepted[:requests],
-                             None if o.confidence is None else o.confidence[:requests])
+                             None if o.confidence is None else o.confidence[:requests],
+                             None if o.rejected_rows is None else o.rejected_rows[:requests])
 
 
 @dataclass
@@ -89,21 +99,19 @@ class DecodeGraphRunner:
         self.max_reqs = self.sizes[-1] if max_reqs is None else max_reqs   # requests of one step, at most
         dev = model.device
         g, r = self.sizes[-1], self.slots(self.sizes[-1])
-        self.input_ids = torch.zeros(g, dtype=torch.int64, device=dev)
-        self.positions = torch.zeros(g, dtype=torch.int64, device=dev)
-        self.slot_mapping = torch.full((g,), -1, dtype=torch.int64, device=dev)
+        # the step's metadata, sampling parameters and MTP slots: one host copy per dtype (graph_inputs.py)
+        self.inputs = GraphInputBuffers(g, r, max_blocks, dev)
+        b = self.inputs
+        self.input_ids, self.positions, self.slot_mapping = b.input_ids, b.positions, b.slot_mapping
+        self.seqlens, self.ftp, self.context_lens, self.block_tables = b.seqlens, b.ftp, b.context_lens, b.block_tables
+        self.temperature, self.seeds, self.mtp_slots = b.temperature, b.seeds, b.mtp_slots
         self.logit_rows = torch.arange(g, dtype=torch.int64, device=dev)
-        self.seqlens = torch.zeros(r, dtype=torch.int32, device=dev)
-        self.ftp = torch.zeros(r, dtype=torch.int32, device=dev)
-        self.context_lens = torch.zeros(r, dtype=torch.int32, device=dev)
-        self.block_tables = torch.full((r, max_blocks), -1, dtype=torch.int32, device=dev)
         self.is_last_chunk = torch.ones(r, dtype=torch.bool, device=dev)
-        # whole-step inputs per request: sampling parameters and MTP slots
-        self.temperature = torch.zeros(r, dtype=torch.float32, device=dev)
         self.top_k = torch.full((r,), -1, dtype=torch.int32, device=dev)
         self.top_p = torch.ones(r, dtype=torch.float32, device=dev)
-        self.seeds = torch.zeros(r, dtype=torch.int64, device=dev)
-        self.mtp_slots = torch.zeros(r, dtype=torch.int32, device=dev)
+        # ZOS on the device: each whole step leaves its results here for the next (decode_step.StepCarry)
+        self.carry_token_ids = torch.zeros(r, dtype=torch.int64, device=dev)
+        self.carry_rejected_rows = torch.zeros(r, dtype=torch.int64, device=dev)
         # tail graph inputs: the rows' MTP read rows and the grammar masks (allocated on first use)
         self.read_rows = torch.full((g,), MTP_PADDING_ROW, dtype=torch.int64, device=dev)
         self.row_mask_ids = torch.full((g,), NO_VOCAB_MASK, dtype=torch.int32, device=dev)
@@ -137,11 +145,12 @@ class DecodeGraphRunner:
             is_prefill=False, is_last_chunk=self.is_last_chunk[:s], logit_rows=self.logit_rows[:g],
             return_dspark_features=self.write_main_keys, max_context_len=self.max_blocks * self.block_size)
 
-    def _inputs(self, g: int, all_greedy: bool = False) -> DecodeStepInputs:
+    def _inputs(self, g: int, all_greedy: bool = False, carry: bool = False) -> DecodeStepInputs:
         s = self.slots(g)
         batch = SamplingBatch(self.temperature[:s], self.top_k[:s], self.top_p[:s],
                               self.seeds[:s], [], all_greedy=all_greedy, filters=False)  # [] = no top-n
-        return DecodeStepInputs(self._meta(g), batch, self.mtp_slots[:s])
+        step_carry = StepCarry(self.inputs.remap[:s], self.carry_token_ids, self.carry_rejected_rows) if carry else None
+        return DecodeStepInputs(self._meta(g), batch, self.mtp_slots[:s], carry=step_carry)
 
     def _run_forward(self, meta: ForwardMetadata) -> ForwardOutput:
         out = self.model.forward(meta, self.kv_cache)
@@ -192,16 +201,17 @@ class DecodeGraphRunner:
         self.ftp[r:last + 1].fill_(t)
         self.context_lens[r:last].zero_()
         self.block_tables[r:last + 1].fill_(-1)
-        self.seqlens[last] = pad
-        self.context_lens[last] = pad
+        self.seqlens[last:last + 1].fill_(pad)   # fill_, not `[last] = pad`: a host scalar copy syncs the stream
+        self.context_lens[last:last + 1].fill_(pad)
 
     def _capture(self, g: int, fn, arg) -> _Graph:
         # stacked projection weights checked (rebuilt) here, eagerly: never inside a capture or a trace
         refresh_fused_projections(self.model)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        self._fill(g, None)
-        self._fill_sampling(g, None, None)
+        self.inputs.stage(g, self.slots(g), None)   # padding only: the buffers hold no step
+        self.inputs.upload()
+        carried = (self.carry_token_ids.clone(), self.carry_rejected_rows.clone())  # a capture's runs write it
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -210,6 +220,8 @@ class DecodeGraphRunner:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             out = fn(arg)
+        self.carry_token_ids.copy_(carried[0])
+        self.carry_rejected_rows.copy_(carried[1])
         return _Graph(graph, out)
 
     @torch.no_grad()
@@ -262,24 +274,35 @@ class DecodeGraphRunner:
         return ForwardOutput(logits=res.logits[:t], full_rows=torch.arange(t, device=self.input_ids.device),
                              dspark_features=None if feats is None else feats[:t])
 
-    def run_step(self, meta: ForwardMetadata, batch: SamplingBatch,
-                 mtp_slots: torch.Tensor | None) -> DecodeStepOutputs | None:
-        """Replay the bucket's whole-step graph; outputs cut to the step's rows and requests."""
-        g, t, r = self.bucket_for(meta), meta.total_q, meta.num_reqs
+    def run_step(self, step: StagedStep, all_greedy: bool, prev: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 started: torch.cuda.Event | None = None) -> DecodeStepOutputs | None:
+        """Replay the bucket's whole-step graph from the step's host arrays (one copy per dtype; the
+        ZOS fix-up runs inside the graph from `step.remap` and the carry the previous whole step
+        left). `prev`: (token_ids, rejected_rows) of a previous step that left no carry (an eager
+        or piecewise step), copied into it first. `started`: recorded once the host work is done,
+        right before the step's first device work. Outputs cut to the step's rows and requests."""
+        t, r = step.input_ids.shape[0], step.seqlens_q.shape[0]
+        g = self.fitting_bucket(t, r, step.block_tables.shape[1])
         if g is None:
             return None
-        greedy = batch.all_greedy
-        graphs = self._step_graphs(g, greedy)
-        self._fill(g, meta)
-        self._fill_sampling(g, batch, mtp_slots)
-        return _cut(self._replay_or_run(graphs, g, self._run_step, lambda size: self._inputs(size, greedy)), t, r)
+        graphs = self._step_graphs(g, all_greedy)
+        self.inputs.stage(g, self.slots(g), step)
+        if started is not None:
+            started.record()
+        if prev is not None:
+            n = prev[0].shape[0]
+            self.carry_token_ids[:n].copy_(prev[0])
+            self.carry_rejected_rows[:n].copy_(prev[1])
+        self.inputs.upload()
+        res = self._replay_or_run(graphs, g, self._run_step, lambda size: self._inputs(size, all_greedy, carry=True))
+        return _cut(res, t, r)
 
     def _step_graphs(self, g: int, greedy: bool) -> dict[int, _Graph]:
         """The step graphs of the variant (general / all-greedy), bucket g's captured if missing
         (`capture` takes both up front; a bucket captured here is a stall of the step that needs it)."""
         graphs = self.greedy_step_graphs if greedy else self.step_graphs
         if self.use_graphs and g not in graphs:
-            graphs[g] = self._capture(g, self._run_step, self._inputs(g, greedy))
+            graphs[g] = self._capture(g, self._run_step, self._inputs(g, greedy, carry=True))
         return graphs
 
     def _tail_inputs(self, g: int) -> DecodeStepInputs:

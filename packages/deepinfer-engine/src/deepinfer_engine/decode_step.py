@@ -37,6 +37,16 @@ from deepinfer_model.metadata import ForwardMetadata
 
 
 @dataclass
+class StepCarry:
+    """Zero-overhead scheduling on the device: the previous step's results at fixed addresses
+    (each whole step writes its own there at its end) and this step's remap into them."""
+
+    remap: torch.Tensor          # [S] int64 the request's index in the previous step, -1 none
+    token_ids: torch.Tensor      # [max_slots] int64 previous step's main token per request
+    rejected_rows: torch.Tensor  # [max_slots] int64 rows the previous step rejected per request
+
+
+@dataclass
 class DecodeStepInputs:
     """Everything a whole decode step reads (static graph buffers, padded to bucket G)."""
 
@@ -45,6 +55,7 @@ class DecodeStepInputs:
     mtp_slots: torch.Tensor  # [S] int32 MTP pool slot per request (0 = none: padding)
     # structured output: (vocab_mask [num_masks, W] int32, row_mask_ids [G] int32, -1 = unconstrained)
     masks: tuple[torch.Tensor, torch.Tensor] | None = None
+    carry: StepCarry | None = None   # None: the metadata is final (no ZOS fix-up in the step)
 
 
 @dataclass
@@ -57,6 +68,33 @@ class DecodeStepOutputs:
     verified_logprobs: torch.Tensor   # [G] float32
     num_accepted: torch.Tensor        # [S] int32
     confidence: torch.Tensor | None   # [S, nextn] float32 next step's draft confidences
+    rejected_rows: torch.Tensor | None = None   # [S] int64 rows not kept (with a carry: what it holds next)
+
+
+def apply_remap(meta: ForwardMetadata, carry: StepCarry) -> ForwardMetadata:
+    """This step's metadata with the previous step's results scattered in (the rules of
+    `ModelRunner.apply_zos_fixup`), over the padded layout and without a scatter: each row finds
+    its request (`row_to_req`); the row at the request's first position with token -1 takes the
+    previous step's main token; positions, context and slots move back by the rows the previous
+    step rejected. Requests with remap -1 (new, empty, padding) keep their values."""
+    has_prev = carry.remap >= 0                                                # [S]
+    prev = carry.remap.clamp(min=0)
+    delta = torch.where(has_prev, carry.rejected_rows[prev], 0)                # [S]
+    row_req = meta.row_to_req                                                  # [G]
+    rows = torch.arange(meta.total_q, device=row_req.device)
+    first = rows == meta.first_token_pos.long()[row_req]
+    ids = meta.input_ids
+    input_ids = torch.where(first & has_prev[row_req] & (ids < 0), carry.token_ids[prev][row_req], ids)
+    row_delta = delta[row_req]
+    positions = meta.positions - row_delta
+    bs = meta.block_size
+    moved = row_delta != 0
+    # rows that did not move look up block 0 (a padding row's position can lie past the table)
+    blocks = meta.block_tables.long()[row_req, torch.where(moved, positions, 0) // bs]
+    slot_mapping = torch.where(moved, blocks * bs + positions % bs, meta.slot_mapping)
+    context_lens = (meta.context_lens.long() - delta).to(torch.int32)
+    return dataclasses.replace(meta, input_ids=input_ids, positions=positions, slot_mapping=slot_mapping,
+                               context_lens=context_lens)
 
 
 def padded_read_rows(spec, inputs: DecodeStepInputs) -> torch.Tensor:
@@ -96,13 +134,22 @@ def decode_tail(cache, spec, sampler: Sampler, inputs: DecodeStepInputs, logits:
 
 
 def run_decode_step(model, cache, spec, sampler: Sampler, inputs: DecodeStepInputs) -> DecodeStepOutputs:
-    """The decode step of `inputs` (no host sync, shapes from G only)."""
-    meta = dataclasses.replace(inputs.meta)   # input_ids is replaced below: keep the buffers' own view
+    """The decode step of `inputs` (no host sync, shapes from G only). With `inputs.carry`: the
+    ZOS fix-up first (`apply_remap`), and the step's results into the carry last."""
+    carry = inputs.carry
+    # input_ids is replaced below: keep the buffers' own views
+    meta = apply_remap(inputs.meta, carry) if carry is not None else dataclasses.replace(inputs.meta)
     read_rows = None
     if spec is not None:
-        read_rows = padded_read_rows(spec, inputs)
+        read_rows = padded_read_rows(spec, dataclasses.replace(inputs, meta=meta))
         spec.fill_draft_inputs(meta, read_rows)
     fwd = model.forward(meta, cache)
     if spec is not None:
         spec.write_main_keys(meta, fwd, cache)
-    return run_decode_tail(cache, spec, sampler, inputs, fwd.logits, read_rows)
+    out = run_decode_tail(cache, spec, sampler, dataclasses.replace(inputs, meta=meta), fwd.logits, read_rows)
+    out.rejected_rows = meta.seqlens_q.long() - 1 - out.num_accepted.long()
+    if carry is not None:
+        s = out.token_ids.shape[0]
+        carry.token_ids[:s].copy_(out.token_ids)
+        carry.rejected_rows[:s].copy_(out.rejected_rows)
+    return out

@@ -27,7 +27,7 @@ from deepinfer_engine.model_runner import ModelRunner, StepResult
 from deepinfer_engine.output_path import OutputPath
 from deepinfer_engine.outputs import GenerationOutput
 from deepinfer_engine.request_state import RequestState
-from deepinfer_engine.sampler import SamplingBatch
+from deepinfer_engine.sampler import SamplingBatch, SamplingHost
 from deepinfer_engine.sampling_params import UINT64_MAX, SamplingParams
 from deepinfer_engine.speculation import acceptance_by_position
 from deepinfer_engine.stats import EngineStats
@@ -175,17 +175,19 @@ class LLMEngine(OutputPath):
         # A request can finish (ledger stop under ZOS, text stop, grammar end) after it was scheduled
         # for this step: it still has rows, whose results the ledger discards (pushes 0). Greedy.
         states = [self._requests.get(int(r), _FINISHED_PLACEHOLDER) for r in request_ids]
+        host = SamplingHost(np.array([s.params.temperature for s in states], np.float32),
+                            np.array([_as_int64_bits(s.seed) for s in states], np.int64))
         temperature, top_k, top_p, seeds = arrays_to_device(
-            [(np.array([s.params.temperature for s in states], np.float32), torch.float32),
+            [(host.temperature, torch.float32),
              (np.array([s.params.top_k for s in states], np.int32), torch.int32),
              (np.array([s.params.top_p for s in states], np.float32), torch.float32),
-             (np.array([_as_int64_bits(s.seed) for s in states], np.int64), torch.int64)], self.device)
+             (host.seeds, torch.int64)], self.device)
         return SamplingBatch(
             temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds,
             num_top_logprobs=[s.num_top_logprobs for s in states],
             all_greedy=all(s.params.is_greedy for s in states),
             filters=any(s.params.top_k != -1 or s.params.top_p < 1.0 for s in states),
-            needs_masks=needs_masks,
+            needs_masks=needs_masks, host=host,
         )
 
     def step(self) -> list[GenerationOutput]:

@@ -6,7 +6,8 @@ the model speaks torch tensors on its device; this file is the only translation 
 A step is `launch` (enqueue everything on the device, start the copies of its results to the
 host) then `collect` (wait for those copies). Without zero-overhead scheduling the engine
 collects right away; with ZOS it launches step N+1 before collecting step N, and step N+1's
-inputs are fixed up on the device from step N's results (see `apply_zos_fixup`).
+inputs are fixed up on the device from step N's results (`apply_zos_fixup`; inside the graph
+for whole decode steps: `decode_step.apply_remap`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import numpy as np
 import torch
 
 from deepinfer_engine.cuda_graphs import DecodeGraphRunner
+from deepinfer_engine.graph_inputs import StagedStep
 from deepinfer_engine.host_copy import array_to_device, arrays_to_device
-from deepinfer_engine.sampler import Sampler, SamplingBatch, top_logprobs_per_request
+from deepinfer_engine.sampler import Sampler, SamplingBatch, SamplingHost, top_logprobs_per_request
 from deepinfer_engine.speculation import SpeculativeDecoder
 from deepinfer_model.engine.prefill_plan import plan_prefill_rows
 from deepinfer_model.metadata import ForwardMetadata
@@ -51,6 +53,7 @@ class DeviceStepState:
     token_ids: torch.Tensor      # [req_cnt_N] int64 main token sampled (0 where none was)
     rejected_rows: torch.Tensor  # [req_cnt_N] int64 rows the ledger will not keep (rejected drafts)
     has_drafts: bool = True      # step N verified drafts (False: rejected_rows is all 0, rows do not move)
+    in_carry: bool = False       # a whole-step graph left these in the graphs' carry (decode_step.StepCarry)
 
 
 @dataclass
@@ -145,9 +148,7 @@ class ModelRunner:
         The scheduler planned this step assuming step N kept all its rows (an upper bound with
         blocks allocated for it); the rejected-draft delta brings the rows to their true places.
         """
-        golden_unknown = out.input_token_ids[out.first_token_pos] < 0 if out.req_cnt else np.zeros(0, bool)
-        if golden_unknown.any() and (prev is None or (out.remap[golden_unknown] < 0).any()):
-            raise RuntimeError("a step needs last step's sampled token but no previous step maps to it (remap)")
+        self._check_remap(out, prev)
         if prev is None or not (out.remap >= 0).any():
             return
         if meta.row_plan is not None and prev.has_drafts:   # rows may move: the host's row sets may not hold
@@ -167,20 +168,30 @@ class ModelRunner:
         blocks = meta.block_tables.long()[row_req, meta.positions // bs]
         meta.slot_mapping = blocks * bs + meta.positions % bs
 
+    @staticmethod
+    def _check_remap(out: SchedulerOutput, prev: DeviceStepState | None) -> None:
+        golden_unknown = out.input_token_ids[out.first_token_pos] < 0 if out.req_cnt else np.zeros(0, bool)
+        if golden_unknown.any() and (prev is None or (out.remap[golden_unknown] < 0).any()):
+            raise RuntimeError("a step needs last step's sampled token but no previous step maps to it (remap)")
+
     # ------------------------------------------------------------------ launch / collect
     @torch.no_grad()
     def launch(self, out: SchedulerOutput, batch: SamplingBatch, prev: DeviceStepState | None = None) -> InFlightStep:
         cpu_start = time.perf_counter()
         started = torch.cuda.Event(enable_timing=True) if self.device.type == "cuda" else None
+        graphed = self.runs_graphed(out, batch)
+        if graphed and not batch.needs_masks:
+            # the common decode step: host arrays straight into the graph's buffers, fix-up in the graph
+            # (`started`: at the step's first device work, so the timeline's gaps are the device's idle)
+            self._check_remap(out, prev)
+            return self._launch_whole_step(out, batch, prev, started, cpu_start)
         if started is not None:
             started.record()
         meta = self.build_metadata(out)
         self.apply_zos_fixup(meta, out, prev)
         is_prefill = out.step_kind == StepKind.PREFILL
-        if self.runs_graphed(out, batch):
-            if batch.needs_masks:
-                return self._launch_forward_for_masks(out, meta, batch, started, cpu_start)
-            return self._launch_whole_step(out, meta, batch, started, cpu_start)
+        if graphed:
+            return self._launch_forward_for_masks(out, meta, batch, started, cpu_start)
         read_rows = None
         if self.spec is not None and not is_prefill:
             read_rows = self.spec.draft_rows(meta, self._tensor(out.mtp_slots, torch.int32))
@@ -291,24 +302,33 @@ class ModelRunner:
         masks = (self.mask_provider(step.out, input_ids, self.device) if self.mask_provider is not None
                  else None)
         res = self.graphs.run_tail(p.meta, p.batch, p.mtp_slots, p.read_rows, masks)
-        return self._whole_step_result(step.out, p.meta, res, step.started, cpu_start)
+        rejected = p.meta.seqlens_q.long() - 1 - res.num_accepted.long()
+        return self._whole_step_result(step.out, res, rejected, False, step.started, cpu_start)
 
-    def _launch_whole_step(self, out: SchedulerOutput, meta: ForwardMetadata, batch: SamplingBatch,
+    def _launch_whole_step(self, out: SchedulerOutput, batch: SamplingBatch, prev: DeviceStepState | None,
                            started, cpu_start) -> InFlightStep:
-        """Decode with plain sampling: one replay of the bucket's whole-step graph (decode_step.py)."""
-        slots = self._tensor(out.mtp_slots, torch.int32) if self.spec is not None else None
-        res = self.graphs.run_step(meta, batch, slots)
-        return self._whole_step_result(out, meta, res, started, cpu_start)
+        """Decode with plain sampling: one replay of the bucket's whole-step graph (decode_step.py),
+        its inputs staged from the SchedulerOutput's host arrays (graph_inputs.py)."""
+        remap = out.remap if prev is not None else np.full(out.req_cnt, -1, np.int64)
+        host = batch.host if batch.host is not None else SamplingHost.of(batch)   # (a sync: not the engine's)
+        step = StagedStep(
+            input_ids=out.input_token_ids, positions=out.positions, slot_mapping=out.slot_mapping,
+            seqlens_q=out.seqlens_q, first_token_pos=out.first_token_pos, context_lens=out.context_lens,
+            block_tables=np.asarray(out.block_tables), remap=remap, temperature=host.temperature,
+            seeds=host.seeds, mtp_slots=out.mtp_slots if self.spec is not None else None)
+        carry = None if prev is None or prev.in_carry else (prev.token_ids, prev.rejected_rows)
+        res = self.graphs.run_step(step, batch.all_greedy, carry, started)
+        return self._whole_step_result(out, res, res.rejected_rows, True, started, cpu_start)
 
-    def _whole_step_result(self, out: SchedulerOutput, meta: ForwardMetadata, res, started, cpu_start) -> InFlightStep:
+    def _whole_step_result(self, out: SchedulerOutput, res, rejected: torch.Tensor, in_carry: bool,
+                           started, cpu_start) -> InFlightStep:
         host = {"token_ids": res.token_ids, "token_logprobs": res.token_logprobs,
                 "verified_token_ids": res.verified_token_ids, "verified_logprobs": res.verified_logprobs,
                 "num_accepted": res.num_accepted}
         if res.confidence is not None:
             host["confidence"] = res.confidence
-        rejected = meta.seqlens_q.long() - 1 - res.num_accepted.long()
         return self._finish_launch(out, host, started, cpu_start, [0] * out.req_cnt,
-                                   DeviceStepState(res.token_ids, rejected))
+                                   DeviceStepState(res.token_ids, rejected, in_carry=in_carry))
 
     def _finish_launch(self, out, host, started, cpu_start, top_counts, state) -> InFlightStep:
         done = None

@@ -29,6 +29,20 @@ from deepinfer_kernels.ops.verification.verify_and_sample import verify_and_samp
 
 
 @dataclass
+class SamplingHost:
+    """The per-request parameters a whole-step decode graph reads, on the host (graph_inputs.py
+    stages them with the step's metadata: no copy of their own)."""
+
+    temperature: np.ndarray  # [req_cnt] float32
+    seeds: np.ndarray        # [req_cnt] int64
+
+    @staticmethod
+    def of(batch: SamplingBatch) -> SamplingHost:
+        """From a batch's device tensors (synchronizes: for callers that built no host copy)."""
+        return SamplingHost(batch.temperature.cpu().numpy(), batch.seeds.cpu().numpy())
+
+
+@dataclass
 class SamplingBatch:
     """Per-request sampling parameters of one step, on the device, in SchedulerOutput order."""
 
@@ -40,6 +54,7 @@ class SamplingBatch:
     all_greedy: bool = False   # every request greedy (known on the host: no device sync to ask)
     filters: bool = True       # some request uses top-k or top-p (host fact; False skips those passes)
     needs_masks: bool = False  # some request is grammar-constrained (structured output)
+    host: SamplingHost | None = None   # temperature and seeds on the host too (the engine's batches)
 
     @property
     def is_greedy(self) -> torch.Tensor:  # [req_cnt] bool

@@ -1,0 +1,139 @@
+"""The decode graphs' static input buffers, packed one device buffer per dtype.
+
+A whole-step graph reads fixed-address buffers (cuda_graphs.py has the padded layout). Filling
+them from the step's device metadata took ~25 launches per step (7 device copies, the padding
+fills, two scalar writes that synchronize the stream) on top of the metadata's own copies, each
+a few microseconds of host time; at batch 1 the host, not the device, set the step time.
+
+Here every field is a view of one of three device buffers (int64, int32, float32). `stage`
+writes a step's padded values into numpy mirrors of those buffers on the host, and `upload`
+copies each mirror with one asynchronous copy from page-locked memory (torch's caching host
+allocator keeps the block until its copy has run, so ZOS may stage the next step at once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+ALIGN_ELEMENTS = 16   # every field starts 64-byte aligned in the int32 / float32 buffers (128 in int64)
+
+
+@dataclass(frozen=True)
+class _Field:
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+@dataclass
+class StagedStep:
+    """A step's host arrays, in SchedulerOutput order (what `stage` pads into the buffers)."""
+
+    input_ids: np.ndarray      # [total_q] int64 (-1: last step's token, filled in on the device)
+    positions: np.ndarray      # [total_q] int64
+    slot_mapping: np.ndarray   # [total_q] int64
+    seqlens_q: np.ndarray      # [req_cnt] int32
+    first_token_pos: np.ndarray  # [req_cnt] int32
+    context_lens: np.ndarray   # [req_cnt] int32
+    block_tables: np.ndarray   # [req_cnt, width] int32
+    remap: np.ndarray          # [req_cnt] int64 index of the request in the previous step, -1 none
+    temperature: np.ndarray    # [req_cnt] float32
+    seeds: np.ndarray          # [req_cnt] int64
+    mtp_slots: np.ndarray | None  # [req_cnt] int32 (None without speculation)
+
+
+_NP = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.float32}
+
+
+class GraphInputBuffers:
+    """Device buffers of `max_rows` rows and `max_slots` request slots, and their host mirrors."""
+
+    def __init__(self, max_rows: int, max_slots: int, max_blocks: int, device: torch.device):
+        g, s = max_rows, max_slots
+        fields = [
+            _Field("input_ids", torch.int64, (g,)), _Field("positions", torch.int64, (g,)),
+            _Field("slot_mapping", torch.int64, (g,)), _Field("seeds", torch.int64, (s,)),
+            _Field("remap", torch.int64, (s,)),
+            _Field("seqlens", torch.int32, (s,)), _Field("ftp", torch.int32, (s,)),
+            _Field("context_lens", torch.int32, (s,)), _Field("mtp_slots", torch.int32, (s,)),
+            _Field("block_tables", torch.int32, (s, max_blocks)),
+            _Field("temperature", torch.float32, (s,)),
+        ]
+        self.device = device
+        self.max_rows, self.max_slots, self.max_blocks = g, s, max_blocks
+        self._mirror: dict[torch.dtype, np.ndarray] = {}
+        self._buffer: dict[torch.dtype, torch.Tensor] = {}
+        self.host: dict[str, np.ndarray] = {}    # field -> view of its dtype's mirror
+        views: dict[str, torch.Tensor] = {}
+        for dtype in (torch.int64, torch.int32, torch.float32):
+            members = [f for f in fields if f.dtype == dtype]
+            offsets, total = [], 0
+            for f in members:
+                offsets.append(total)
+                total += -(-int(np.prod(f.shape)) // ALIGN_ELEMENTS) * ALIGN_ELEMENTS
+            self._mirror[dtype] = np.zeros(total, dtype=_NP[dtype])
+            self._buffer[dtype] = torch.zeros(total, dtype=dtype, device=device)
+            for f, start in zip(members, offsets, strict=True):
+                n = int(np.prod(f.shape))
+                self.host[f.name] = self._mirror[dtype][start: start + n].reshape(f.shape)
+                views[f.name] = self._buffer[dtype][start: start + n].view(f.shape)
+        self.input_ids, self.positions, self.slot_mapping = views["input_ids"], views["positions"], views["slot_mapping"]
+        self.seeds, self.remap = views["seeds"], views["remap"]
+        self.seqlens, self.ftp, self.context_lens = views["seqlens"], views["ftp"], views["context_lens"]
+        self.mtp_slots, self.block_tables, self.temperature = views["mtp_slots"], views["block_tables"], views["temperature"]
+        self.clear_host()
+
+    def clear_host(self) -> None:
+        """Mirrors to the empty step: no rows, every request slot empty, block tables -1."""
+        for m in self._mirror.values():
+            m[...] = 0
+        self.host["slot_mapping"][...] = -1
+        self.host["remap"][...] = -1
+        self.host["block_tables"][...] = -1
+
+    def stage(self, g: int, slots: int, step: StagedStep | None) -> None:
+        """Pad `step` (None: padding only) into bucket g's layout in the host mirrors: rows [0, t),
+        padding rows [t, g) owned by the padding request (slot `slots - 1`), empty slots between."""
+        h = self.host
+        t = 0 if step is None else step.input_ids.shape[0]
+        r = 0 if step is None else step.seqlens_q.shape[0]
+        pad, last = g - t, slots - 1
+        if step is not None:
+            w = step.block_tables.shape[1]
+            h["input_ids"][:t] = step.input_ids
+            h["positions"][:t] = step.positions
+            h["slot_mapping"][:t] = step.slot_mapping
+            h["seqlens"][:r] = step.seqlens_q
+            h["ftp"][:r] = step.first_token_pos
+            h["context_lens"][:r] = step.context_lens
+            h["block_tables"][:r, :w] = step.block_tables
+            h["block_tables"][:r, w:] = -1
+            h["remap"][:r] = step.remap
+            h["temperature"][:r] = step.temperature
+            h["seeds"][:r] = step.seeds
+            h["mtp_slots"][:r] = 0 if step.mtp_slots is None else step.mtp_slots
+        h["input_ids"][t:g] = 0
+        h["positions"][t:g] = np.arange(pad)
+        h["slot_mapping"][t:g] = -1
+        h["seqlens"][r:last] = 0
+        h["seqlens"][last] = pad
+        h["ftp"][r:last + 1] = t
+        h["context_lens"][r:last] = 0
+        h["context_lens"][last] = pad
+        h["block_tables"][r:last + 1] = -1
+        h["remap"][r:last + 1] = -1
+        h["temperature"][r:last + 1] = 0
+        h["seeds"][r:last + 1] = 0
+        h["mtp_slots"][r:last + 1] = 0
+
+    def upload(self) -> None:
+        """The mirrors -> the device buffers: one asynchronous copy per dtype."""
+        for dtype, mirror in self._mirror.items():
+            host = torch.from_numpy(mirror)
+            if self.device.type == "cuda":
+                self._buffer[dtype].copy_(host.pin_memory(), non_blocking=True)
+            else:
+                self._buffer[dtype].copy_(host)

@@ -1,0 +1,88 @@
+"""graph_inputs.py: a step's host arrays staged into the decode graphs' packed buffers, and the ZOS
+fix-up the whole-step graph applies to them (decode_step.apply_remap)."""
+
+import numpy as np
+import pytest
+import torch
+
+from deepinfer_engine.decode_step import StepCarry, apply_remap
+from deepinfer_engine.graph_inputs import GraphInputBuffers, StagedStep
+from deepinfer_model.metadata import ForwardMetadata
+
+BLOCK = 4
+
+
+def _step(seqlens, ctx, remap, first_unknown=True) -> StagedStep:
+    """Requests of `seqlens` rows ending at context `ctx`; block table of request i: blocks 10 i + j."""
+    seqlens, ctx = np.asarray(seqlens, np.int32), np.asarray(ctx, np.int32)
+    ftp = np.concatenate([[0], np.cumsum(seqlens)[:-1]]).astype(np.int32)
+    positions = np.concatenate([np.arange(c - s, c) for s, c in zip(seqlens, ctx)]).astype(np.int64)
+    width = int(max(ctx) // BLOCK + 2)
+    tables = np.array([[10 * i + j for j in range(width)] for i in range(len(seqlens))], np.int32)
+    row_req = np.repeat(np.arange(len(seqlens)), seqlens)
+    slots = tables[row_req, positions // BLOCK].astype(np.int64) * BLOCK + positions % BLOCK
+    ids = np.arange(100, 100 + positions.size, dtype=np.int64)
+    if first_unknown:
+        ids[ftp[np.asarray(remap) >= 0]] = -1      # the golden token of a continuing request: last step's
+    n = len(seqlens)
+    return StagedStep(input_ids=ids, positions=positions, slot_mapping=slots, seqlens_q=seqlens,
+                      first_token_pos=ftp, context_lens=ctx, block_tables=tables,
+                      remap=np.asarray(remap, np.int64), temperature=np.linspace(0, 1, n).astype(np.float32),
+                      seeds=np.arange(n, dtype=np.int64) + 7, mtp_slots=np.arange(n, dtype=np.int32) + 1)
+
+
+def _meta(b: GraphInputBuffers, g: int, s: int) -> ForwardMetadata:
+    return ForwardMetadata(input_ids=b.input_ids[:g], positions=b.positions[:g], seqlens_q=b.seqlens[:s],
+                           first_token_pos=b.ftp[:s], context_lens=b.context_lens[:s], block_tables=b.block_tables[:s],
+                           slot_mapping=b.slot_mapping[:g], block_size=BLOCK, is_prefill=False,
+                           is_last_chunk=torch.ones(s, dtype=torch.bool), logit_rows=torch.arange(g))
+
+
+def test_stage_pads_the_step_into_the_bucket_layout():
+    b = GraphInputBuffers(max_rows=16, max_slots=6, max_blocks=8, device=torch.device("cpu"))
+    step = _step([1, 3], [9, 6], [-1, -1], first_unknown=False)
+    b.stage(8, 5, step)
+    b.upload()
+    assert b.input_ids[:8].tolist() == [100, 101, 102, 103, 0, 0, 0, 0]
+    assert b.positions[:8].tolist() == [8, 3, 4, 5, 0, 1, 2, 3]             # padding rows count from 0
+    assert b.slot_mapping[4:8].tolist() == [-1] * 4
+    assert b.seqlens[:5].tolist() == [1, 3, 0, 0, 4]                        # empty slots, then the padding request
+    assert b.ftp[:5].tolist() == [0, 1, 4, 4, 4]
+    assert b.context_lens[:5].tolist() == [9, 6, 0, 0, 4]
+    assert (b.block_tables[2:5] == -1).all() and (b.block_tables[:2, 4:] == -1).all()
+    assert b.block_tables[1, :4].tolist() == [10, 11, 12, 13]
+    assert b.remap[:5].tolist() == [-1] * 5
+    assert b.temperature[:5].tolist() == [0.0, 1.0, 0.0, 0.0, 0.0]
+    assert b.seeds[:5].tolist() == [7, 8, 0, 0, 0] and b.mtp_slots[:5].tolist() == [1, 2, 0, 0, 0]
+    # a smaller step after it leaves nothing of the first in the bucket's view
+    b.stage(8, 5, _step([2], [3], [-1], first_unknown=False))
+    b.upload()
+    assert b.seqlens[:5].tolist() == [2, 0, 0, 0, 6] and b.temperature[:5].tolist() == [0.0] * 5
+
+
+@pytest.mark.parametrize("rejected", [[0, 0, 0], [2, 0, 1]], ids=["no-drafts", "rejected-drafts"])
+def test_apply_remap_follows_the_previous_step(rejected):
+    """Request 0 continues previous request 2, request 1 is new, request 2 continues previous 0:
+    golden tokens come from the previous step, rows move back by what it rejected, slots follow."""
+    b = GraphInputBuffers(max_rows=48, max_slots=6, max_blocks=8, device=torch.device("cpu"))
+    step = _step([3, 2, 3], [12, 2, 9], [2, -1, 0])
+    g, s = 48, 6   # padding rows at positions 0..39: past the 8-block tables (blocks of 4)
+    b.stage(g, s, step)
+    b.upload()
+    prev_tokens = torch.tensor([501, 502, 503, 0, 0, 0])
+    prev_rejected = torch.tensor(rejected + [0, 0, 0])
+    meta = apply_remap(_meta(b, g, s), StepCarry(b.remap[:s], prev_tokens, prev_rejected))
+    delta = np.array([rejected[2], 0, rejected[0], 0, 0, 0])
+    want_ids = step.input_ids.copy()
+    want_ids[0], want_ids[5] = 503, 501
+    assert meta.input_ids[:8].tolist() == want_ids.tolist()
+    row_delta = np.repeat(delta[:3], step.seqlens_q)
+    want_pos = step.positions - row_delta
+    assert meta.positions[:8].tolist() == want_pos.tolist()
+    row_req = np.repeat(np.arange(3), step.seqlens_q)
+    want_slots = step.block_tables[row_req, want_pos // BLOCK] * BLOCK + want_pos % BLOCK
+    assert meta.slot_mapping[:8].tolist() == want_slots.tolist()
+    assert meta.context_lens[:3].tolist() == (step.context_lens - delta[:3]).tolist()
+    # padding rows and the padding request are untouched
+    assert meta.slot_mapping[8:].tolist() == [-1] * 40 and meta.positions[8:].tolist() == list(range(40))
+    assert meta.context_lens[5].item() == 40
