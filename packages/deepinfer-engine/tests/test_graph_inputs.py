@@ -60,6 +60,21 @@ def test_stage_pads_the_step_into_the_bucket_layout():
     assert b.seqlens[:5].tolist() == [2, 0, 0, 0, 6] and b.temperature[:5].tolist() == [0.0] * 5
 
 
+def _carry(b: GraphInputBuffers, g: int, s: int, tokens, rejected, rows_move=True) -> StepCarry:
+    return StepCarry(b.remap[:s], b.prev_row[:g], b.row_remap[:g], b.row_req[:g], torch.tensor(tokens),
+                     torch.tensor(rejected), rows_move=rows_move)
+
+
+def test_stage_maps_rows_to_requests_and_carried_tokens():
+    b = GraphInputBuffers(max_rows=16, max_slots=6, max_blocks=8, device=torch.device("cpu"))
+    step = _step([3, 2, 1], [12, 2, 9], [2, -1, 0])   # first rows of requests 0 and 2 wait for last step's token
+    b.stage(8, 5, step)
+    b.upload()
+    assert b.row_req[:8].tolist() == [0, 0, 0, 1, 1, 2, 4, 4]
+    assert b.row_remap[:8].tolist() == [2, 2, 2, -1, -1, 0, -1, -1]
+    assert b.prev_row[:8].tolist() == [2, -1, -1, -1, -1, 0, -1, -1]
+
+
 @pytest.mark.parametrize("rejected", [[0, 0, 0], [2, 0, 1]], ids=["no-drafts", "rejected-drafts"])
 def test_apply_remap_follows_the_previous_step(rejected):
     """Request 0 continues previous request 2, request 1 is new, request 2 continues previous 0:
@@ -69,9 +84,7 @@ def test_apply_remap_follows_the_previous_step(rejected):
     g, s = 48, 6   # padding rows at positions 0..39: past the 8-block tables (blocks of 4)
     b.stage(g, s, step)
     b.upload()
-    prev_tokens = torch.tensor([501, 502, 503, 0, 0, 0])
-    prev_rejected = torch.tensor(rejected + [0, 0, 0])
-    meta = apply_remap(_meta(b, g, s), StepCarry(b.remap[:s], prev_tokens, prev_rejected))
+    meta = apply_remap(_meta(b, g, s), _carry(b, g, s, [501, 502, 503, 0, 0, 0], rejected + [0, 0, 0]))
     delta = np.array([rejected[2], 0, rejected[0], 0, 0, 0])
     want_ids = step.input_ids.copy()
     want_ids[0], want_ids[5] = 503, 501
@@ -86,3 +99,17 @@ def test_apply_remap_follows_the_previous_step(rejected):
     # padding rows and the padding request are untouched
     assert meta.slot_mapping[8:].tolist() == [-1] * 40 and meta.positions[8:].tolist() == list(range(40))
     assert meta.context_lens[5].item() == 40
+
+
+def test_apply_remap_without_speculation_carries_tokens_only():
+    """rows_move=False (no draft head: no step rejects rows): the tokens are filled in, nothing
+    else is computed (positions, slots and context are the buffers' own)."""
+    b = GraphInputBuffers(max_rows=16, max_slots=6, max_blocks=8, device=torch.device("cpu"))
+    step = _step([1, 1, 1], [12, 2, 9], [1, -1, 0])
+    b.stage(8, 4, step)
+    b.upload()
+    meta = _meta(b, 8, 4)
+    fixed = apply_remap(meta, _carry(b, 8, 4, [601, 602, 0, 0, 0, 0], [0] * 6, rows_move=False))
+    assert fixed.input_ids[:3].tolist() == [602, step.input_ids[1], 601]
+    assert fixed.positions is meta.positions and fixed.slot_mapping is meta.slot_mapping
+    assert fixed.context_lens is meta.context_lens

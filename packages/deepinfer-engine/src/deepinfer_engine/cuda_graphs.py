@@ -149,7 +149,9 @@ class DecodeGraphRunner:
         s = self.slots(g)
         batch = SamplingBatch(self.temperature[:s], self.top_k[:s], self.top_p[:s],
                               self.seeds[:s], [], all_greedy=all_greedy, filters=False)  # [] = no top-n
-        step_carry = StepCarry(self.inputs.remap[:s], self.carry_token_ids, self.carry_rejected_rows) if carry else None
+        b = self.inputs
+        step_carry = StepCarry(b.remap[:s], b.prev_row[:g], b.row_remap[:g], b.row_req[:g], self.carry_token_ids,
+                               self.carry_rejected_rows, rows_move=self.spec is not None) if carry else None
         return DecodeStepInputs(self._meta(g), batch, self.mtp_slots[:s], carry=step_carry)
 
     def _run_forward(self, meta: ForwardMetadata) -> ForwardOutput:

@@ -39,11 +39,17 @@ from deepinfer_model.metadata import ForwardMetadata
 @dataclass
 class StepCarry:
     """Zero-overhead scheduling on the device: the previous step's results at fixed addresses
-    (each whole step writes its own there at its end) and this step's remap into them."""
+    (each whole step writes its own there at its end) and where this step's rows take them from
+    (staged by the host with the step's inputs: graph_inputs.py)."""
 
     remap: torch.Tensor          # [S] int64 the request's index in the previous step, -1 none
+    prev_row: torch.Tensor       # [G] int64 carry index whose token the row takes (its request's first row,
+                                 #   token -1), else -1
+    row_remap: torch.Tensor      # [G] int64 the row's request's remap (-1: new request, padding)
+    row_req: torch.Tensor        # [G] int64 the row's request slot
     token_ids: torch.Tensor      # [max_slots] int64 previous step's main token per request
     rejected_rows: torch.Tensor  # [max_slots] int64 rows the previous step rejected per request
+    rows_move: bool = True       # False without speculation: no step rejects rows, only tokens carry over
 
 
 @dataclass
@@ -72,25 +78,21 @@ class DecodeStepOutputs:
 
 
 def apply_remap(meta: ForwardMetadata, carry: StepCarry) -> ForwardMetadata:
-    """This step's metadata with the previous step's results scattered in (the rules of
-    `ModelRunner.apply_zos_fixup`), over the padded layout and without a scatter: each row finds
-    its request (`row_to_req`); the row at the request's first position with token -1 takes the
-    previous step's main token; positions, context and slots move back by the rows the previous
-    step rejected. Requests with remap -1 (new, empty, padding) keep their values."""
-    has_prev = carry.remap >= 0                                                # [S]
-    prev = carry.remap.clamp(min=0)
-    delta = torch.where(has_prev, carry.rejected_rows[prev], 0)                # [S]
-    row_req = meta.row_to_req                                                  # [G]
-    rows = torch.arange(meta.total_q, device=row_req.device)
-    first = rows == meta.first_token_pos.long()[row_req]
-    ids = meta.input_ids
-    input_ids = torch.where(first & has_prev[row_req] & (ids < 0), carry.token_ids[prev][row_req], ids)
-    row_delta = delta[row_req]
+    """This step's metadata with the previous step's results filled in (the rules of
+    `ModelRunner.apply_zos_fixup`) over the padded layout, row by row from the host's maps: a row
+    whose token is last step's takes it; with speculation, rows move back by the rows the previous
+    step rejected for their request (positions, slots, context). Rows and requests without a
+    previous step keep their values."""
+    input_ids = torch.where(carry.prev_row >= 0, carry.token_ids[carry.prev_row.clamp(min=0)], meta.input_ids)
+    if not carry.rows_move:
+        return dataclasses.replace(meta, input_ids=input_ids)
+    row_delta = torch.where(carry.row_remap >= 0, carry.rejected_rows[carry.row_remap.clamp(min=0)], 0)   # [G]
+    delta = torch.where(carry.remap >= 0, carry.rejected_rows[carry.remap.clamp(min=0)], 0)               # [S]
     positions = meta.positions - row_delta
-    bs = meta.block_size
     moved = row_delta != 0
+    bs = meta.block_size
     # rows that did not move look up block 0 (a padding row's position can lie past the table)
-    blocks = meta.block_tables.long()[row_req, torch.where(moved, positions, 0) // bs]
+    blocks = meta.block_tables[carry.row_req, torch.where(moved, positions, 0) // bs].long()
     slot_mapping = torch.where(moved, blocks * bs + positions % bs, meta.slot_mapping)
     context_lens = (meta.context_lens.long() - delta).to(torch.int32)
     return dataclasses.replace(meta, input_ids=input_ids, positions=positions, slot_mapping=slot_mapping,
@@ -147,9 +149,13 @@ def run_decode_step(model, cache, spec, sampler: Sampler, inputs: DecodeStepInpu
     if spec is not None:
         spec.write_main_keys(meta, fwd, cache)
     out = run_decode_tail(cache, spec, sampler, dataclasses.replace(inputs, meta=meta), fwd.logits, read_rows)
-    out.rejected_rows = meta.seqlens_q.long() - 1 - out.num_accepted.long()
+    if spec is None:   # one row per request, nothing to reject
+        out.rejected_rows = torch.zeros_like(out.token_ids)
+    else:
+        out.rejected_rows = meta.seqlens_q.long() - 1 - out.num_accepted.long()
     if carry is not None:
         s = out.token_ids.shape[0]
         carry.token_ids[:s].copy_(out.token_ids)
-        carry.rejected_rows[:s].copy_(out.rejected_rows)
+        if carry.rows_move:
+            carry.rejected_rows[:s].copy_(out.rejected_rows)
     return out

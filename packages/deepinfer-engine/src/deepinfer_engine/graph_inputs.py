@@ -56,7 +56,8 @@ class GraphInputBuffers:
         fields = [
             _Field("input_ids", torch.int64, (g,)), _Field("positions", torch.int64, (g,)),
             _Field("slot_mapping", torch.int64, (g,)), _Field("seeds", torch.int64, (s,)),
-            _Field("remap", torch.int64, (s,)),
+            _Field("remap", torch.int64, (s,)), _Field("prev_row", torch.int64, (g,)),
+            _Field("row_remap", torch.int64, (g,)), _Field("row_req", torch.int64, (g,)),
             _Field("seqlens", torch.int32, (s,)), _Field("ftp", torch.int32, (s,)),
             _Field("context_lens", torch.int32, (s,)), _Field("mtp_slots", torch.int32, (s,)),
             _Field("block_tables", torch.int32, (s, max_blocks)),
@@ -82,6 +83,7 @@ class GraphInputBuffers:
                 views[f.name] = self._buffer[dtype][start: start + n].view(f.shape)
         self.input_ids, self.positions, self.slot_mapping = views["input_ids"], views["positions"], views["slot_mapping"]
         self.seeds, self.remap = views["seeds"], views["remap"]
+        self.prev_row, self.row_remap, self.row_req = views["prev_row"], views["row_remap"], views["row_req"]
         self.seqlens, self.ftp, self.context_lens = views["seqlens"], views["ftp"], views["context_lens"]
         self.mtp_slots, self.block_tables, self.temperature = views["mtp_slots"], views["block_tables"], views["temperature"]
         self.clear_host()
@@ -91,7 +93,8 @@ class GraphInputBuffers:
         for m in self._mirror.values():
             m[...] = 0
         self.host["slot_mapping"][...] = -1
-        self.host["remap"][...] = -1
+        for name in ("remap", "prev_row", "row_remap"):
+            self.host[name][...] = -1
         self.host["block_tables"][...] = -1
 
     def stage(self, g: int, slots: int, step: StagedStep | None) -> None:
@@ -115,6 +118,15 @@ class GraphInputBuffers:
             h["temperature"][:r] = step.temperature
             h["seeds"][:r] = step.seeds
             h["mtp_slots"][:r] = 0 if step.mtp_slots is None else step.mtp_slots
+            # per row: its request, that request's remap, and the carry index of last step's token
+            # for a request's first row whose token is still unknown (-1)
+            row_req = np.repeat(np.arange(r), step.seqlens_q)
+            row_remap = np.asarray(step.remap, np.int64)[row_req]
+            first = np.zeros(t, dtype=bool)
+            first[step.first_token_pos[step.seqlens_q > 0]] = True
+            h["row_req"][:t] = row_req
+            h["row_remap"][:t] = row_remap
+            h["prev_row"][:t] = np.where(first & (step.input_ids < 0) & (row_remap >= 0), row_remap, -1)
         h["input_ids"][t:g] = 0
         h["positions"][t:g] = np.arange(pad)
         h["slot_mapping"][t:g] = -1
@@ -125,6 +137,9 @@ class GraphInputBuffers:
         h["context_lens"][last] = pad
         h["block_tables"][r:last + 1] = -1
         h["remap"][r:last + 1] = -1
+        h["row_req"][t:g] = last
+        h["row_remap"][t:g] = -1
+        h["prev_row"][t:g] = -1
         h["temperature"][r:last + 1] = 0
         h["seeds"][r:last + 1] = 0
         h["mtp_slots"][r:last + 1] = 0
