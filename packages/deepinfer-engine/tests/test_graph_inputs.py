@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from deepinfer_engine import graph_inputs
 from deepinfer_engine.decode_step import StepCarry, apply_remap
 from deepinfer_engine.graph_inputs import GraphInputBuffers, StagedStep
 from deepinfer_model.metadata import ForwardMetadata
@@ -113,3 +114,24 @@ def test_apply_remap_without_speculation_carries_tokens_only():
     assert fixed.input_ids[:3].tolist() == [602, step.input_ids[1], 601]
     assert fixed.positions is meta.positions and fixed.slot_mapping is meta.slot_mapping
     assert fixed.context_lens is meta.context_lens
+
+
+@pytest.mark.parametrize("full_rows_max_bytes", [0, 1 << 20], ids=["widest-table", "whole-rows"])
+def test_block_tables_upload_covers_the_widest_table_so_far(full_rows_max_bytes, monkeypatch):
+    """Only the staged slots' rows go, whole or as wide as the widest table written so far (large
+    pools): a narrower step after a wider one still clears the wider one's columns; columns never
+    written stay -1."""
+    monkeypatch.setattr(graph_inputs, "FULL_ROWS_MAX_BYTES", full_rows_max_bytes)
+    b = GraphInputBuffers(max_rows=16, max_slots=6, max_blocks=64, device=torch.device("cpu"))
+    b.stage(8, 5, _step([1, 1], [24, 9], [-1, -1], first_unknown=False))    # 8 columns
+    b.upload()
+    assert b.block_tables[0, :8].tolist() == list(range(8)) and (b.block_tables[:, 8:] == -1).all()
+    b.stage(8, 5, _step([1], [5], [-1], first_unknown=False))               # 3 columns
+    b.upload()
+    assert b.block_tables[0, :3].tolist() == [0, 1, 2] and (b.block_tables[0, 3:] == -1).all()
+    assert (b.block_tables[1:5] == -1).all()
+    b.note_table_width(40)               # a device-side fill wrote 40 columns: uploads cover them
+    b.block_tables[2, 30:40] = 7
+    b.stage(4, 3, _step([1], [5], [-1], first_unknown=False))
+    b.upload()
+    assert (b.block_tables[2] == -1).all()

@@ -195,6 +195,7 @@ class DecodeGraphRunner:
             w = meta.block_tables.shape[1]
             self.block_tables[:r, :w].copy_(meta.block_tables)
             self.block_tables[:r, w:].fill_(-1)
+            self.inputs.note_table_width(w)   # the staged uploads must cover what this wrote
         pad, last = g - t, self.slots(g) - 1   # last: the padding request
         self.input_ids[t:g].zero_()
         self.positions[t:g].copy_(torch.arange(pad, device=self.positions.device))

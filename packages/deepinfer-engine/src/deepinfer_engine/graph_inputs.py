@@ -5,10 +5,12 @@ them from the step's device metadata took ~25 launches per step (7 device copies
 fills, two scalar writes that synchronize the stream) on top of the metadata's own copies, each
 a few microseconds of host time; at batch 1 the host, not the device, set the step time.
 
-Here every field is a view of one of three device buffers (int64, int32, float32). `stage`
-writes a step's padded values into numpy mirrors of those buffers on the host, and `upload`
-copies each mirror with one asynchronous copy from page-locked memory (torch's caching host
-allocator keeps the block until its copy has run, so ZOS may stage the next step at once).
+Here every field is a view of one of three device buffers (int64, int32, float32), and the
+block tables have their own. `stage` writes a step's padded values into numpy mirrors of those
+buffers on the host, and `upload` copies each mirror with one asynchronous copy from page-locked
+memory (torch's caching host allocator keeps the block until its copy has run, so ZOS may stage
+the next step at once); of the block tables only the step's request slots, as wide as the widest
+table so far (a 1M-token `max_model_len` would otherwise copy MBs per step).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 import torch
 
 ALIGN_ELEMENTS = 16   # every field starts 64-byte aligned in the int32 / float32 buffers (128 in int64)
+FULL_ROWS_MAX_BYTES = 1 << 20   # block-table rows uploaded whole up to this size per step
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,6 @@ class GraphInputBuffers:
             _Field("row_remap", torch.int64, (g,)), _Field("row_req", torch.int64, (g,)),
             _Field("seqlens", torch.int32, (s,)), _Field("ftp", torch.int32, (s,)),
             _Field("context_lens", torch.int32, (s,)), _Field("mtp_slots", torch.int32, (s,)),
-            _Field("block_tables", torch.int32, (s, max_blocks)),
             _Field("temperature", torch.float32, (s,)),
         ]
         self.device = device
@@ -85,8 +87,26 @@ class GraphInputBuffers:
         self.seeds, self.remap = views["seeds"], views["remap"]
         self.prev_row, self.row_remap, self.row_req = views["prev_row"], views["row_remap"], views["row_req"]
         self.seqlens, self.ftp, self.context_lens = views["seqlens"], views["ftp"], views["context_lens"]
-        self.mtp_slots, self.block_tables, self.temperature = views["mtp_slots"], views["block_tables"], views["temperature"]
+        self.mtp_slots, self.temperature = views["mtp_slots"], views["temperature"]
+        # block tables: their own buffer, uploaded [slots, table high-water width] (the rest stays -1)
+        self.block_tables = torch.full((s, max_blocks), -1, dtype=torch.int32, device=device)
+        self.host["block_tables"] = np.full((s, max_blocks), -1, dtype=np.int32)
+        self._table_width = 0   # widest table written to the device buffer so far (any path)
+        self._slots = s         # request slots of the staged step
         self.clear_host()
+
+    def note_table_width(self, width: int) -> None:
+        """A block table `width` columns wide was written to `block_tables` (also by device copies:
+        cuda_graphs' piecewise `_fill`): later uploads cover at least that many columns."""
+        self._table_width = min(max(self._table_width, width), self.max_blocks)
+
+    def _upload_width(self) -> int:
+        """Block-table columns an upload covers: whole rows (one contiguous copy) while the staged
+        slots' rows are at most FULL_ROWS_MAX_BYTES or the widest table so far reaches half the
+        row; else that widest table (a copy into a strided view: staged, then one device copy)."""
+        if self._slots * self.max_blocks * 4 <= FULL_ROWS_MAX_BYTES or 2 * self._table_width >= self.max_blocks:
+            return self.max_blocks
+        return self._table_width
 
     def clear_host(self) -> None:
         """Mirrors to the empty step: no rows, every request slot empty, block tables -1."""
@@ -104,8 +124,10 @@ class GraphInputBuffers:
         t = 0 if step is None else step.input_ids.shape[0]
         r = 0 if step is None else step.seqlens_q.shape[0]
         pad, last = g - t, slots - 1
+        self._slots = slots
         if step is not None:
             w = step.block_tables.shape[1]
+            self.note_table_width(w)
             h["input_ids"][:t] = step.input_ids
             h["positions"][:t] = step.positions
             h["slot_mapping"][:t] = step.slot_mapping
@@ -113,7 +135,7 @@ class GraphInputBuffers:
             h["ftp"][:r] = step.first_token_pos
             h["context_lens"][:r] = step.context_lens
             h["block_tables"][:r, :w] = step.block_tables
-            h["block_tables"][:r, w:] = -1
+            h["block_tables"][:r, w:self._upload_width()] = -1
             h["remap"][:r] = step.remap
             h["temperature"][:r] = step.temperature
             h["seeds"][:r] = step.seeds
@@ -135,7 +157,7 @@ class GraphInputBuffers:
         h["ftp"][r:last + 1] = t
         h["context_lens"][r:last] = 0
         h["context_lens"][last] = pad
-        h["block_tables"][r:last + 1] = -1
+        h["block_tables"][r:last + 1, :self._upload_width()] = -1
         h["remap"][r:last + 1] = -1
         h["row_req"][t:g] = last
         h["row_remap"][t:g] = -1
@@ -145,10 +167,17 @@ class GraphInputBuffers:
         h["mtp_slots"][r:last + 1] = 0
 
     def upload(self) -> None:
-        """The mirrors -> the device buffers: one asynchronous copy per dtype."""
-        for dtype, mirror in self._mirror.items():
+        """The mirrors -> the device buffers: one asynchronous copy per dtype, and the staged
+        slots' block tables up to the widest table written so far (columns past it were never
+        written: still -1). Past half the buffer's width the whole rows go (one contiguous copy)."""
+        copies = [(self._buffer[dtype], mirror) for dtype, mirror in self._mirror.items()]
+        width = self._upload_width()
+        if width:
+            copies.append((self.block_tables[: self._slots, :width],
+                           np.ascontiguousarray(self.host["block_tables"][: self._slots, :width])))
+        for dst, mirror in copies:
             host = torch.from_numpy(mirror)
             if self.device.type == "cuda":
-                self._buffer[dtype].copy_(host.pin_memory(), non_blocking=True)
+                dst.copy_(host.pin_memory(), non_blocking=True)
             else:
-                self._buffer[dtype].copy_(host)
+                dst.copy_(host)
