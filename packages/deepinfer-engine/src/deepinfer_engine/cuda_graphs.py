@@ -15,7 +15,7 @@ over S slots, not G + 1). Every graph reads fixed-address buffers:
               S - 1               the padding request (seqlen G - total_q, block table all -1)
 
 so the graph of G has G rows and S requests whatever the batch. The whole-step graphs take their
-inputs from the host in one copy per dtype (graph_inputs.py) and apply the ZOS fix-up themselves
+inputs from the host in one copy per dtype and one of the block tables (graph_inputs.py) and apply the ZOS fix-up themselves
 (decode_step.apply_remap, from the carry the previous whole step wrote). Graphs per bucket:
 
 - the *step* graph (captured up front): the whole decode step of decode_step.py, target forward,
@@ -279,7 +279,7 @@ class DecodeGraphRunner:
 
     def run_step(self, step: StagedStep, all_greedy: bool, prev: tuple[torch.Tensor, torch.Tensor] | None = None,
                  started: torch.cuda.Event | None = None) -> DecodeStepOutputs | None:
-        """Replay the bucket's whole-step graph from the step's host arrays (one copy per dtype; the
+        """Replay the bucket's whole-step graph from the step's host arrays (one copy per dtype and the block tables; the
         ZOS fix-up runs inside the graph from `step.remap` and the carry the previous whole step
         left). `prev`: (token_ids, rejected_rows) of a previous step that left no carry (an eager
         or piecewise step), copied into it first. `started`: recorded once the host work is done,
