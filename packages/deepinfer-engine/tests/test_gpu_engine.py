@@ -40,6 +40,18 @@ def test_graphs_and_zos_on_gpu_match_cpu_reference(cpu_tokens, nextn, compile_de
     assert gpu == cpu_tokens
 
 
+def test_narrow_block_table_uploads_match_cpu_reference(cpu_tokens, monkeypatch):
+    """The whole step's block tables uploaded as wide as the widest table so far (what pools over
+    graph_inputs.FULL_ROWS_MAX_BYTES get: a staged copy into a strided view), speculation on."""
+    from deepinfer_engine import graph_inputs
+
+    monkeypatch.setattr(graph_inputs, "FULL_ROWS_MAX_BYTES", 0)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    gpu = _run("cuda", "float32", model="preset:tiny", cuda_graphs=True, zero_overhead_scheduling=True,
+               num_speculative_tokens=5, compile_decode=False)
+    assert gpu == cpu_tokens
+
+
 @pytest.mark.parametrize("graphs, zos", [(False, False), (True, False), (False, True), (True, True)])
 def test_graphs_and_zos_each_on_and_off_agree_in_bf16(graphs, zos):
     base = _run("cuda", None, cuda_graphs=False, zero_overhead_scheduling=False, num_speculative_tokens=0)

@@ -51,6 +51,19 @@ def test_padded_whole_step_matches_piecewise(nextn, varlen, params, count_graph_
         assert stats.num_accepted_tokens > 0                    # drafts from the padded step were verified
 
 
+def test_narrow_block_table_uploads_keep_the_tokens(count_graph_runner_calls, monkeypatch):
+    """Block tables uploaded as wide as the widest table so far (large pools, graph_inputs.py)
+    instead of whole rows: the same tokens as the piecewise path, with speculation."""
+    from deepinfer_engine import graph_inputs
+
+    prompts = _prompts(6, seed=4)
+    want, _, _ = _generate(False, 5, False, GREEDY, count_graph_runner_calls, prompts)
+    monkeypatch.setattr(graph_inputs, "FULL_ROWS_MAX_BYTES", 0)
+    got, calls, _ = _generate(True, 5, False, GREEDY, count_graph_runner_calls, prompts)
+    assert calls["run_step"] > 0
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+
+
 def test_bucket_request_slots_follow_max_num_seqs():
     """Bucket G holds min(G, max_num_seqs) + 1 request slots, not G + 1: with speculation a step's
     rows outnumber its requests (1 + nextn) to 1, and the per-request work of the padded step (the
