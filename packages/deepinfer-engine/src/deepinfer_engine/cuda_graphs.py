@@ -77,8 +77,7 @@ def _cut(o: DecodeStepOutputs, rows: int, requests: int) -> DecodeStepOutputs:
     """A padded step's outputs cut to the step's own rows and requests."""
     return DecodeStepOutputs(o.token_ids[:requests], o.token_logprobs[:requests], o.verified_token_ids[:rows],
                              o.verified_logprobs[:rows], o.num_accepted[:requests],
-                             None if o.confidence is None else o.confidence[:requests],
-                             None if o.rejected_rows is None else o.rejected_rows[:requests])
+                             None if o.confidence is None else o.confidence[:requests], o.rejected_rows[:requests])
 
 
 @dataclass

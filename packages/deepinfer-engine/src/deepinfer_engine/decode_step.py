@@ -74,7 +74,7 @@ class DecodeStepOutputs:
     verified_logprobs: torch.Tensor   # [G] float32
     num_accepted: torch.Tensor        # [S] int32
     confidence: torch.Tensor | None   # [S, nextn] float32 next step's draft confidences
-    rejected_rows: torch.Tensor | None = None   # [S] int64 rows not kept (with a carry: what it holds next)
+    rejected_rows: torch.Tensor       # [S] int64 rows the ledger will not keep (a carry holds it next)
 
 
 def apply_remap(meta: ForwardMetadata, carry: StepCarry) -> ForwardMetadata:
@@ -131,8 +131,11 @@ def decode_tail(cache, spec, sampler: Sampler, inputs: DecodeStepInputs, logits:
         proposal = spec.propose(cache, meta.positions[final_row], res.token_ids, meta.block_tables,
                                 meta.block_size, batch.seeds, batch.is_greedy, batch.all_greedy, inputs.mtp_slots)
         confidence = proposal.confidence
+        rejected = meta.seqlens_q.long() - 1 - res.num_accepted.long()
+    else:   # one row per request, nothing to reject
+        rejected = torch.zeros_like(res.token_ids, dtype=torch.int64)
     return DecodeStepOutputs(res.token_ids.long(), res.token_logprobs, res.verified_token_ids,
-                             res.verified_logprobs, res.num_accepted, confidence)
+                             res.verified_logprobs, res.num_accepted, confidence, rejected)
 
 
 def run_decode_step(model, cache, spec, sampler: Sampler, inputs: DecodeStepInputs) -> DecodeStepOutputs:
@@ -141,18 +144,15 @@ def run_decode_step(model, cache, spec, sampler: Sampler, inputs: DecodeStepInpu
     carry = inputs.carry
     # input_ids is replaced below: keep the buffers' own views
     meta = apply_remap(inputs.meta, carry) if carry is not None else dataclasses.replace(inputs.meta)
+    fixed = dataclasses.replace(inputs, meta=meta)
     read_rows = None
     if spec is not None:
-        read_rows = padded_read_rows(spec, dataclasses.replace(inputs, meta=meta))
+        read_rows = padded_read_rows(spec, fixed)
         spec.fill_draft_inputs(meta, read_rows)
     fwd = model.forward(meta, cache)
     if spec is not None:
         spec.write_main_keys(meta, fwd, cache)
-    out = run_decode_tail(cache, spec, sampler, dataclasses.replace(inputs, meta=meta), fwd.logits, read_rows)
-    if spec is None:   # one row per request, nothing to reject
-        out.rejected_rows = torch.zeros_like(out.token_ids)
-    else:
-        out.rejected_rows = meta.seqlens_q.long() - 1 - out.num_accepted.long()
+    out = run_decode_tail(cache, spec, sampler, fixed, fwd.logits, read_rows)
     if carry is not None:
         s = out.token_ids.shape[0]
         carry.token_ids[:s].copy_(out.token_ids)

@@ -302,8 +302,7 @@ class ModelRunner:
         masks = (self.mask_provider(step.out, input_ids, self.device) if self.mask_provider is not None
                  else None)
         res = self.graphs.run_tail(p.meta, p.batch, p.mtp_slots, p.read_rows, masks)
-        rejected = p.meta.seqlens_q.long() - 1 - res.num_accepted.long()
-        return self._whole_step_result(step.out, res, rejected, False, step.started, cpu_start)
+        return self._whole_step_result(step.out, res, False, step.started, cpu_start)
 
     def _launch_whole_step(self, out: SchedulerOutput, batch: SamplingBatch, prev: DeviceStepState | None,
                            started, cpu_start) -> InFlightStep:
@@ -318,17 +317,16 @@ class ModelRunner:
             seeds=host.seeds, mtp_slots=out.mtp_slots if self.spec is not None else None)
         carry = None if prev is None or prev.in_carry else (prev.token_ids, prev.rejected_rows)
         res = self.graphs.run_step(step, batch.all_greedy, carry, started)
-        return self._whole_step_result(out, res, res.rejected_rows, True, started, cpu_start)
+        return self._whole_step_result(out, res, True, started, cpu_start)
 
-    def _whole_step_result(self, out: SchedulerOutput, res, rejected: torch.Tensor, in_carry: bool,
-                           started, cpu_start) -> InFlightStep:
+    def _whole_step_result(self, out: SchedulerOutput, res, in_carry: bool, started, cpu_start) -> InFlightStep:
         host = {"token_ids": res.token_ids, "token_logprobs": res.token_logprobs,
                 "verified_token_ids": res.verified_token_ids, "verified_logprobs": res.verified_logprobs,
                 "num_accepted": res.num_accepted}
         if res.confidence is not None:
             host["confidence"] = res.confidence
         return self._finish_launch(out, host, started, cpu_start, [0] * out.req_cnt,
-                                   DeviceStepState(res.token_ids, rejected, in_carry=in_carry))
+                                   DeviceStepState(res.token_ids, res.rejected_rows, in_carry=in_carry))
 
     def _finish_launch(self, out, host, started, cpu_start, top_counts, state) -> InFlightStep:
         done = None
