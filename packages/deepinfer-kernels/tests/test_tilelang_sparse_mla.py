@@ -164,7 +164,10 @@ def test_sparse_mla_runs_of_consecutive_slots(variant):
     dict(rows=40, width=2048, paged=128),                      # the engine's KV-block layout
     dict(rows=9, width=200, ragged=True, empty_rows=(0, 4)),   # ragged, empty rows
     dict(rows=3, width=2048, paged=64),                        # few rows: split-KV
-], ids=["random", "paged", "ragged", "splitkv"])
+    dict(rows=11, width=448, paged=32),                        # 7 blocks
+    dict(rows=7, width=320, paged=64, empty_frac=0.1),         # 5 blocks: one past the FP8 stages
+    dict(rows=5, width=130, distinct=True),                    # 3 blocks: fewer than the FP8 stages
+], ids=["random", "paged", "ragged", "splitkv", "blocks7", "blocks5", "blocks3"])
 def test_bulk_and_ws_agree_bit_for_bit(case_kw):
     """Same dequantization, same consumer code, same launch plan at <= 16 heads: "bulk" and "ws"
     differ only in how records reach shared memory, so their outputs are identical."""

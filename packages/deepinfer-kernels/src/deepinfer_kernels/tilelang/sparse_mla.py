@@ -26,6 +26,7 @@ from deepinfer_kernels.tilelang._common import compile_cached, num_sms, require,
 from deepinfer_kernels.tilelang.sparse_mla_builders import (  # noqa: F401  (BLOCK_TOKENS: public)
     BLOCK_TOKENS,
     LOG2E,
+    NO_AUTO_SYNC,
     _build_combine,
     _build_pipelined,
     _record_bytes,
@@ -70,7 +71,8 @@ def get_kernel(heads: int, d: int, variant: str = "ws", split: bool = False, hb:
     if variant == "bulk":
         # two dequantizing warpgroups: 1.25x one in the H200 diagnostics (2026-11-30)
         key = (heads, d, hb, split) + (("trim",) if trim else ())
-        return compile_cached("sparse_mla_bulk", key, lambda: _build_bulk(heads, d, hb, split, 2, trim))
+        return compile_cached("sparse_mla_bulk", key, lambda: _build_bulk(heads, d, hb, split, 2, trim),
+                              pass_configs=NO_AUTO_SYNC)
     if variant == "ws":
         return compile_cached("sparse_mla_ws", (heads, d, hb, split), lambda: _build_ws(heads, d, hb, split))
     nblk = pipelined_bucket(bps)
@@ -80,7 +82,8 @@ def get_kernel(heads: int, d: int, variant: str = "ws", split: bool = False, hb:
 
 def get_rows_kernel(heads: int, d: int, hb: int, rpc: int = ROWS_PER_CTA):
     """The row-group "bulk" kernel (prefill: ``rpc`` rows per CTA, one pipeline across them)."""
-    return compile_cached("sparse_mla_bulk_rows", (heads, d, hb, rpc), lambda: _build_bulk_rows(heads, d, hb, 2, rpc))
+    return compile_cached("sparse_mla_bulk_rows", (heads, d, hb, rpc), lambda: _build_bulk_rows(heads, d, hb, 2, rpc),
+                          pass_configs=NO_AUTO_SYNC)
 
 
 def _uses_rows_kernel(variant: str, rows: int, width: int, num_splits: int) -> bool:

@@ -49,8 +49,24 @@ def _vec_bytes(rec: int) -> int:
     return v
 
 
-def _softmax_macros(T, hb: int, d: int, H: int, split: bool):
+# Pass config of the kernels that place their own syncs. TileLang's automatic sync pass treats the
+# dequantization helper (an extern call with pointer arguments) as touching all shared memory and
+# put a 256-thread barrier around every 16-byte chunk the producers convert (8 per block): the
+# producers then dequantized a block in ~1.8 us instead of overlapping their loads (H200
+# diagnostics, 2026-12-01). Producer / consumer order comes from the mbarriers anyway.
+NO_AUTO_SYNC = {"tl.disable_thread_storage_sync": True}
+CONSUMER_BARRIER = 1   # named barrier of the 128 consumer threads (kernels built with explicit syncs)
+
+
+def _consumer_sync(T):
+    return T.sync_threads(CONSUMER_BARRIER, 128)
+
+
+def _softmax_macros(T, hb: int, d: int, H: int, split: bool, explicit_sync: bool = False):
     """Macros shared by every variant (128 "consumer" threads ``t`` in 0..127).
+
+    ``explicit_sync``: the kernel is compiled without TileLang's automatic shared-memory syncs
+    (``NO_AUTO_SYNC``) and these macros place their own consumer barriers.
 
     Online softmax in a column-per-thread-group layout: the 64 x hb score tile goes through
     shared memory (fp32), thread t owns head column ``t // TPC`` and tokens ``k * TPC + t % TPC``;
@@ -96,6 +112,8 @@ def _softmax_macros(T, hb: int, d: int, H: int, split: bool):
                 else:
                     Lse[r, hg * hb + c] = T.if_then_else(st[1] > 0, (T.log2(st[1]) + st[0] * scale) / LOG2E,
                                                          -T.infinity(T.float32))
+        if explicit_sync:
+            _consumer_sync(T)          # inv_s written above, read by every thread below
         if split:
             for k, h in T.Parallel(d, hb):
                 if hg * hb + h < H:
@@ -108,12 +126,13 @@ def _softmax_macros(T, hb: int, d: int, H: int, split: bool):
     return block_softmax, finish
 
 
-def _staged_consumer_macro(T, hb: int, d: int, H: int, split: bool):
+def _staged_consumer_macro(T, hb: int, d: int, H: int, split: bool, explicit_sync: bool = False):
     """The consumer warpgroup of the warp-specialized variants ("ws", "bulk"): for each of the
     ``2 * nj`` blocks it waits for bf16 stage ``s`` (``bar_full[s]``), runs QK, the online softmax
-    and PV over it, and hands the stage back (``bar_empty[s]``); then it writes the row's output."""
+    and PV over it, and hands the stage back (``bar_empty[s]``); then it writes the row's output.
+    ``explicit_sync``: see ``_softmax_macros``."""
     BI = BLOCK_TOKENS
-    block_softmax, finish = _softmax_macros(T, hb, d, H, split)
+    block_softmax, finish = _softmax_macros(T, hb, d, H, split, explicit_sync)
 
     @T.macro
     def consume(tx, r, hg, sp, nj, Q, Q_s, Kb, vm, S_sm, P_s, alpha_s, inv_s, bar_full, bar_empty,
@@ -126,13 +145,19 @@ def _staged_consumer_macro(T, hb: int, d: int, H: int, split: bool):
         T.fill(acc_o, 0)
         st[0] = NEG_INIT
         st[1] = 0.0
+        if explicit_sync:
+            _consumer_sync(T)          # Q_s complete before the first QK
         for j in T.serial(nj):
             for s in T.unroll(2):
                 T.barrier_wait(bar_full[s], j & 1)
                 T.clear(acc_s)
                 T.gemm(Kb[s, :, :], Q_s, acc_s, transpose_B=True)
                 T.copy(acc_s, S_sm[:, 0:hb])
+                if explicit_sync:
+                    _consumer_sync(T)  # S_sm complete; the previous block's readers passed the sync below
                 block_softmax(tx, S_sm, vm, s, P_s, alpha_s, st, scale)
+                if explicit_sync:
+                    _consumer_sync(T)  # P_s and alpha_s complete before the rescale and PV
                 for k, h in T.Parallel(d, hb):
                     acc_o[k, h] *= alpha_s[h]
                 T.gemm(Kb[s, :, :], P_s, acc_o, transpose_A=True)

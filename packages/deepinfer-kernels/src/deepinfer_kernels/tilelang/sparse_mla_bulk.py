@@ -116,7 +116,7 @@ def _build_bulk(heads: int, d: int, hb: int, split: bool, producers: int = 1, tr
     H = heads
     HG = (H + hb - 1) // hb
     RPL = BI // 32                    # records issued per lane of the issuing warp
-    consume = _staged_consumer_macro(T, hb, d, H, split)
+    consume = _staged_consumer_macro(T, hb, d, H, split, explicit_sync=True)
     load_indices, issue_block, dequant_block = _bulk_macros(T, d, producers)
 
     R = T.dynamic("R")
