@@ -154,4 +154,8 @@ def test_gradients_match_reference_forward():
     g_ref = grads(model.reference_forward(tokens[0], mode="exact", enable_grad=True).logits)
     g_bat = grads(batched_forward(model, tokens).logits[0])
     for (name, _), a, b in zip(model.named_parameters(), g_ref, g_bat, strict=True):
-        torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-6, msg=name)
+        # float32 sums in another order: a few entries near zero differ by up to ~6e-6 on some CPUs
+        # (measured 2026-12-01: 8 of ~140K entries, gradients of magnitude ~1), so the absolute
+        # tolerance follows the tensor's scale
+        scale = float(a.abs().max())
+        torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-6 + 2e-5 * scale, msg=name)
