@@ -126,6 +126,30 @@ def _softmax_macros(T, hb: int, d: int, H: int, split: bool, explicit_sync: bool
     return block_softmax, finish
 
 
+def _consume_block_macro(T, hb: int, d: int, block_softmax, explicit_sync: bool):
+    """One 64-token block of the consumer warpgroup: wait for bf16 stage ``s`` (``bar_full[s]``,
+    parity ``phase``), QK, the online softmax, PV, then hand the stage back (``bar_empty[s]``).
+    Shared by the one-row consumer below and the row-group kernel."""
+
+    @T.macro
+    def consume_block(tx, s, phase, Q_s, Kb, vm, S_sm, P_s, alpha_s, acc_s, acc_o, st, bar_full, bar_empty, scale):
+        T.barrier_wait(bar_full[s], phase)
+        T.clear(acc_s)
+        T.gemm(Kb[s, :, :], Q_s, acc_s, transpose_B=True)
+        T.copy(acc_s, S_sm[:, 0:hb])
+        if explicit_sync:
+            _consumer_sync(T)          # S_sm complete; the previous block's readers passed the sync below
+        block_softmax(tx, S_sm, vm, s, P_s, alpha_s, st, scale)
+        if explicit_sync:
+            _consumer_sync(T)          # P_s and alpha_s complete before the rescale and PV
+        for k, h in T.Parallel(d, hb):
+            acc_o[k, h] *= alpha_s[h]
+        T.gemm(Kb[s, :, :], P_s, acc_o, transpose_A=True)
+        T.barrier_arrive(bar_empty[s])
+
+    return consume_block
+
+
 def _staged_consumer_macro(T, hb: int, d: int, H: int, split: bool, explicit_sync: bool = False):
     """The consumer warpgroup of the warp-specialized variants ("ws", "bulk"): for each of the
     ``2 * nj`` blocks it waits for bf16 stage ``s`` (``bar_full[s]``), runs QK, the online softmax
@@ -133,6 +157,7 @@ def _staged_consumer_macro(T, hb: int, d: int, H: int, split: bool, explicit_syn
     ``explicit_sync``: see ``_softmax_macros``."""
     BI = BLOCK_TOKENS
     block_softmax, finish = _softmax_macros(T, hb, d, H, split, explicit_sync)
+    consume_block = _consume_block_macro(T, hb, d, block_softmax, explicit_sync)
 
     @T.macro
     def consume(tx, r, hg, sp, nj, Q, Q_s, Kb, vm, S_sm, P_s, alpha_s, inv_s, bar_full, bar_empty,
@@ -149,19 +174,8 @@ def _staged_consumer_macro(T, hb: int, d: int, H: int, split: bool, explicit_syn
             _consumer_sync(T)          # Q_s complete before the first QK
         for j in T.serial(nj):
             for s in T.unroll(2):
-                T.barrier_wait(bar_full[s], j & 1)
-                T.clear(acc_s)
-                T.gemm(Kb[s, :, :], Q_s, acc_s, transpose_B=True)
-                T.copy(acc_s, S_sm[:, 0:hb])
-                if explicit_sync:
-                    _consumer_sync(T)  # S_sm complete; the previous block's readers passed the sync below
-                block_softmax(tx, S_sm, vm, s, P_s, alpha_s, st, scale)
-                if explicit_sync:
-                    _consumer_sync(T)  # P_s and alpha_s complete before the rescale and PV
-                for k, h in T.Parallel(d, hb):
-                    acc_o[k, h] *= alpha_s[h]
-                T.gemm(Kb[s, :, :], P_s, acc_o, transpose_A=True)
-                T.barrier_arrive(bar_empty[s])
+                consume_block(tx, s, j & 1, Q_s, Kb, vm, S_sm, P_s, alpha_s, acc_s, acc_o, st, bar_full, bar_empty,
+                              scale)
         finish(tx, r, hg, sp, st, inv_s, acc_o, Out, Lse, Opart, Lpart, scale)
 
     return consume

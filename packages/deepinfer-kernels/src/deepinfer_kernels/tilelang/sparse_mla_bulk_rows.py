@@ -25,6 +25,7 @@ from deepinfer_kernels.tilelang._cuda import BULK_COPY_SRC, DEQUANT_SRC
 from deepinfer_kernels.tilelang.sparse_mla_builders import (
     BLOCK_TOKENS,
     NEG_INIT,
+    _consume_block_macro,
     _consumer_sync,
     _record_bytes,
     _softmax_macros,
@@ -50,6 +51,7 @@ def _build_bulk_rows(heads: int, d: int, hb: int, producers: int = 2, rpc: int =
     RPL = BI // 32
     MAXI = rpc * max_pairs
     block_softmax, finish = _softmax_macros(T, hb, d, H, False, explicit_sync=True)
+    consume_block = _consume_block_macro(T, hb, d, block_softmax, explicit_sync=True)
     load_indices, issue_block, dequant_block = _bulk_macros(T, d, producers)
 
     R = T.dynamic("R")
@@ -151,17 +153,8 @@ def _build_bulk_rows(heads: int, d: int, hb: int, producers: int = 2, rpc: int =
                         st[1] = 0.0
                         _consumer_sync(T)          # Q_s complete before the row's first QK
                     for s in T.unroll(2):
-                        T.barrier_wait(kb_full[s], k & 1)
-                        T.clear(acc_s)
-                        T.gemm(Kb[s, :, :], Q_s, acc_s, transpose_B=True)
-                        T.copy(acc_s, S_sm[:, 0:hb])
-                        _consumer_sync(T)          # S_sm complete
-                        block_softmax(tx, S_sm, vm, s, P_s, alpha_s, st, scale)
-                        _consumer_sync(T)          # P_s, alpha_s complete
-                        for kk, h in T.Parallel(d, hb):
-                            acc_o[kk, h] *= alpha_s[h]
-                        T.gemm(Kb[s, :, :], P_s, acc_o, transpose_A=True)
-                        T.barrier_arrive(kb_empty[s])
+                        consume_block(tx, s, k & 1, Q_s, Kb, vm, S_sm, P_s, alpha_s, acc_s, acc_o, st, kb_full,
+                                      kb_empty, scale)
                     if pair == npv - 1:            # the row's last pair: its output
                         finish(tx, r0 + row, hg, 0, st, inv_s, acc_o, Out, Lse, Opart, Lpart, scale)
             else:
