@@ -162,7 +162,9 @@ def test_whole_step_traces_as_one_dynamic_graph(count_graph_runner_calls):
         got = llm.generate(prompt_token_ids=prompts, sampling_params=GREEDY, use_tqdm=False)
     dynamo.reset()
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
-    assert 1 <= len(frames) <= 2      # the dynamic graph (+ at most one specialisation)
+    # one graph: every per-row / per-request input (the ZOS carry's maps too) is dynamic from the first
+    # trace; before, the carry's views were static and the recompiles depended on the order of the bucket sizes
+    assert len(frames) == 1
 
 
 

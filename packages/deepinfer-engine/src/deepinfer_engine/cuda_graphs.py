@@ -166,6 +166,10 @@ class DecodeGraphRunner:
                       m.context_lens, m.block_tables, m.is_last_chunk, b.temperature, b.top_k, b.top_p, b.seeds,
                       inputs.mtp_slots):
                 torch._dynamo.maybe_mark_dynamic(t, 0)
+            if inputs.carry is not None:   # the ZOS carry's per-row / per-request views vary with them
+                c = inputs.carry
+                for t in (c.remap, c.prev_row, c.row_remap, c.row_req):
+                    torch._dynamo.maybe_mark_dynamic(t, 0)
         return self._step_fn(self.model, self.kv_cache, self.spec, self.sampler, inputs)
 
     def _fill_sampling(self, g: int, batch: SamplingBatch | None, mtp_slots: torch.Tensor | None) -> None:
