@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from deepinfer_engine.sampler import Sampler, SamplingBatch
@@ -50,6 +51,21 @@ class StepCarry:
     token_ids: torch.Tensor      # [max_slots] int64 previous step's main token per request
     rejected_rows: torch.Tensor  # [max_slots] int64 rows the previous step rejected per request
     rows_move: bool = True       # False without speculation: no step rejects rows, only tokens carry over
+
+
+def carry_row_maps(input_ids: np.ndarray, seqlens_q: np.ndarray, first_token_pos: np.ndarray,
+                   remap: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A step's rows [total_q] -> (row_req, row_remap, prev_row), the host maps `apply_remap` reads:
+    each row's request, that request's index in the previous step (-1: none), and for a request's
+    first row whose token is still unknown (-1) the previous step's request whose token it takes
+    (else -1). Host arrays in SchedulerOutput order (int64 results)."""
+    r, t = seqlens_q.shape[0], input_ids.shape[0]
+    row_req = np.repeat(np.arange(r, dtype=np.int64), seqlens_q)
+    row_remap = np.asarray(remap, np.int64)[row_req]
+    first = np.zeros(t, dtype=bool)
+    first[first_token_pos[seqlens_q > 0]] = True
+    prev_row = np.where(first & (input_ids < 0) & (row_remap >= 0), row_remap, -1).astype(np.int64)
+    return row_req, row_remap, prev_row
 
 
 @dataclass
@@ -78,11 +94,12 @@ class DecodeStepOutputs:
 
 
 def apply_remap(meta: ForwardMetadata, carry: StepCarry) -> ForwardMetadata:
-    """This step's metadata with the previous step's results filled in (the rules of
-    `ModelRunner.apply_zos_fixup`) over the padded layout, row by row from the host's maps: a row
-    whose token is last step's takes it; with speculation, rows move back by the rows the previous
-    step rejected for their request (positions, slots, context). Rows and requests without a
-    previous step keep their values."""
+    """This step's metadata with the previous step's results filled in (ZOS), row by row from the
+    host's maps (`carry_row_maps`): a row whose token is last step's takes it; with speculation,
+    rows move back by the rows the previous step rejected for their request (positions, slots,
+    context). Rows and requests without a previous step keep their values. The one place of these
+    rules: the whole-step graph applies it to the padded layout, `ModelRunner.apply_zos_fixup` to
+    an eager step's metadata."""
     input_ids = torch.where(carry.prev_row >= 0, carry.token_ids[carry.prev_row.clamp(min=0)], meta.input_ids)
     if not carry.rows_move:
         return dataclasses.replace(meta, input_ids=input_ids)

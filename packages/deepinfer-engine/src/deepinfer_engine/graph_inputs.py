@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from deepinfer_engine.decode_step import carry_row_maps
+
 ALIGN_ELEMENTS = 16   # every field starts 64-byte aligned in the int32 / float32 buffers (128 in int64)
 FULL_ROWS_MAX_BYTES = 1 << 20   # block-table rows uploaded whole up to this size per step
 
@@ -126,8 +128,10 @@ class GraphInputBuffers:
         pad, last = g - t, slots - 1
         self._slots = slots
         if step is not None:
+            self.note_table_width(step.block_tables.shape[1])
+        width = self._upload_width()    # block-table columns this step's upload covers
+        if step is not None:
             w = step.block_tables.shape[1]
-            self.note_table_width(w)
             h["input_ids"][:t] = step.input_ids
             h["positions"][:t] = step.positions
             h["slot_mapping"][:t] = step.slot_mapping
@@ -135,20 +139,13 @@ class GraphInputBuffers:
             h["ftp"][:r] = step.first_token_pos
             h["context_lens"][:r] = step.context_lens
             h["block_tables"][:r, :w] = step.block_tables
-            h["block_tables"][:r, w:self._upload_width()] = -1
+            h["block_tables"][:r, w:width] = -1
             h["remap"][:r] = step.remap
             h["temperature"][:r] = step.temperature
             h["seeds"][:r] = step.seeds
             h["mtp_slots"][:r] = 0 if step.mtp_slots is None else step.mtp_slots
-            # per row: its request, that request's remap, and the carry index of last step's token
-            # for a request's first row whose token is still unknown (-1)
-            row_req = np.repeat(np.arange(r), step.seqlens_q)
-            row_remap = np.asarray(step.remap, np.int64)[row_req]
-            first = np.zeros(t, dtype=bool)
-            first[step.first_token_pos[step.seqlens_q > 0]] = True
-            h["row_req"][:t] = row_req
-            h["row_remap"][:t] = row_remap
-            h["prev_row"][:t] = np.where(first & (step.input_ids < 0) & (row_remap >= 0), row_remap, -1)
+            h["row_req"][:t], h["row_remap"][:t], h["prev_row"][:t] = carry_row_maps(
+                step.input_ids, step.seqlens_q, step.first_token_pos, step.remap)
         h["input_ids"][t:g] = 0
         h["positions"][t:g] = np.arange(pad)
         h["slot_mapping"][t:g] = -1
@@ -157,7 +154,7 @@ class GraphInputBuffers:
         h["ftp"][r:last + 1] = t
         h["context_lens"][r:last] = 0
         h["context_lens"][last] = pad
-        h["block_tables"][r:last + 1, :self._upload_width()] = -1
+        h["block_tables"][r:last + 1, :width] = -1
         h["remap"][r:last + 1] = -1
         h["row_req"][t:g] = last
         h["row_remap"][t:g] = -1

@@ -6,8 +6,8 @@ the model speaks torch tensors on its device; this file is the only translation 
 A step is `launch` (enqueue everything on the device, start the copies of its results to the
 host) then `collect` (wait for those copies). Without zero-overhead scheduling the engine
 collects right away; with ZOS it launches step N+1 before collecting step N, and step N+1's
-inputs are fixed up on the device from step N's results (`apply_zos_fixup`; inside the graph
-for whole decode steps: `decode_step.apply_remap`).
+inputs are fixed up on the device from step N's results (`decode_step.apply_remap`: inside the graph
+for whole decode steps, through `apply_zos_fixup` for the others).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from deepinfer_engine.cuda_graphs import DecodeGraphRunner
+from deepinfer_engine.decode_step import StepCarry, apply_remap, carry_row_maps
 from deepinfer_engine.graph_inputs import StagedStep
 from deepinfer_engine.host_copy import array_to_device, arrays_to_device
 from deepinfer_engine.sampler import Sampler, SamplingBatch, SamplingHost, top_logprobs_per_request
@@ -140,7 +141,8 @@ class ModelRunner:
         )
 
     def apply_zos_fixup(self, meta: ForwardMetadata, out: SchedulerOutput, prev: DeviceStepState | None) -> None:
-        """Scatter step N's results into step N+1's rows (ZOS), entirely on the device.
+        """Step N's results into step N+1's rows (ZOS), on the device, for an eager step's
+        metadata (in place): the rules of `decode_step.apply_remap`, with the host's row maps.
 
         For request i of this step with remap[i] = r (its index in step N):
           golden token (row 0, -1 from the scheduler)  <- main token sampled for r in step N
@@ -153,20 +155,14 @@ class ModelRunner:
             return
         if meta.row_plan is not None and prev.has_drafts:   # rows may move: the host's row sets may not hold
             meta.row_plan = None
-        remap = self._tensor(out.remap, torch.int64)
-        has_prev = remap >= 0
-        r = remap.clamp(min=0)
-        delta = torch.where(has_prev, prev.rejected_rows[r], 0)                       # [req_cnt]
-        ftp = meta.first_token_pos.long()
-        golden = meta.input_ids[ftp]
-        meta.input_ids[ftp] = torch.where((golden < 0) & has_prev, prev.token_ids[r], golden)
-        row_req = torch.repeat_interleave(torch.arange(out.req_cnt, device=self.device), meta.seqlens_q.long(),
-                                          output_size=out.total_q)
-        meta.positions = meta.positions - delta[row_req]
-        meta.context_lens = (meta.context_lens.long() - delta).to(torch.int32)
-        bs = self.block_size
-        blocks = meta.block_tables.long()[row_req, meta.positions // bs]
-        meta.slot_mapping = blocks * bs + meta.positions % bs
+        maps = carry_row_maps(out.input_token_ids, out.seqlens_q, out.first_token_pos, out.remap)
+        remap, row_req, row_remap, prev_row = arrays_to_device(
+            [(out.remap, torch.int64)] + [(m, torch.int64) for m in maps], self.device)
+        carry = StepCarry(remap, prev_row, row_remap, row_req, prev.token_ids, prev.rejected_rows,
+                          rows_move=prev.has_drafts)
+        fixed = apply_remap(meta, carry)
+        meta.input_ids, meta.positions = fixed.input_ids, fixed.positions
+        meta.slot_mapping, meta.context_lens = fixed.slot_mapping, fixed.context_lens
 
     @staticmethod
     def _check_remap(out: SchedulerOutput, prev: DeviceStepState | None) -> None:
