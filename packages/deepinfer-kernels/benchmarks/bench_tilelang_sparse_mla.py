@@ -34,8 +34,11 @@ def _case(name):
         return T.make_sparse_mla_case(16, 16, 512, 2048, SLOTS, "cuda", pool=pool, distinct=True, seed=3)
     if name == "prefill_4096x16_w384":
         return T.make_prefill_case(4096, 16, 512, 128, 16, 16, SLOTS, "cuda", pool=pool, seed=4)
-    if name == "prefill_16x512_engine_w384":     # `mini`'s layout: 512-token prompts, ragged far entries
+    if name == "prefill_16x512_engine_w384":     # `mini`'s rows (512-token prompts, ragged far entries), random slots
         return T.make_prefill_case(8192, 16, 512, 128, 16, 16, SLOTS, "cuda", pool=pool, seed=6, prompt_len=512)
+    if name == "prefill_16x512_engine_paged128_w384":   # the same rows on the pool's KV blocks of 128 slots
+        return T.make_prefill_case(8192, 16, 512, 128, 16, 16, SLOTS, "cuda", pool=pool, seed=6, prompt_len=512,
+                                   paged=128)
     raise KeyError(name)
 
 
@@ -44,7 +47,8 @@ def _case(name):
                                      pytest.param("pipelined", id="pipelined")])
 @pytest.mark.parametrize("name", ["decode_132x16_w2048", "decode_132x16_w2048_paged128", "decode_132x16_engine_w384",
                                   "verify_64req_x6_w2048", "decode_16x16_w2048_splitkv",
-                                  "prefill_4096x16_w384", "prefill_16x512_engine_w384"])
+                                  "prefill_4096x16_w384", "prefill_16x512_engine_w384",
+                                  "prefill_16x512_engine_paged128_w384"])
 def test_bench_sparse_mla_tilelang(benchmark, name, variant):
     from deepinfer_kernels.ops.sparse_mla import sparse_mla_attention_ref
     from deepinfer_kernels.tilelang.sparse_mla import sparse_mla_attention_tilelang

@@ -47,3 +47,24 @@ def test_kernel_variant_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv(VARIANT_ENV, "fast")
     with pytest.raises(ValueError, match=VARIANT_ENV):
         kernel_variant()
+
+
+def test_prefill_case_paged_layout_matches_the_pool_blocks():
+    """The benchmark's prefill rows on the pool's KV blocks (`paged`): the same -1 pattern as the
+    random-slot case; a row's window is consecutive slots except where it crosses a 128-slot block,
+    its far entries are packed in the first 128 / ratio slots of their blocks, and the op (its CPU
+    reference here) runs on it."""
+    from deepinfer_kernels.tilelang.testing import make_prefill_case
+
+    args = (640, 4, 64, 128, 4, 16, 40_000, "cpu")
+    rnd = make_prefill_case(*args, seed=3, prompt_len=512)
+    pag = make_prefill_case(*args, seed=3, prompt_len=512, paged=128)
+    assert torch.equal(rnd.indices < 0, pag.indices < 0)
+    win, far = pag.indices[:, :128].long(), pag.indices[:, 128:].long()
+    steps = win[:, 1:] - win[:, :-1]
+    valid = (win[:, 1:] >= 0) & (win[:, :-1] >= 0)
+    inside = valid & (win[:, 1:] % 128 != 0)               # the next slot stays in the same KV block
+    assert bool((steps[inside] == 1).all()) and bool(inside.any())
+    assert bool(((far[far >= 0] % 128) < 128 // 4).all())     # packed ratio-4 entries
+    out, lse = sparse_mla_attention(pag.q, pag.pool, pag.indices, pag.sm_scale)
+    assert out.shape == (640, 4, 64) and bool(torch.isfinite(out.float()).all())

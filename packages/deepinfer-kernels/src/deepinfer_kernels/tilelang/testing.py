@@ -135,22 +135,40 @@ def make_verify_case(requests: int, rows_per_req: int, heads: int, d: int, windo
     return SparseMLACase(q, pool, idx.to(torch.int32).to(device), 1.0 / math.sqrt(d))
 
 
+def _paged_slots(count: int, paged: int, used: int, slots: int, g) -> torch.Tensor:
+    """``count`` slots in the pool's KV-block layout: random blocks of ``paged`` slots, the first
+    ``used`` of each taken in order (a block's tokens, or its packed compressed entries)."""
+    nblk = -(-count // used)
+    starts = torch.randperm(slots // paged, generator=g)[:nblk] * paged
+    return (starts.unsqueeze(1) + torch.arange(used)).reshape(-1)[:count]
+
+
 def make_prefill_case(tokens: int, heads: int, d: int, window: int, far_blocks: int, block: int,
                       slots: int, device, seed: int = 0, pool: torch.Tensor | None = None,
-                      prompt_len: int = 0, ratio: int = 4) -> SparseMLACase:
+                      prompt_len: int = 0, ratio: int = 4, paged: int = 0) -> SparseMLACase:
     """One prefill chunk: row t sees the window t-window+1..t (slots of consecutive positions) plus
     ``far_blocks`` blocks of ``block`` compressed entries (shared by runs of rows).
 
     ``prompt_len`` > 0: the engine's layout for prompts of that length (row t at position
     t % prompt_len): window slots before position 0 are -1 (at the front), and a row has only the
-    (position + 1 - window) // ratio far entries a ratio-``ratio`` layer has closed, -1 after them."""
+    (position + 1 - window) // ratio far entries a ratio-``ratio`` layer has closed, -1 after them.
+
+    ``paged`` > 0: slots as the engine's pool holds them, in KV blocks of ``paged`` slots: positions
+    fill a block's slots in order, compressed entries the first ``paged // ratio`` slots of theirs
+    (packed). 0: every slot drawn at random (one copy per record for the "bulk" kernels)."""
     g = _gen(seed + 3)
     if pool is None:
         pool = make_pool(slots, d, device, seed)
-    pos_slots = torch.randperm(slots, generator=g)[: tokens + window]
+    if paged:
+        pos_slots = _paged_slots(tokens + window, paged, paged, slots, g)
+    else:
+        pos_slots = torch.randperm(slots, generator=g)[: tokens + window]
     t = torch.arange(tokens).unsqueeze(1)
     win = pos_slots[(t + 1 + torch.arange(window).unsqueeze(0)).clamp(max=tokens + window - 1)]
-    comp = torch.randperm(slots, generator=g)[: far_blocks * block * 4]
+    if paged:
+        comp = _paged_slots(far_blocks * block * 4, paged, paged // ratio, slots, g)
+    else:
+        comp = torch.randperm(slots, generator=g)[: far_blocks * block * 4]
     sel = torch.stack([torch.randperm(far_blocks * 4, generator=g)[:far_blocks] for _ in range(math.ceil(tokens / 64))])
     far = (sel.unsqueeze(2) * block + torch.arange(block)).reshape(sel.shape[0], -1)
     far = comp[far].repeat_interleave(64, dim=0)[:tokens]
