@@ -28,6 +28,8 @@ def _case(name):
         return T.make_sparse_mla_case(132, 16, 512, 2048, SLOTS, "cuda", pool=pool, paged=128, seed=1)
     if name == "decode_132x16_engine_w384":       # 128 window slots + 16 blocks of 16 ratio-4 entries
         return T.make_engine_decode_case(132, 16, 512, 128, 16, 16, 4, SLOTS, "cuda", pool=pool, seed=5)
+    if name == "decode_132x16_engine_packed_w384":  # the same with packed entries (the engine since session 11)
+        return T.make_engine_decode_case(132, 16, 512, 128, 16, 16, 4, SLOTS, "cuda", pool=pool, seed=5, packed=True)
     if name == "verify_64req_x6_w2048":
         return T.make_verify_case(64, 6, 16, 512, 128, 1920, SLOTS, "cuda", pool=pool, seed=2)
     if name == "decode_16x16_w2048_splitkv":
@@ -46,6 +48,7 @@ def _case(name):
                                      pytest.param("bulk", id="bulkcopy"),
                                      pytest.param("pipelined", id="pipelined")])
 @pytest.mark.parametrize("name", ["decode_132x16_w2048", "decode_132x16_w2048_paged128", "decode_132x16_engine_w384",
+                                  "decode_132x16_engine_packed_w384",
                                   "verify_64req_x6_w2048", "decode_16x16_w2048_splitkv",
                                   "prefill_4096x16_w384", "prefill_16x512_engine_w384",
                                   "prefill_16x512_engine_paged128_w384"])

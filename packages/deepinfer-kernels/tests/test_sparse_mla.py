@@ -68,3 +68,15 @@ def test_prefill_case_paged_layout_matches_the_pool_blocks():
     assert bool(((far[far >= 0] % 128) < 128 // 4).all())     # packed ratio-4 entries
     out, lse = sparse_mla_attention(pag.q, pag.pool, pag.indices, pag.sm_scale)
     assert out.shape == (640, 4, 64) and bool(torch.isfinite(out.float()).all())
+
+
+def test_engine_decode_case_packed_entries_are_runs():
+    """`packed`: each selected block of 16 compressed entries is 16 consecutive slots (one copy for
+    the "bulk" kernel); unpacked, they are `ratio` slots apart, each in its last token's slot."""
+    from deepinfer_kernels.tilelang.testing import make_engine_decode_case
+
+    for packed, step in ((True, 1), (False, 4)):
+        case = make_engine_decode_case(3, 4, 64, 128, 2, 16, 4, 40_000, "cpu", seed=2, packed=packed)
+        far = case.indices[:, 128:].long().view(3, 2, 16)
+        assert bool((far[..., 1:] - far[..., :-1] == step).all())
+        assert bool(((case.indices[:, 1:128] - case.indices[:, :127]) == 1).all())   # the window: one run

@@ -95,17 +95,21 @@ def make_sparse_mla_case(rows: int, heads: int, d: int, width: int, slots: int, 
 
 
 def make_engine_decode_case(rows: int, heads: int, d: int, window: int, far_blocks: int, block: int, ratio: int,
-                            slots: int, device, seed: int = 0, pool: torch.Tensor | None = None) -> SparseMLACase:
+                            slots: int, device, seed: int = 0, pool: torch.Tensor | None = None,
+                            packed: bool = False) -> SparseMLACase:
     """Decode rows laid out as the engine lays them out: ``window`` consecutive slots (the
     window, within one KV block's run), then ``far_blocks`` selected blocks of ``block``
-    compressed entries, each entry in its last token's slot, so ``ratio`` slots apart."""
+    compressed entries, each entry in its last token's slot, so ``ratio`` slots apart (the
+    engine's layout before the eleventh session), or with ``packed`` in consecutive slots (a KV block's
+    entries in its first slots: the engine's layout since, `paged_slots(..., stride=r)`)."""
     g = _gen(seed + 4)
     if pool is None:
         pool = make_pool(slots, d, device, seed)
     span = max(window, block * ratio)
     starts = torch.randperm(slots // span, generator=g)[: rows * (1 + far_blocks)].view(rows, 1 + far_blocks) * span
     win = starts[:, :1] + torch.arange(window)
-    far = (starts[:, 1:, None] + ratio - 1 + ratio * torch.arange(block)).reshape(rows, far_blocks * block)
+    step, first = (1, 0) if packed else (ratio, ratio - 1)
+    far = (starts[:, 1:, None] + first + step * torch.arange(block)).reshape(rows, far_blocks * block)
     idx = torch.cat([win, far], dim=1)
     q = torch.randn(rows, heads, d, generator=g).to(torch.bfloat16).to(device)
     return SparseMLACase(q, pool, idx.to(torch.int32).to(device), 1.0 / math.sqrt(d))
