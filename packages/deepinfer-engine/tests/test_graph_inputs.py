@@ -61,6 +61,33 @@ def test_stage_pads_the_step_into_the_bucket_layout():
     assert b.seqlens[:5].tolist() == [2, 0, 0, 0, 6] and b.temperature[:5].tolist() == [0.0] * 5
 
 
+def test_stage_padding_is_the_padding_of_stage():
+    """What the piecewise / grammar steps' `_fill` does: the padding staged around a step of t rows
+    and r requests (over stale mirrors), uploaded, then the step's own rows copied over on the
+    device: the forward's buffers equal those a whole step stages for the same step."""
+    fields = ("input_ids", "positions", "slot_mapping", "seqlens", "ftp", "context_lens", "block_tables")
+    step = _step([2, 3], [7, 12], [-1, -1], first_unknown=False)
+    want = GraphInputBuffers(max_rows=16, max_slots=6, max_blocks=8, device=torch.device("cpu"))
+    want.stage(8, 5, step)
+    want.upload()
+    got = GraphInputBuffers(max_rows=16, max_slots=6, max_blocks=8, device=torch.device("cpu"))
+    got.stage(16, 6, _step([4, 4, 4, 1], [20, 9, 5, 17], [-1] * 4, first_unknown=False))   # stale contents
+    got.upload()
+    t, r, w = 5, 2, step.block_tables.shape[1]
+    got.note_table_width(w)
+    got.stage_padding(8, 5, t, r)
+    got.upload()
+    for name, arr in (("input_ids", step.input_ids), ("positions", step.positions), ("slot_mapping", step.slot_mapping)):
+        getattr(got, name)[:t].copy_(torch.from_numpy(arr))
+    for name, arr in (("seqlens", step.seqlens_q), ("ftp", step.first_token_pos), ("context_lens", step.context_lens)):
+        getattr(got, name)[:r].copy_(torch.from_numpy(arr))
+    got.block_tables[:r, :w].copy_(torch.from_numpy(step.block_tables))
+    got.block_tables[:r, w:].fill_(-1)
+    for name in fields:
+        n = 8 if name in ("input_ids", "positions", "slot_mapping") else 5
+        assert torch.equal(getattr(got, name)[:n], getattr(want, name)[:n]), name
+
+
 def _carry(b: GraphInputBuffers, g: int, s: int, tokens, rejected, rows_move=True) -> StepCarry:
     return StepCarry(b.remap[:s], b.prev_row[:g], b.row_remap[:g], b.row_req[:g], torch.tensor(tokens),
                      torch.tensor(rejected), rows_move=rows_move)

@@ -185,9 +185,15 @@ class DecodeGraphRunner:
         self.mtp_slots[r:s].zero_()
 
     def _fill(self, g: int, meta: ForwardMetadata | None) -> None:
-        """Copy a step's metadata into the static buffers, padded to bucket g (device copies only)."""
+        """A step's device metadata into the static buffers, padded to bucket g: the padding staged
+        on the host and uploaded (`GraphInputBuffers.stage_padding`, the layout the whole steps
+        use), then the step's rows and request slots copied over it on the device (stream order)."""
         t = 0 if meta is None else meta.total_q
         r = 0 if meta is None else meta.num_reqs
+        if meta is not None:
+            self.inputs.note_table_width(meta.block_tables.shape[1])   # the uploads cover what this writes
+        self.inputs.stage_padding(g, self.slots(g), t, r)
+        self.inputs.upload()
         if meta is not None:
             self.input_ids[:t].copy_(meta.input_ids)
             self.positions[:t].copy_(meta.positions)
@@ -198,24 +204,13 @@ class DecodeGraphRunner:
             w = meta.block_tables.shape[1]
             self.block_tables[:r, :w].copy_(meta.block_tables)
             self.block_tables[:r, w:].fill_(-1)
-            self.inputs.note_table_width(w)   # the staged uploads must cover what this wrote
-        pad, last = g - t, self.slots(g) - 1   # last: the padding request
-        self.input_ids[t:g].zero_()
-        self.positions[t:g].copy_(torch.arange(pad, device=self.positions.device))
-        self.slot_mapping[t:g].fill_(-1)
-        self.seqlens[r:last].zero_()
-        self.ftp[r:last + 1].fill_(t)
-        self.context_lens[r:last].zero_()
-        self.block_tables[r:last + 1].fill_(-1)
-        self.seqlens[last:last + 1].fill_(pad)   # fill_, not `[last] = pad`: a host scalar copy syncs the stream
-        self.context_lens[last:last + 1].fill_(pad)
 
     def _capture(self, g: int, fn, arg) -> _Graph:
         # stacked projection weights checked (rebuilt) here, eagerly: never inside a capture or a trace
         refresh_fused_projections(self.model)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        self.inputs.stage(g, self.slots(g), None)   # padding only: the buffers hold no step
+        self.inputs.stage_padding(g, self.slots(g), 0, 0)   # the buffers hold no step
         self.inputs.upload()
         carried = (self.carry_token_ids.clone(), self.carry_rejected_rows.clone())  # a capture's runs write it
         stream = torch.cuda.Stream()

@@ -106,7 +106,10 @@ class GraphInputBuffers:
         """Block-table columns an upload covers: whole rows (one contiguous copy) while the staged
         slots' rows are at most FULL_ROWS_MAX_BYTES or the widest table so far reaches half the
         row; else that widest table (a copy into a strided view: staged, then one device copy)."""
-        if self._slots * self.max_blocks * 4 <= FULL_ROWS_MAX_BYTES or 2 * self._table_width >= self.max_blocks:
+        return self._upload_width_for(self._slots)
+
+    def _upload_width_for(self, slots: int) -> int:
+        if slots * self.max_blocks * 4 <= FULL_ROWS_MAX_BYTES or 2 * self._table_width >= self.max_blocks:
             return self.max_blocks
         return self._table_width
 
@@ -125,12 +128,8 @@ class GraphInputBuffers:
         h = self.host
         t = 0 if step is None else step.input_ids.shape[0]
         r = 0 if step is None else step.seqlens_q.shape[0]
-        pad, last = g - t, slots - 1
-        self._slots = slots
         if step is not None:
             self.note_table_width(step.block_tables.shape[1])
-        width = self._upload_width()    # block-table columns this step's upload covers
-        if step is not None:
             w = step.block_tables.shape[1]
             h["input_ids"][:t] = step.input_ids
             h["positions"][:t] = step.positions
@@ -139,13 +138,24 @@ class GraphInputBuffers:
             h["ftp"][:r] = step.first_token_pos
             h["context_lens"][:r] = step.context_lens
             h["block_tables"][:r, :w] = step.block_tables
-            h["block_tables"][:r, w:width] = -1
+            h["block_tables"][:r, w:self._upload_width_for(slots)] = -1
             h["remap"][:r] = step.remap
             h["temperature"][:r] = step.temperature
             h["seeds"][:r] = step.seeds
             h["mtp_slots"][:r] = 0 if step.mtp_slots is None else step.mtp_slots
             h["row_req"][:t], h["row_remap"][:t], h["prev_row"][:t] = carry_row_maps(
                 step.input_ids, step.seqlens_q, step.first_token_pos, step.remap)
+        self.stage_padding(g, slots, t, r)
+
+    def stage_padding(self, g: int, slots: int, t: int, r: int) -> None:
+        """The padding of bucket g around a step of t rows and r requests, in the host mirrors (the
+        one definition of the padded layout; rows [0, t) and slots [0, r) are left as they are):
+        rows [t, g) belong to the padding request, slot `slots - 1`, which starts at row t and
+        whose positions count from 0; slots [r, slots - 1) are empty requests (no rows, no blocks)."""
+        h = self.host
+        pad, last = g - t, slots - 1
+        self._slots = slots
+        width = self._upload_width()
         h["input_ids"][t:g] = 0
         h["positions"][t:g] = np.arange(pad)
         h["slot_mapping"][t:g] = -1
