@@ -6,6 +6,7 @@ Nothing here imports TileLang at module import time.
 from __future__ import annotations
 
 import importlib.util
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -15,6 +16,21 @@ import torch
 
 # A plain "sm_90" target fails on warpgroup register reconfiguration; wgmma needs sm_90a.
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
+
+# Programmatic dependent launch (DEEPINFER_TILELANG_PDL=1, read once per process): every kernel
+# built here starts with `griddepcontrol.wait` (cudaGridDependencySynchronize) before it touches
+# global memory, and TileLang then launches it with the programmatic-stream-serialization
+# attribute, so its launch and CTA scheduling overlap the end of the kernel before it (a
+# programmatic edge in a captured CUDA graph). Batch-1 decode is ~500 kernels of a few us each.
+PDL = os.environ.get("DEEPINFER_TILELANG_PDL", "0") == "1"
+
+
+def pdl_sync() -> Any:
+    """The wait of a PDL kernel (TileLang's `pdl_sync` intrinsic; imported when a kernel is built)."""
+    from tilelang.cuda.language import pdl_sync as sync
+
+    return sync()
+
 
 _cache: dict[tuple, Any] = {}
 _compile_seconds: dict[tuple, float] = {}

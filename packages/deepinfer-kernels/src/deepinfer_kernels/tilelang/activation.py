@@ -8,7 +8,7 @@ slices of the fused gate/up GEMM's output), 8 values per thread, up to 256 threa
 
 import torch
 
-from deepinfer_kernels.tilelang._common import compile_cached, require, require_cuda
+from deepinfer_kernels.tilelang._common import PDL, compile_cached, pdl_sync, require, require_cuda
 
 # No `from __future__ import annotations` (TileLang evaluates prim_func annotations).
 
@@ -35,6 +35,8 @@ def _build(inter: int, dtype: str, round_silu: bool = True):
         Y: T.Tensor((N, inter), dtype),
     ):
         with T.Kernel(T.ceildiv(N, ROWS), T.ceildiv(NTR, TCOL), threads=TCOL * ROWS) as (b, cb):
+            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                T.evaluate(pdl_sync())
             tx = T.get_thread_binding()
             row = b * ROWS + tx // TCOL
             part = cb * TCOL + tx % TCOL

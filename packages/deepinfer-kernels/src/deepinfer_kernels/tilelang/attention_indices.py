@@ -8,7 +8,7 @@ against the row's far count and read the entry's slot.
 
 import torch
 
-from deepinfer_kernels.tilelang._common import compile_cached, require, require_cuda
+from deepinfer_kernels.tilelang._common import PDL, compile_cached, pdl_sync, require, require_cuda
 
 # No `from __future__ import annotations` (TileLang evaluates prim_func annotations).
 
@@ -36,6 +36,8 @@ def _build():
         block_size: T.int32,
     ):
         with T.Kernel(T.ceildiv(WT, NT), N, threads=NT) as (bx, n):
+            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                T.evaluate(pdl_sync())
             col = bx * NT + T.get_thread_binding()
             if col < WT:
                 if col < W:

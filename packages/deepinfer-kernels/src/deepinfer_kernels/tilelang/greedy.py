@@ -9,7 +9,7 @@
 
 import torch
 
-from deepinfer_kernels.tilelang._common import compile_cached, require, require_cuda
+from deepinfer_kernels.tilelang._common import PDL, compile_cached, pdl_sync, require, require_cuda
 
 # No `from __future__ import annotations` (TileLang evaluates prim_func annotations).
 
@@ -43,6 +43,8 @@ def _build_partials(dtype: str):
         Ps: T.Tensor((R, C), T.float32),
     ):
         with T.Kernel(C, R, threads=NT) as (c, r):
+            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                T.evaluate(pdl_sync())
             tx = T.get_thread_binding()
             lane = tx % 32
             warp = tx // 32
@@ -121,6 +123,8 @@ def _build_combine(idx_dtype: str):
         Final: T.Tensor((Q,), T.int32),
     ):
         with T.Kernel(Q, threads=32) as q:
+            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                T.evaluate(pdl_sync())
             lane = T.get_thread_binding()
             row = T.alloc_var(T.int32)
             m = T.alloc_var(T.float32)

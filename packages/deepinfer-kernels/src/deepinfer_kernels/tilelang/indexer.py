@@ -29,7 +29,7 @@ import math
 
 import torch
 
-from deepinfer_kernels.tilelang._common import compile_cached, require, require_cuda
+from deepinfer_kernels.tilelang._common import PDL, compile_cached, pdl_sync, require, require_cuda
 from deepinfer_kernels.tilelang._cuda import FP4_DEQUANT_SRC
 
 # No `from __future__ import annotations` (TileLang evaluates prim_func annotations).
@@ -94,6 +94,8 @@ def _build_scores(heads: int, di: int, mode: str, block_size: int, vlen_dtype: s
         wscale: T.float32,
     ):
         with T.Kernel(R, T.ceildiv(N, CHUNK), threads=NT) as (r, cb):
+            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                T.evaluate(pdl_sync())
             T.import_source(FP4_DEQUANT_SRC)
             Q_s = T.alloc_shared((HP, di), T.bfloat16)
             Kb = T.alloc_shared((TILE, di), T.bfloat16)
@@ -184,6 +186,8 @@ def _build_block_max(block_size: int):
         NValid: T.Tensor((R,), T.int32),
     ):
         with T.Kernel(R, T.ceildiv(NB, NT), threads=NT) as (r, bb):
+            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                T.evaluate(pdl_sync())
             tx = T.get_thread_binding()
             mx = T.alloc_var(T.float32)
             vlen = VLen[r]
@@ -224,6 +228,8 @@ def _build_topk(p2: int, topk: int):
         Out: T.Tensor((R, topk), T.int32),
     ):
         with T.Kernel(R, threads=NTS) as r:
+            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                T.evaluate(pdl_sync())
             keys = T.alloc_shared((p2,), T.uint64)
             a = T.alloc_var(T.uint64)
             b = T.alloc_var(T.uint64)

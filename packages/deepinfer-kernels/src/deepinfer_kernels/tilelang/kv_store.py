@@ -19,7 +19,7 @@ row's record is written with 16-byte (FP8, D = 512) or 8-byte (FP4) vector store
 
 import torch
 
-from deepinfer_kernels.tilelang._common import compile_cached, require, require_cuda
+from deepinfer_kernels.tilelang._common import PDL, compile_cached, pdl_sync, require, require_cuda
 
 # No `from __future__ import annotations` (TileLang evaluates prim_func annotations).
 
@@ -61,6 +61,8 @@ def _build_fp8(d: int, in_dtype: str, idx_dtype: str, identity: bool):
         Pool: T.Tensor((S, REC), T.uint8),
     ):
         with T.Kernel(T.ceildiv(N, RPC), threads=NT) as bx:
+            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                T.evaluate(pdl_sync())
             tx = T.get_thread_binding()
             xv = T.alloc_local((16,), T.float32)
             qb = T.alloc_local((16,), T.uint8)
@@ -118,6 +120,8 @@ def _build_fp4(d: int, in_dtype: str, idx_dtype: str, identity: bool):
         Pool: T.Tensor((S, REC), T.uint8),
     ):
         with T.Kernel(T.ceildiv(N, RPC), threads=NT) as bx:
+            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                T.evaluate(pdl_sync())
             tx = T.get_thread_binding()
             xv = T.alloc_local((16,), T.float32)
             cd = T.alloc_local((16,), T.uint8)

@@ -1,3 +1,5 @@
+from deepinfer_kernels.tilelang._common import PDL, pdl_sync
+
 """TileLang builders of the MoE's grouped GEMMs (launched by ``moe.py``; the tile schedule, the
 decode permutation and the weighted combine are in ``moe_schedule_builders.py``).
 
@@ -72,6 +74,8 @@ def _build_grouped(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int, stages:
         Out: T.Tensor((N, NOUT), dtype),
     ):
         with T.Kernel(NSL, NOUT // bn, threads=threads) as (bx, by):
+            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                T.evaluate(pdl_sync())
             A_s = T.alloc_shared((bm, bk), dtype)
             B_s = T.alloc_shared((bn, bk), dtype)
             acc = T.alloc_fragment((bm, bn), T.float32)
@@ -137,6 +141,8 @@ def _build_grouped_swapped(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int,
         Out: T.Tensor((N, NOUT), dtype),
     ):
         with T.Kernel(NSL, NOUT // bn, threads=threads) as (bx, by):
+            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                T.evaluate(pdl_sync())
             X_s = T.alloc_shared((KT if stage_rows_whole_k else 1, bm, bk), dtype)
             W_s = T.alloc_shared((bn, bk), dtype)
             acc = T.alloc_fragment((bn, bm), T.float32)
@@ -203,6 +209,8 @@ def _build_grouped_ws(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int, stag
         Out: T.Tensor((N, NOUT), dtype),
     ):
         with T.Kernel(NSL, NOUT // bn, threads=384) as (bx, by):
+            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                T.evaluate(pdl_sync())
             A_s = T.alloc_shared((stages, bm, bk), dtype)
             B_s = T.alloc_shared((stages, bn, bk), dtype)
             B2_s = T.alloc_shared((stages, bn, bk), dtype)

@@ -11,7 +11,7 @@ gates in the reduction order of torch's sum).
 
 import torch
 
-from deepinfer_kernels.tilelang._common import compile_cached, require, require_cuda
+from deepinfer_kernels.tilelang._common import PDL, compile_cached, pdl_sync, require, require_cuda
 
 # No `from __future__ import annotations` (TileLang evaluates prim_func annotations).
 
@@ -38,6 +38,8 @@ def _build(e: int, k: int, logit_dtype: str, bias_dtype: str, normalise: bool, s
         Ids: T.Tensor((N, k), T.int32),
     ):
         with T.Kernel(T.ceildiv(N, TOKENS_PER_CTA), threads=NT) as bx:
+            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                T.evaluate(pdl_sync())
             tx = T.get_thread_binding()
             lane = tx % 32
             warp = tx // 32

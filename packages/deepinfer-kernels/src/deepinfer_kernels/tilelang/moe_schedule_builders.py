@@ -1,3 +1,5 @@
+from deepinfer_kernels.tilelang._common import PDL, pdl_sync
+
 """TileLang builders of the MoE's bookkeeping kernels around the grouped GEMMs (``moe_builders.py``),
 launched by ``moe.py``: the tile schedule (m-slot -> expert, first row, rows), the decode-size
 permutation by expert in one CTA, and the weighted top-k combine in slot order (the prefill
@@ -21,6 +23,8 @@ def _build_slots(E: int, bm: int, off_dtype: str):
         Slots: T.Tensor((3, NSL), T.int32),
     ):
         with T.Kernel(T.ceildiv(NSL, NT), threads=NT) as bx:
+            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                T.evaluate(pdl_sync())
             off_s = T.alloc_shared((E + 1,), T.int32)
             ex = T.alloc_var(T.int32)
             row0 = T.alloc_var(T.int32)
@@ -70,6 +74,8 @@ def _build_permute(E: int, topk: int, bm: int):
         Slots: T.Tensor((3, NSL), T.int32),
     ):
         with T.Kernel(1, threads=NT) as _bx:
+            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                T.evaluate(pdl_sync())
             cnt = T.alloc_shared((E,), T.int32)
             fill = T.alloc_shared((E,), T.int32)
             off = T.alloc_shared((E + 1,), T.int32)
@@ -147,6 +153,8 @@ def _build_combine(topk: int, H: int, dtype: str, add_shared: bool = False, add_
         Out: T.Tensor((T_, H), dtype),
     ):
         with T.Kernel(T_, threads=NT) as t:
+            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                T.evaluate(pdl_sync())
             tx = T.get_thread_binding()
             acc = T.alloc_local((PER,), T.float32)
             yv = T.alloc_local((PER,), dtype)

@@ -11,7 +11,7 @@ bit for bit (like torch's own fused CUDA norm).
 
 import torch
 
-from deepinfer_kernels.tilelang._common import compile_cached, require, require_cuda
+from deepinfer_kernels.tilelang._common import PDL, compile_cached, pdl_sync, require, require_cuda
 
 # No `from __future__ import annotations` (TileLang evaluates prim_func annotations).
 
@@ -41,6 +41,8 @@ def _build(d: int, x_dtype: str, w_dtype: str, eps: float, add: bool = False):
         Sum: T.Tensor((N, d), x_dtype),
     ):
         with T.Kernel(T.ceildiv(N, ROWS_PER_CTA), threads=NT) as bx:
+            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                T.evaluate(pdl_sync())
             tx = T.get_thread_binding()
             lane = tx % TPR                         # the thread's place in its row
             row = bx * ROWS_PER_CTA + tx // TPR

@@ -6,7 +6,7 @@ bit for bit). One thread per (row, position).
 
 import torch
 
-from deepinfer_kernels.tilelang._common import compile_cached, require, require_cuda
+from deepinfer_kernels.tilelang._common import PDL, compile_cached, pdl_sync, require, require_cuda
 
 # No `from __future__ import annotations` (TileLang evaluates prim_func annotations).
 
@@ -31,6 +31,8 @@ def _build():
         stride: T.int64,           # positions per record within a block (packed compressed entries)
     ):
         with T.Kernel(T.ceildiv(K, NT), N, threads=NT) as (bx, n):
+            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                T.evaluate(pdl_sync())
             k = bx * NT + T.get_thread_binding()
             if k < K:
                 vp = VPos[n, k]

@@ -8,7 +8,7 @@ writes both, so no thread reads a value another one rewrites.
 
 import torch
 
-from deepinfer_kernels.tilelang._common import compile_cached, require, require_cuda
+from deepinfer_kernels.tilelang._common import PDL, compile_cached, pdl_sync, require, require_cuda
 
 # No `from __future__ import annotations` (TileLang evaluates prim_func annotations).
 
@@ -30,6 +30,8 @@ def _build(h: int, d: int, r: int, dtype: str):
         Sin: T.Tensor((N, r), T.float32),
     ):
         with T.Kernel(T.ceildiv(N * PAIRS, NT), threads=NT) as bx:
+            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                T.evaluate(pdl_sync())
             p = bx * NT + T.get_thread_binding()
             if p < N * PAIRS:
                 n = p // PAIRS

@@ -30,6 +30,7 @@ second kernel.
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations at
 # decoration time against the builder locals.
 
+from deepinfer_kernels.tilelang._common import PDL, pdl_sync
 from deepinfer_kernels.tilelang._cuda import DEQUANT_SRC
 
 BLOCK_TOKENS = 64           # tokens per block (the wgmma M)
@@ -217,6 +218,8 @@ def _build_pipelined(heads: int, d: int, hb: int, split: bool, nblk: int):
         bps: T.int32,
     ):
         with T.Kernel(R * HG, NS, threads=NT) as (bx, sp):
+            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                T.evaluate(pdl_sync())
             r = bx // HG
             hg = bx % HG
             T.import_source(DEQUANT_SRC)
@@ -296,6 +299,8 @@ def _build_combine(heads: int, d: int):
         Lse: T.Tensor((R, H), T.float32),
     ):
         with T.Kernel(R, H, threads=NT) as (r, h):
+            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                T.evaluate(pdl_sync())
             tx = T.get_thread_binding()
             mx = T.alloc_var(T.float32)
             tot = T.alloc_var(T.float32)

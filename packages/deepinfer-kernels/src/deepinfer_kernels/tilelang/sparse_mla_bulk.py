@@ -30,6 +30,7 @@ early in a prompt have most of their far entries empty (padding to the widest ro
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations at
 # decoration time against the builder locals.
 
+from deepinfer_kernels.tilelang._common import PDL, pdl_sync
 from deepinfer_kernels.tilelang._cuda import BULK_COPY_SRC, DEQUANT_SRC
 from deepinfer_kernels.tilelang.sparse_mla_builders import (
     BLOCK_TOKENS,
@@ -138,6 +139,8 @@ def _build_bulk(heads: int, d: int, hb: int, split: bool, producers: int = 1, tr
         bps: T.int32,              # blocks per split (even)
     ):
         with T.Kernel(R * HG, NS, threads=128 + PT) as (bx, sp):
+            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                T.evaluate(pdl_sync())
             r = bx // HG
             hg = bx % HG
             T.import_source(DEQUANT_SRC + BULK_COPY_SRC)     # one import per kernel

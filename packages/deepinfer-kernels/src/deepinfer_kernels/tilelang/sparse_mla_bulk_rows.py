@@ -21,6 +21,7 @@ arithmetic per row (the online softmax state restarts at each row's first pair).
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations at
 # decoration time against the builder locals.
 
+from deepinfer_kernels.tilelang._common import PDL, pdl_sync
 from deepinfer_kernels.tilelang._cuda import BULK_COPY_SRC, DEQUANT_SRC
 from deepinfer_kernels.tilelang.sparse_mla_builders import (
     BLOCK_TOKENS,
@@ -73,6 +74,8 @@ def _build_bulk_rows(heads: int, d: int, hb: int, producers: int = 2, rpc: int =
         bps: T.int32,              # unused (the one-row kernels' blocks per split)
     ):
         with T.Kernel(T.ceildiv(R, rpc) * HG, threads=NTH) as bx:
+            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                T.evaluate(pdl_sync())
             r0 = (bx // HG) * rpc
             hg = bx % HG
             T.import_source(DEQUANT_SRC + BULK_COPY_SRC)

@@ -4,6 +4,7 @@
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations at
 # decoration time against the builder locals.
 
+from deepinfer_kernels.tilelang._common import PDL, pdl_sync
 from deepinfer_kernels.tilelang._cuda import DEQUANT_SRC
 from deepinfer_kernels.tilelang.sparse_mla_builders import (
     BLOCK_TOKENS,
@@ -141,6 +142,8 @@ def _build_ws(heads: int, d: int, hb: int, split: bool):
     ):
         # head groups of one row are adjacent CTAs, so the second group's gathers hit L2
         with T.Kernel(R * HG, NS, threads=NTH) as (bx, sp):
+            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                T.evaluate(pdl_sync())
             r = bx // HG
             hg = bx % HG
             T.import_source(DEQUANT_SRC)

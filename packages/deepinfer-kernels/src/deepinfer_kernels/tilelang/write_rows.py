@@ -10,7 +10,7 @@ device-asserts): the engine's slots are in range by construction.
 
 import torch
 
-from deepinfer_kernels.tilelang._common import compile_cached, require, require_cuda
+from deepinfer_kernels.tilelang._common import PDL, compile_cached, pdl_sync, require, require_cuda
 
 # No `from __future__ import annotations` (TileLang evaluates prim_func annotations).
 
@@ -34,6 +34,8 @@ def _build(w: int, src_dtype: str, dst_dtype: str, idx_dtype: str):
         Src: T.Tensor((N, w), src_dtype),
     ):
         with T.Kernel(N, threads=NT) as i:
+            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                T.evaluate(pdl_sync())
             tx = T.get_thread_binding()
             r = Idx[i]
             if (r >= 0) and (r < M):
