@@ -12,8 +12,9 @@ from count_step_ops import _cuda_rms_norm_launches, count  # noqa: E402
 
 
 def test_counts_every_phase_of_a_speculative_step():
-    spec, by_function = count("preset:tiny", nextn=3, batch=1, by_function=True)
-    plain = count("preset:tiny", nextn=0, batch=1)
+    res = count("preset:tiny", nextn=3, batch=1)
+    spec, by_function = res.by_phase, res.by_function
+    plain = count("preset:tiny", nextn=0, batch=1).by_phase
     totals = {label: sum(ops.values()) for label, ops in spec.items()}
     assert set(totals) >= {"target forward", "draft head", "DFlash main keys", "sampler"}
     assert all(n > 0 for n in totals.values())
@@ -22,6 +23,9 @@ def test_counts_every_phase_of_a_speculative_step():
     assert "draft head" not in plain and sum(totals.values()) > sum(sum(o.values()) for o in plain.values())
     # every launch is attributed to the function of ours that issued it
     assert sum(by_function.values()) == sum(totals.values()) and by_function["forward.py:run_layer"] > 0
+    # and to the stream it goes to with decode side streams on: the capture stream and the side chains
+    assert sum(res.by_stream.values()) == sum(totals.values())
+    assert res.by_stream["main"] > 0 and res.by_stream["query"] > 0 and res.by_stream["compress"] > 0
 
 
 def test_rms_norm_counts_its_cuda_launches():
@@ -35,8 +39,8 @@ def test_rms_norm_counts_its_cuda_launches():
 
 
 def test_greedy_and_general_sampling_variants_are_counted_apart():
-    greedy = count("preset:tiny", nextn=0, batch=1, greedy=True)
-    general = count("preset:tiny", nextn=0, batch=1, greedy=False)
+    greedy = count("preset:tiny", nextn=0, batch=1, greedy=True).by_phase
+    general = count("preset:tiny", nextn=0, batch=1, greedy=False).by_phase
     sampler = {name: sum(phases["sampler"].values()) for name, phases in (("greedy", greedy), ("general", general))}
     assert 0 < sampler["greedy"] < sampler["general"]    # the greedy fast path: argmax, no distributions
     assert greedy["target forward"] == general["target forward"]

@@ -21,6 +21,7 @@ import argparse
 import collections
 import contextlib
 import sys
+from dataclasses import dataclass
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -47,6 +48,15 @@ def _our_caller() -> str:
     return "-"
 
 
+@dataclass
+class StepLaunches:
+    """Kernel launches of one decode step, three ways."""
+
+    by_phase: dict[str, collections.Counter]   # phase -> op name -> launches
+    by_function: collections.Counter           # "file.py:function" of ours that issued them -> launches
+    by_stream: collections.Counter             # "main", or the side stream (engine/streams.py) -> launches
+
+
 class StepOpCounter(TorchDispatchMode):
     """Counts dispatched ops per phase (a stack of labels pushed by `phase`) and per function of
     the model / kernels / engine code that issued them."""
@@ -58,10 +68,14 @@ class StepOpCounter(TorchDispatchMode):
         self.active = False   # counting: inside the one step measured
         self.by_phase: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
         self.by_function: collections.Counter = collections.Counter()
+        self.by_stream: collections.Counter = collections.Counter()
 
     def add(self, name: str, n: int = 1) -> None:
+        from deepinfer_model.engine.streams import current_chain
+
         self.by_phase[self.phases[-1]][name] += n
         self.by_function[_our_caller()] += n
+        self.by_stream[current_chain()] += n
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.__name__.split(".")[0]
@@ -129,7 +143,7 @@ def _wrap(obj, attr: str, enter, undo: list) -> None:
     undo.append(lambda: setattr(obj, attr, original))
 
 
-def count(model: str | None, nextn: int, batch: int, by_function: bool = False, greedy: bool = True):
+def count(model: str | None, nextn: int, batch: int, greedy: bool = True) -> StepLaunches:
     import deepinfer_engine.cuda_graphs as cuda_graphs
     import deepinfer_engine.sampler as engine_sampler
     import deepinfer_kernels.ops.indexer as ops_indexer
@@ -191,7 +205,7 @@ def count(model: str | None, nextn: int, batch: int, by_function: bool = False, 
         cuda_graphs.run_decode_step = step
         for restore in reversed(undo):
             restore()
-    return (counter.by_phase, counter.by_function) if by_function else counter.by_phase
+    return StepLaunches(dict(counter.by_phase), counter.by_function, counter.by_stream)
 
 
 def main() -> None:
@@ -205,16 +219,19 @@ def main() -> None:
     ap.add_argument("--sampling", choices=("greedy", "general"), default="greedy",
                     help="the step graph variant counted: all-greedy (what temperature-0 benchmarks replay) or general")
     args = ap.parse_args()
-    by_phase, by_function = count(None if args.model == "default" else args.model, args.nextn, args.batch,
-                                  by_function=True, greedy=args.sampling == "greedy")
-    total = sum(sum(c.values()) for c in by_phase.values())
+    res = count(None if args.model == "default" else args.model, args.nextn, args.batch,
+                greedy=args.sampling == "greedy")
+    total = sum(sum(c.values()) for c in res.by_phase.values())
     print(f"{args.model}, nextn {args.nextn}, batch {args.batch}, {args.sampling} sampling: {total} kernel launches "
           "per decode step")
-    for label, ops in sorted(by_phase.items(), key=lambda kv: -sum(kv[1].values())):
+    for label, ops in sorted(res.by_phase.items(), key=lambda kv: -sum(kv[1].values())):
         print(f"  {label:18s} {sum(ops.values()):6d}" + (f"  {ops.most_common(args.top)}" if args.top else ""))
+    # "main" is the capture stream: the chain every side stream forks from and joins back into
+    print("launches by stream (decode side streams on): "
+          + ", ".join(f"{name} {n}" for name, n in res.by_stream.most_common()))
     if args.by_function:
         print("launches by issuing function:")
-        for where, n in by_function.most_common(args.by_function):
+        for where, n in res.by_function.most_common(args.by_function):
             print(f"  {n:6d}  {where}")
 
 

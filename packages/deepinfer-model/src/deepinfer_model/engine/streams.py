@@ -31,6 +31,13 @@ from collections.abc import Iterator
 import torch
 
 _STREAMS: dict[tuple[int, str], torch.cuda.Stream] = {}
+_RUNNING: list[str] = []   # names of the `DecodeStreams.on` blocks being run, innermost last
+
+
+def current_chain() -> str:
+    """The side stream whose block is running, "main" outside every block: the stream a launch
+    goes to when side streams are on. Tracked on the CPU too (tools/count_step_ops.py)."""
+    return _RUNNING[-1] if _RUNNING else "main"
 
 
 def _side_stream(device: torch.device, name: str) -> torch.cuda.Stream:
@@ -60,18 +67,22 @@ class DecodeStreams:
     def on(self, name: str, reads: tuple[torch.Tensor | None, ...] = ()) -> Iterator[None]:
         """Run the block on side stream `name`, after everything launched so far on the current
         stream; `reads`: tensors of the current stream the block reads (kept from reuse until it ran)."""
-        if not self.enabled:
-            yield
-            return
-        side = _side_stream(self.device, name)
-        main = torch.cuda.current_stream(self.device)
-        side.wait_stream(main)
-        for t in reads:
-            if t is not None:
-                t.record_stream(side)
-        self._forked.add(name)
-        with torch.cuda.stream(side):
-            yield
+        _RUNNING.append(name)
+        try:
+            if not self.enabled:
+                yield
+                return
+            side = _side_stream(self.device, name)
+            main = torch.cuda.current_stream(self.device)
+            side.wait_stream(main)
+            for t in reads:
+                if t is not None:
+                    t.record_stream(side)
+            self._forked.add(name)
+            with torch.cuda.stream(side):
+                yield
+        finally:
+            _RUNNING.pop()
 
     def join(self, name: str, outputs: tuple[torch.Tensor | None, ...] = ()) -> None:
         """The current stream waits for side stream `name`; `outputs`: tensors it allocated that the
