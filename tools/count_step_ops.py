@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from deepinfer_kernels.tilelang import LAUNCHERS
+from deepinfer_model.engine.streams import current_chain
 
 NOT_LAUNCHES = {"view", "_unsafe_view", "t", "expand", "slice", "select", "unsqueeze", "squeeze", "reshape",
                 "permute", "transpose", "as_strided", "alias", "detach", "unbind", "split", "split_with_sizes",
@@ -71,8 +72,6 @@ class StepOpCounter(TorchDispatchMode):
         self.by_stream: collections.Counter = collections.Counter()
 
     def add(self, name: str, n: int = 1) -> None:
-        from deepinfer_model.engine.streams import current_chain
-
         self.by_phase[self.phases[-1]][name] += n
         self.by_function[_our_caller()] += n
         self.by_stream[current_chain()] += n

@@ -106,10 +106,7 @@ class GraphInputBuffers:
         """Block-table columns an upload covers: whole rows (one contiguous copy) while the staged
         slots' rows are at most FULL_ROWS_MAX_BYTES or the widest table so far reaches half the
         row; else that widest table (a copy into a strided view: staged, then one device copy)."""
-        return self._upload_width_for(self._slots)
-
-    def _upload_width_for(self, slots: int) -> int:
-        if slots * self.max_blocks * 4 <= FULL_ROWS_MAX_BYTES or 2 * self._table_width >= self.max_blocks:
+        if self._slots * self.max_blocks * 4 <= FULL_ROWS_MAX_BYTES or 2 * self._table_width >= self.max_blocks:
             return self.max_blocks
         return self._table_width
 
@@ -130,6 +127,8 @@ class GraphInputBuffers:
         r = 0 if step is None else step.seqlens_q.shape[0]
         if step is not None:
             self.note_table_width(step.block_tables.shape[1])
+        width = self.stage_padding(g, slots, t, r)   # the rows and slots around the step's (disjoint)
+        if step is not None:
             w = step.block_tables.shape[1]
             h["input_ids"][:t] = step.input_ids
             h["positions"][:t] = step.positions
@@ -138,20 +137,20 @@ class GraphInputBuffers:
             h["ftp"][:r] = step.first_token_pos
             h["context_lens"][:r] = step.context_lens
             h["block_tables"][:r, :w] = step.block_tables
-            h["block_tables"][:r, w:self._upload_width_for(slots)] = -1
+            h["block_tables"][:r, w:width] = -1
             h["remap"][:r] = step.remap
             h["temperature"][:r] = step.temperature
             h["seeds"][:r] = step.seeds
             h["mtp_slots"][:r] = 0 if step.mtp_slots is None else step.mtp_slots
             h["row_req"][:t], h["row_remap"][:t], h["prev_row"][:t] = carry_row_maps(
                 step.input_ids, step.seqlens_q, step.first_token_pos, step.remap)
-        self.stage_padding(g, slots, t, r)
 
-    def stage_padding(self, g: int, slots: int, t: int, r: int) -> None:
+    def stage_padding(self, g: int, slots: int, t: int, r: int) -> int:
         """The padding of bucket g around a step of t rows and r requests, in the host mirrors (the
         one definition of the padded layout; rows [0, t) and slots [0, r) are left as they are):
         rows [t, g) belong to the padding request, slot `slots - 1`, which starts at row t and
-        whose positions count from 0; slots [r, slots - 1) are empty requests (no rows, no blocks)."""
+        whose positions count from 0; slots [r, slots - 1) are empty requests (no rows, no blocks).
+        Returns the block-table columns the next upload covers."""
         h = self.host
         pad, last = g - t, slots - 1
         self._slots = slots
@@ -172,6 +171,7 @@ class GraphInputBuffers:
         h["temperature"][r:last + 1] = 0
         h["seeds"][r:last + 1] = 0
         h["mtp_slots"][r:last + 1] = 0
+        return width
 
     def upload(self) -> None:
         """The mirrors -> the device buffers: one asynchronous copy per dtype, and the staged
