@@ -15,10 +15,11 @@ def _prompts(n: int = 12) -> list[list[int]]:
     return [rng.integers(7, 8000, size=int(rng.integers(3, 150))).tolist() for _ in range(n)]
 
 
-def _run(device: str, dtype: str | None = None, model: str | None = None, **kw) -> list[list[int]]:
+def _run(device: str, dtype: str | None = None, model: str | None = None, logprobs: int | None = None,
+         **kw) -> list[list[int]]:
     llm = LLM(model=model, device=device, dtype=dtype, block_size=16, max_num_batched_tokens=256, max_num_seqs=16,
               max_model_len=512, enable_mtp_varlen=False, **kw)
-    greedy = SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True)
+    greedy = SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True, logprobs=logprobs)
     return [o.token_ids for o in llm.generate(prompt_token_ids=_prompts(), sampling_params=greedy, use_tqdm=False)]
 
 
@@ -49,6 +50,17 @@ def test_narrow_block_table_uploads_match_cpu_reference(cpu_tokens, monkeypatch)
     torch.backends.cuda.matmul.allow_tf32 = False
     gpu = _run("cuda", "float32", model="preset:tiny", cuda_graphs=True, zero_overhead_scheduling=True,
                num_speculative_tokens=5, compile_decode=False)
+    assert gpu == cpu_tokens
+
+
+@pytest.mark.parametrize("nextn", [0, 5])
+def test_piecewise_steps_with_graphs_and_zos_match_cpu_reference(cpu_tokens, nextn):
+    """Top-n logprobs keep a decode step out of the whole-step graph: the bucket's forward graph
+    (its inputs: the padding staged on the host, the step's rows copied over it on the device),
+    then the sampler and draft head eagerly, the ZOS fix-up by `apply_zos_fixup`."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    gpu = _run("cuda", "float32", model="preset:tiny", logprobs=2, cuda_graphs=True, zero_overhead_scheduling=True,
+               num_speculative_tokens=nextn, compile_decode=False)
     assert gpu == cpu_tokens
 
 
