@@ -125,13 +125,19 @@ class _Rows:
             self._memo[key] = (n_far, ent, width_far)
         return self._memo[key]
 
-    def precompute(self, model, meta: ForwardMetadata) -> None:
-        """Fill the memo of a decode forward up front (on a side stream, streams.py): the Engram
-        buckets, the window slots, and the far-entry slots of every compressed ratio."""
-        cfg = model.config
-        for l in cfg.engram_layer_ids:
+    def precompute_window(self, model, meta: ForwardMetadata) -> None:
+        """The window slots of a decode forward, up front (on side stream "rows", streams.py): what
+        every layer's attention reads first."""
+        self.window_slots_int32(meta, model.config.sliding_window)
+
+    def precompute_engram(self, model) -> None:
+        """The Engram buckets of every Engram layer (after `windows` is set), up front."""
+        for l in model.config.engram_layer_ids:
             self.engram_buckets(model.model.layers[l].engram.table_size)
-        self.window_slots_int32(meta, cfg.sliding_window)
+
+    def precompute_far(self, model, meta: ForwardMetadata) -> None:
+        """The far-entry slots of every compressed ratio, up front (the indexers read them)."""
+        cfg = model.config
         for r in sorted({layer.ratio for layer in model.model.layers} - {0}):
             max_far = static_max_far(meta, cfg.sliding_window, r)
             if self.far_entry_slots(meta, cfg.sliding_window, r, max_far)[2]:
@@ -204,7 +210,7 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
     attn = layer.self_attn
     ns = cache.num_slots
     if layer.engram is not None:   # the Engram add and the input norm: one launch
-        streams.join("rows")
+        streams.join_part("rows", "engram")
         x, u = layer.input_layernorm.add_forward(x, layer.engram.from_buckets(x, rows.engram_buckets(layer.engram.table_size)))
     else:
         u = layer.input_layernorm(x)
@@ -236,7 +242,7 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
     store_kv_fp8(attn.fused_latent(fused), cache.kv[plane], rows.slots)   # the layer's own plane: slots index it
     streams.join("query", outputs=(q,))
     streams.join("indexer", outputs=(None if far is None else far.blocks,))
-    streams.join("rows")   # the window slots
+    streams.join_part("rows", "window")   # the window slots
     if far is None:   # window only: attend within the layer's plane
         o, _ = sparse_mla_attention(q, cache.kv[plane], rows.window_slots_int32(meta, cfg.sliding_window),
                                     attn.sm_scale)
@@ -291,13 +297,21 @@ def engine_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
     rows = _Rows(positions, req, slots, torch.zeros_like(positions), None)
     # 1. Engram ids first. At decode the Engram windows and buckets and the rows' window / far-entry
     # slots are computed on side stream "rows" (joined where a layer first reads them).
+    # In the order the layers read them, each part marked: a layer waits only for the part it
+    # reads (the window slots before the first attention, not the whole stream).
     with streams.on("rows"):
+        if decode:
+            rows.precompute_window(model, meta)
+            streams.mark("rows", "window")
         if cfg.engram_layer_ids:
             cids = meta.engram_ids if meta.engram_ids is not None else model.engram_vocab_map[meta.input_ids.long()]
             write_rows(cache.engram_ids, slots, cids.to(torch.int32))
             rows.windows = engram_windows(model, meta, cache, rows)
+            if decode:
+                rows.precompute_engram(model)
+            streams.mark("rows", "engram")
         if decode:
-            rows.precompute(model, meta)
+            rows.precompute_far(model, meta)
     # 2. Row sets (decode: every row, static; prefill: nonzero of the replay mask).
     if decode:
         full_rows = torch.arange(meta.total_q, device=positions.device)

@@ -55,6 +55,7 @@ class DecodeStreams:
         self.enabled = enabled and device.type == "cuda" and not torch.compiler.is_compiling()
         self.device = device
         self._forked: set[str] = set()
+        self._marks: dict[tuple[str, str], torch.cuda.Event] = {}
 
     @staticmethod
     def usable(model, decode: bool) -> bool:
@@ -83,6 +84,23 @@ class DecodeStreams:
                 yield
         finally:
             _RUNNING.pop()
+
+    def mark(self, name: str, label: str) -> None:
+        """Inside `on(name)`: what side stream `name` has been given so far is part `label`, which
+        `join_part` can wait for without waiting for the rest of the stream."""
+        if self.enabled:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.device))
+            self._marks[(name, label)] = event
+
+    def join_part(self, name: str, label: str) -> None:
+        """The current stream waits for part `label` of side stream `name` (`mark`); the whole
+        stream when that part was not marked."""
+        event = self._marks.get((name, label)) if self.enabled else None
+        if event is None:
+            self.join(name)
+        elif name in self._forked:
+            torch.cuda.current_stream(self.device).wait_event(event)
 
     def join(self, name: str, outputs: tuple[torch.Tensor | None, ...] = ()) -> None:
         """The current stream waits for side stream `name`; `outputs`: tensors it allocated that the
