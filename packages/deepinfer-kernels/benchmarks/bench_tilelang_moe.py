@@ -61,6 +61,26 @@ def test_bench_routed_experts_tilelang(benchmark, tokens):
                        graph=tokens <= 256)   # past 16,384 rows the routing sorts with a bincount (host sync)
 
 
+@pytest.mark.parametrize("path", ["few_tokens", "grouped"])
+@pytest.mark.parametrize("shape", ["mini", "flash"])
+@pytest.mark.parametrize("tokens", [1, 2, 4, 8])
+def test_bench_routed_experts_few_tokens(benchmark, tokens, shape, path):
+    """Batch-1-ish decode: the matrix-vector kernels (two launches) against the grouped GEMMs (four),
+    both in a CUDA graph, at the `mini` and flash expert shapes; active weight bytes / time against
+    copy bandwidth. The measurements behind `moe.gemv_pays` (the matrix-vector kernels only at 1
+    token over the narrow `mini` experts)."""
+    from deepinfer_kernels.tilelang.moe import routed_experts_tilelang
+
+    h, inter = (H, I) if shape == "mini" else (FLASH_H, FLASH_I)
+    case = T.make_moe_case(tokens, H, I, E, K, "cuda", seed=tokens) if shape == "mini" else _flash_moe_case(tokens, tokens)
+    x, w, ids, w13, w2 = case
+    wbytes = T.moe_active_weight_bytes(ids, w13, w2)
+    T.record_benchmark(benchmark, lambda: routed_experts_tilelang(x, w, ids, w13, w2, few_tokens=path == "few_tokens"),
+                       bytes_moved=wbytes, flops=T.moe_flops(tokens, K, h, inter),
+                       extra={"tokens": tokens, "weight_bytes": wbytes, "regime": "decode", "shape": shape,
+                              "path": path})
+
+
 @pytest.mark.parametrize("path", ["tilelang", "public"])
 @pytest.mark.parametrize("tokens", [8, 256, 32768])
 def test_bench_grouped_gemm_down(benchmark, tokens, path):

@@ -168,6 +168,28 @@ def test_moe_decode_tiles_by_rows_per_expert():
     assert moe.pick_config(64 * 64 + 1, 64, False, k=512, nout=1024) is moe.PREFILL
 
 
+def test_moe_few_token_kernels_tiles_and_precompile_specs():
+    """The few-token (matrix-vector) path's tiles (CPU: no kernel runs): the widest K tile dividing
+    each width, None when a width does not divide them; where it pays (batch 1, narrow experts);
+    precompile lists its two kernels there and the grouped GEMMs elsewhere."""
+    from deepinfer_kernels.tilelang import moe
+
+    up, down = moe._gemv_configs(1024, 512)                    # mini
+    assert (up["bn"], up["bk"], down["bn"], down["bk"]) == (16, 256, 8, 512)
+    up, down = moe._gemv_configs(3072, 3840)                   # flash: 3840 is not a multiple of 512
+    assert (up["bk"], down["bk"]) == (256, 256)
+    up, down = moe._gemv_configs(128, 384)                     # hidden narrower than the K tile
+    assert (up["bk"], down["bk"]) == (128, 128)
+    assert moe._gemv_configs(1024, 520) is None                # 520 columns: not a multiple of 16
+    assert moe.gemv_pays(1, 6, 512)                            # mini, batch 1: 48 grouped CTAs
+    assert not moe.gemv_pays(2, 6, 512)                        # measured slower from 2 tokens
+    assert not moe.gemv_pays(1, 6, 3840)                       # flash experts: 360 grouped CTAs
+    names = [fn for fn, _ in moe.precompile_specs("routed", 1, 64, 1024, 512)]
+    assert names == ["_gate_up_gemv_kernel", "_down_combine_gemv_kernel", "_down_combine_gemv_kernel"]
+    names = [fn for fn, _ in moe.precompile_specs("routed", 2, 64, 1024, 512)]
+    assert "_gate_up_gemv_kernel" not in names and "_permute_kernel" in names
+
+
 def test_routed_experts_adds_shared_and_residual_as_torch_does():
     """`residual + (routed + shared)`, each add rounded in x's dtype (the CPU path: the torch adds)."""
     from deepinfer_kernels.tilelang import testing as T

@@ -135,6 +135,31 @@ def test_routed_experts_combine_adds_shared_and_residual_bit_for_bit(tokens):
     assert torch.equal(routed_experts_tilelang(x, w, ids, w13, w2, residual=residual), residual + routed)
 
 
+@pytest.mark.parametrize("tokens,h,inter,experts", [(1, 1024, 512, 64), (4, 1024, 512, 64), (3, 256, 128, 8),
+                                                    (2, 3072, 3840, 8)])
+def test_routed_experts_few_token_kernels(tokens, h, inter, experts):
+    """The matrix-vector path (batch-1 decode; `mini`, narrow, flash widths; 8 experts top-6 make
+    tokens share experts): against the reference and the grouped GEMMs; the automatic choice takes
+    it where `gemv_pays`; shared expert and residual added with the torch adds' roundings."""
+    from deepinfer_kernels.tilelang.moe import gemv_pays, routed_experts_tilelang
+
+    x, w, ids, w13, w2 = T.make_moe_case(tokens, h, inter, experts, 6, "cuda", seed=tokens + h)
+    got = routed_experts_tilelang(x, w, ids, w13, w2, few_tokens=True)
+    want = ref.routed_experts_ref(x, w, ids, w13, w2)
+    grouped = routed_experts_tilelang(x, w, ids, w13, w2, few_tokens=False)
+    torch.cuda.synchronize()
+    assert got.shape == want.shape and got.dtype == want.dtype
+    torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(got.float(), grouped.float(), atol=3e-2, rtol=3e-2)
+    auto = routed_experts_tilelang(x, w, ids, w13, w2)
+    assert torch.equal(auto, got if gemv_pays(tokens, 6, inter) else grouped)   # the automatic choice
+    g = torch.Generator().manual_seed(tokens)
+    shared = torch.randn(x.shape, generator=g).to(x.dtype).cuda()
+    residual = (torch.randn(x.shape, generator=g) * 10).to(x.dtype).cuda()
+    fused = routed_experts_tilelang(x, w, ids, w13, w2, shared=shared, residual=residual, few_tokens=True)
+    assert torch.equal(fused, residual + (got + shared))
+
+
 @pytest.mark.parametrize("tokens,skew", [(300, 0.0), (2048, 2.0)])
 def test_routed_experts_prefill_path(tokens, skew):
     """Prefill sizes: torch's grouped GEMMs with the TileLang SwiGLU and combine between them match

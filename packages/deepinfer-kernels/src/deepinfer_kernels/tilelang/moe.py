@@ -10,6 +10,8 @@ Same functions as ``deepinfer_kernels.ops.moe``:
   SwiGLU in its epilogue (two accumulators, gate and up columns of the same tile) and writes the
   activation; the down GEMM follows; a last kernel sums the ``top_k`` weighted expert outputs per
   token in slot order. Past ``PERMUTE_KERNEL_MAX_ROWS`` rows the bookkeeping uses torch's sort.
+  A batch-1 step over narrow experts (``gemv_pays``) runs instead as two matrix-vector kernels per
+  (token, slot) pair (``moe_gemv_builders.py``): gate/up + SwiGLU, then down + the weighted combine.
 
 The GEMMs are built in ``moe_builders.py`` (tiling, the warp-specialized gate/up kernel, numerics),
 the schedule, permutation and combine kernels in ``moe_schedule_builders.py``; this module picks
@@ -26,6 +28,7 @@ from deepinfer_kernels.ops.moe import grouped_mm_order, permute_by_expert
 from deepinfer_kernels.tilelang._common import compile_cached, require, require_cuda
 from deepinfer_kernels.tilelang.activation import silu_mul_tilelang
 from deepinfer_kernels.tilelang.moe_builders import _build_grouped, _build_grouped_swapped, _build_grouped_ws
+from deepinfer_kernels.tilelang.moe_gemv_builders import _build_down_combine_gemv, _build_gate_up_gemv
 from deepinfer_kernels.tilelang.moe_schedule_builders import (
     _build_combine,
     _build_permute,
@@ -51,6 +54,16 @@ SWAP_ROWS = 16
 DECODE_SWAP = dict(bm=SWAP_ROWS, bn=64, bk=64, stages=4, threads=128, swap=SWAP_PIPELINED)
 DECODE_SWAP_DOWN = dict(bm=SWAP_ROWS, bn=64, bk=64, stages=4, threads=128, swap=SWAP_PIPELINED)
 SWAP_MAX_STAGED_BYTES = 64 * 1024   # SWAP_STAGED: the slot's rows of X, whole K, in shared memory
+# few-token path (moe_gemv_builders.py): the experts as matrix-vector kernels over each (token,
+# slot) pair, two launches instead of four, while the grouped gate/up GEMM would give the step's
+# experts fewer CTAs than GEMV_MAX_GROUPED_CTAS (one per expert and 64 columns). H200, same run
+# (bench_tilelang_moe.py -k few_tokens, 2026-12-01): `mini` experts (6 x 512 columns: 48 CTAs)
+# 16.2 vs 21.3 us at 1 token, but 27.7 vs 26.0 at 2; flash experts (6 x 3840: 360 CTAs) 148 vs
+# 122 us at 1 token: the tensor-core tiles stream wide experts faster.
+GEMV_MAX_TOKENS = 1
+GEMV_MAX_GROUPED_CTAS = 132
+GEMV_GATE_UP = dict(bn=16, bk=256, stages=4)
+GEMV_DOWN = dict(bn=8, bk=512, stages=4)
 
 
 def pick_config(rows: int, num_experts: int, swiglu: bool, k: int = 0, nout: int = 0) -> dict:
@@ -104,6 +117,34 @@ def _combine_kernel(topk: int, h: int, dtype: torch.dtype, add_shared: bool = Fa
                           lambda: _build_combine(topk, h, _DT[dtype], add_shared, add_residual))
 
 
+def gemv_pays(tokens: int, topk: int, inter: int) -> bool:
+    """The few-token kernels beat the grouped GEMMs here (GEMV_MAX_TOKENS, GEMV_MAX_GROUPED_CTAS)."""
+    return tokens <= GEMV_MAX_TOKENS and tokens * topk * (inter // DECODE_SWAP["bn"]) < GEMV_MAX_GROUPED_CTAS
+
+
+def _gemv_configs(h: int, inter: int) -> tuple[dict, dict] | None:
+    """The few-token kernels' tiles for hidden ``h`` and expert width ``inter``, None when the
+    widths do not divide them (the grouped path serves those)."""
+    up = dict(GEMV_GATE_UP, bk=min(GEMV_GATE_UP["bk"], h))
+    down = dict(GEMV_DOWN, bk=next((b for b in (GEMV_DOWN["bk"], 256, 128) if inter % b == 0), 0))
+    if h % up["bk"] or inter % up["bn"] or not down["bk"] or h % down["bn"]:
+        return None
+    return up, down
+
+
+def _gate_up_gemv_kernel(e: int, h: int, inter: int, topk: int, cfg: dict, dtype: torch.dtype):
+    key = (e, h, inter, topk, tuple(sorted(cfg.items())), _DT[dtype])
+    return compile_cached("moe_gate_up_gemv", key, lambda: _build_gate_up_gemv(
+        e, h, inter, topk, cfg["bn"], cfg["bk"], cfg["stages"], _DT[dtype]))
+
+
+def _down_combine_gemv_kernel(e: int, h: int, inter: int, topk: int, cfg: dict, dtype: torch.dtype,
+                              add_shared: bool, add_residual: bool):
+    key = (e, h, inter, topk, tuple(sorted(cfg.items())), _DT[dtype], add_shared, add_residual)
+    return compile_cached("moe_down_combine_gemv", key, lambda: _build_down_combine_gemv(
+        e, h, inter, topk, cfg["bn"], cfg["bk"], cfg["stages"], _DT[dtype], add_shared, add_residual))
+
+
 def _permute_kernel(num_experts: int, topk: int, bm: int):
     return compile_cached("moe_permute", (num_experts, topk, bm), lambda: _build_permute(num_experts, topk, bm))
 
@@ -154,6 +195,11 @@ def precompile_specs(kind: str, rows: int, num_experts: int, k: int, nout: int, 
         cfg = config or pick_config(rows, num_experts, swiglu=False, k=k, nout=nout)
         return [("_slots_kernel", (num_experts, cfg["bm"], off_dtype)),
                 ("_grouped_kernel", (num_experts, k, nout, cfg, False, False, dtype))]
+    gemv = _gemv_configs(k, nout)
+    if kind == "routed" and config is None and gemv is not None and gemv_pays(rows, topk, nout):
+        return [("_gate_up_gemv_kernel", (num_experts, k, nout, topk, gemv[0], dtype)),
+                ("_down_combine_gemv_kernel", (num_experts, k, nout, topk, gemv[1], dtype, False, False)),
+                ("_down_combine_gemv_kernel", (num_experts, k, nout, topk, gemv[1], dtype, True, True))]
     n = rows * topk
     cfg1 = config or pick_config(n, num_experts, swiglu=True, k=k, nout=nout)
     cfg2 = pick_config(n, num_experts, swiglu=False, k=nout, nout=k)
@@ -173,14 +219,24 @@ def routed_experts_tilelang(x: torch.Tensor, weights: torch.Tensor, ids: torch.T
                             w13: torch.Tensor, w2: torch.Tensor, *, shared: torch.Tensor | None = None,
                             residual: torch.Tensor | None = None, gate_up_config: dict | None = None,
                             down_config: dict | None = None,
-                            before_combine: Callable[[], None] | None = None) -> torch.Tensor:
+                            before_combine: Callable[[], None] | None = None,
+                            few_tokens: bool | None = None) -> torch.Tensor:
     """x [T, H], weights [T, k], ids [T, k], w13 [E, 2I, H], w2 [E, H, I] -> [T, H]; like
     ``routed_experts_ref``, then ``residual + (out + shared)`` in x's dtype when given ([T, H]
-    each; added by the combine kernel, bit-identical to the two torch adds)."""
+    each; added with the roundings of the two torch adds). ``few_tokens``: the matrix-vector
+    kernels (True) or the grouped GEMMs (False); None picks them
+    where ``gemv_pays`` (never in batch-invariant mode, never with tile configs given)."""
     t, h, e, inter, topk, device = _check_routed_args(x, weights, ids, w13, w2, shared, residual)
     out = torch.empty(t, h, dtype=x.dtype, device=device)
     if t == 0:
         return out
+    gemv = _gemv_configs(h, inter)
+    if few_tokens is None:
+        few_tokens = (gemv is not None and gate_up_config is None and down_config is None
+                      and gemv_pays(t, topk, inter) and not batch_invariant_enabled())
+    if few_tokens:
+        require(gemv is not None, f"H={h} / I={inter}: the few-token kernels need tile-aligned widths")
+        return _routed_experts_gemv(out, x, weights, ids, w13, w2, shared, residual, gemv, before_combine)
     n = t * topk
     if batch_invariant_enabled():   # the same tiles (so the same K blocking) at every token count
         gate_up_config = gate_up_config or DECODE
@@ -213,6 +269,25 @@ def routed_experts_tilelang(x: torch.Tensor, weights: torch.Tensor, ids: torch.T
     if before_combine is not None:
         before_combine()
     return _combine(out, y, weights, inv, shared, residual)
+
+
+def _routed_experts_gemv(out: torch.Tensor, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                         w13: torch.Tensor, w2: torch.Tensor, shared: torch.Tensor | None,
+                         residual: torch.Tensor | None, cfgs: tuple[dict, dict],
+                         before_combine: Callable[[], None] | None) -> torch.Tensor:
+    """The few-token path: gate/up + SwiGLU per (token, slot) pair, then down + the weighted combine
+    (+ shared, + residual) per token; out [T, H]."""
+    t, h = x.shape
+    e, topk, inter = w13.shape[0], ids.shape[1], w2.shape[2]
+    flat_ids = ids.reshape(-1).to(torch.int32).contiguous()
+    act = torch.empty(t * topk, inter, dtype=x.dtype, device=x.device)
+    _gate_up_gemv_kernel(e, h, inter, topk, cfgs[0], x.dtype)(x.contiguous(), flat_ids, w13.contiguous(), act)
+    if before_combine is not None:   # the down kernel reads shared / residual
+        before_combine()
+    _down_combine_gemv_kernel(e, h, inter, topk, cfgs[1], x.dtype, shared is not None, residual is not None)(
+        act, flat_ids, weights.float().contiguous(), w2.contiguous(),
+        out if shared is None else shared.contiguous(), out if residual is None else residual.contiguous(), out)
+    return out
 
 
 def routed_experts_prefill_tilelang(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
