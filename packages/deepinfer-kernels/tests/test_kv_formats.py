@@ -9,7 +9,14 @@ from deepinfer_kernels.ops.kv_fp4 import (
     quantize_index_k_fp4,
     store_index_k_fp4,
 )
-from deepinfer_kernels.ops.kv_fp8 import dequantize_kv_fp8, fp8_record_bytes, quantize_kv_fp8, store_kv_fp8
+from deepinfer_kernels.ops.kv_fp8 import (
+    dequantize_kv_fp8,
+    fp8_record_bytes,
+    quantize_kv_fp8,
+    store_kv_fp8,
+    store_normed_kv_fp8,
+)
+from deepinfer_kernels.ops.norm import rms_norm_ref
 
 
 def test_record_sizes():
@@ -52,6 +59,24 @@ def test_store_fp8_skips_negative_slots():
     assert int(pool[untouched].sum()) == 0
     with pytest.raises(ValueError, match="pool"):
         store_kv_fp8(kv, torch.zeros(10, 65, dtype=torch.uint8), torch.tensor([0, 1, 2]))
+
+
+def test_store_normed_fp8_is_norm_cat_store():
+    """The MLA latent store (CPU: the reference composition): the first norm_dim values normed and
+    rounded to kv's dtype, the rest as they are, read from a column slice of a wider row; bad
+    norm_dim / weight widths name the field."""
+    g = torch.Generator().manual_seed(2)
+    fused = torch.randn(5, 40 + 128, generator=g).to(torch.bfloat16)
+    kv, w = fused[:, 40:], torch.rand(96, generator=g) + 0.5
+    pool, want = torch.zeros(8, 132, dtype=torch.uint8), torch.zeros(8, 132, dtype=torch.uint8)
+    slots = torch.tensor([3, -1, 0, 7, 5])
+    store_normed_kv_fp8(kv, w, 1e-6, 96, pool, slots)
+    store_kv_fp8(torch.cat([rms_norm_ref(kv[:, :96], w, 1e-6), kv[:, 96:]], -1), want, slots)
+    assert torch.equal(pool, want) and int(pool[[1, 2, 4, 6]].sum()) == 0
+    with pytest.raises(ValueError, match="norm_dim"):
+        store_normed_kv_fp8(kv, w, 1e-6, 128, pool, slots)
+    with pytest.raises(ValueError, match="norm_weight"):
+        store_normed_kv_fp8(kv, w[:64], 1e-6, 96, pool, slots)
 
 
 def test_fp4_exact_grid_and_ties():

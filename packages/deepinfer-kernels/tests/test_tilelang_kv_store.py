@@ -42,6 +42,30 @@ def test_store_kv_fp8_bit_exact(d, dtype, slot_dtype):
     assert torch.equal(quantize_kv_fp8_tilelang(x), kv_fp8.quantize_kv_fp8_ref(x))
 
 
+@pytest.mark.parametrize("n", [1, 7, 300])
+@pytest.mark.parametrize("slot_dtype", [torch.int64, torch.int32])
+def test_store_normed_kv_fp8_equals_norm_cat_store_bit_for_bit(n, slot_dtype):
+    """The decode latent store in one launch (`mini` / flash: 448 normed + 64 RoPE values, read from
+    the tail of a fused projection row) equals the TileLang norm, torch's cat and the TileLang store."""
+    from deepinfer_kernels.tilelang.kv_store import store_kv_fp8_tilelang, store_normed_kv_fp8_tilelang
+    from deepinfer_kernels.tilelang.norm import rms_norm_tilelang
+
+    g = torch.Generator().manual_seed(n)
+    fused = (torch.randn(n, 1000 + 512, generator=g) * 3).to(torch.bfloat16).cuda()
+    kv = fused[:, 1000:]
+    w = (torch.rand(448, generator=g) + 0.5).cuda()
+    slots = torch.randperm(600, device="cuda")[:n].to(slot_dtype)
+    slots[1::3] = -1
+    pool = torch.randint(0, 256, (600, 528), dtype=torch.uint8, device="cuda")
+    original, want, public = pool.clone(), pool.clone(), pool.clone()
+    store_kv_fp8_tilelang(torch.cat([rms_norm_tilelang(kv[:, :448], w, 1e-6), kv[:, 448:]], -1), want, slots)
+    store_normed_kv_fp8_tilelang(kv, w, 1e-6, 448, pool, slots)
+    kv_fp8.store_normed_kv_fp8(kv, w, 1e-6, 448, public, slots)   # the public op: the kernel on SM90
+    torch.cuda.synchronize()
+    assert not torch.equal(want, original)                    # slot 0 of the mapping is stored
+    assert torch.equal(pool, want) and torch.equal(public, want)
+
+
 def test_stores_into_one_plane_of_a_planed_pool():
     """The engine passes one plane of a [planes, slots, rec] cache (a view at an offset): rows land
     in that plane only, bit-exact, and the other planes stay untouched."""

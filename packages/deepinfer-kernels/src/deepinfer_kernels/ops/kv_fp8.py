@@ -17,11 +17,13 @@ import torch
 
 from deepinfer_kernels.ops._checks import (
     FLOAT_DTYPES,
+    INDEX_DTYPES,
     check_dim,
+    check_same_device,
     check_tensor,
 )
 from deepinfer_kernels.ops.paged_store import store_quantized, store_quantized_rows
-from deepinfer_kernels.platform import select_backend
+from deepinfer_kernels.platform import select_backend, tilelang_launcher
 
 GROUP = 32            # values per ue8m0 scale
 E4M3_MAX = 448.0
@@ -94,3 +96,37 @@ def dequantize_kv_fp8(records: torch.Tensor, dim: int) -> torch.Tensor:
 def store_kv_fp8(kv: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Quantize kv [n, D] and write row i to pool[slot_mapping[i]] (uint8 [slots, D + D/32]); slot -1 = skip."""
     store_quantized("store_kv_fp8", "kv", kv, pool, slot_mapping, fp8_record_bytes, quantize_kv_fp8_ref)
+
+
+def store_normed_kv_fp8_ref(kv: torch.Tensor, norm_weight: torch.Tensor, eps: float, norm_dim: int,
+                            pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """`store_kv_fp8` of [rms_norm(kv[:, :norm_dim]), kv[:, norm_dim:]] (the MLA latent: normed
+    content, rotated tail), each op as its public self (the norm rounded to kv's dtype first)."""
+    from deepinfer_kernels.ops.norm import rms_norm
+
+    latent = torch.cat([rms_norm(kv[:, :norm_dim], norm_weight, eps), kv[:, norm_dim:]], dim=-1)
+    store_kv_fp8(latent, pool, slot_mapping)
+
+
+def store_normed_kv_fp8(kv: torch.Tensor, norm_weight: torch.Tensor, eps: float, norm_dim: int,
+                        pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """`store_normed_kv_fp8_ref` in one launch on SM90 (bf16 / fp16 kv with D = 512, read in place
+    from a column slice of a wider row; bit-identical to the three ops): a decode layer's latent
+    goes to the cache without its norm and concatenation as kernels of their own."""
+    check_tensor("kv", kv, 2, FLOAT_DTYPES)
+    check_tensor("norm_weight", norm_weight, 1, FLOAT_DTYPES)
+    check_tensor("pool", pool, 2, (torch.uint8,))
+    check_tensor("slot_mapping", slot_mapping, 1, INDEX_DTYPES)
+    if not 0 < norm_dim < kv.shape[1]:
+        raise ValueError(f"norm_dim: must lie in (0, {kv.shape[1]}) (kv's width), got {norm_dim}")
+    check_dim("norm_weight", norm_weight, 0, norm_dim)
+    check_dim("pool", pool, 1, fp8_record_bytes(kv.shape[1]))
+    check_dim("slot_mapping", slot_mapping, 0, kv.shape[0])
+    device = check_same_device(kv=kv, norm_weight=norm_weight, pool=pool, slot_mapping=slot_mapping)
+    kernel = tilelang_launcher("store_normed_kv_fp8", device, supported=kv.dtype in (torch.bfloat16, torch.float16)
+                               and norm_weight.dtype in (torch.float32, kv.dtype) and kv.shape[1] == 512
+                               and norm_dim % 32 == 0 and kv.stride(1) == 1 and pool.stride() == (pool.shape[1], 1))
+    if kernel is not None:
+        kernel(kv, norm_weight, eps, norm_dim, pool, slot_mapping)
+    else:
+        store_normed_kv_fp8_ref(kv, norm_weight, eps, norm_dim, pool, slot_mapping)

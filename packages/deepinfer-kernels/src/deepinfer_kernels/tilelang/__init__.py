@@ -10,7 +10,7 @@ bucket (the static dims: heads, head dim, ...) and cached for the process
 | module | launchers |
 | --- | --- |
 | ``sparse_mla`` | ``sparse_mla_attention_tilelang`` |
-| ``kv_store`` | ``store_kv_fp8_tilelang``, ``quantize_kv_fp8_tilelang``, ``store_index_k_fp4_tilelang``, ``quantize_index_k_fp4_tilelang`` |
+| ``kv_store`` | ``store_kv_fp8_tilelang``, ``store_normed_kv_fp8_tilelang``, ``quantize_kv_fp8_tilelang``, ``store_index_k_fp4_tilelang``, ``quantize_index_k_fp4_tilelang`` |
 | ``indexer`` | ``indexer_scores_tilelang``, ``candidate_block_max_tilelang``, ``select_topk_blocks_tilelang``, ``indexer_topk_blocks_tilelang`` (the three fused) |
 | ``moe`` | ``grouped_expert_gemm_tilelang``, ``routed_experts_tilelang``, ``routed_experts_prefill_tilelang`` |
 | ``norm`` | ``rms_norm_tilelang``, ``add_rms_norm_tilelang`` |
@@ -28,6 +28,7 @@ from deepinfer_kernels.tilelang._common import compile_times, is_available
 LAUNCHERS = {
     "sparse_mla_attention": "sparse_mla:sparse_mla_attention_tilelang",
     "store_kv_fp8": "kv_store:store_kv_fp8_tilelang",
+    "store_normed_kv_fp8": "kv_store:store_normed_kv_fp8_tilelang",
     "quantize_kv_fp8": "kv_store:quantize_kv_fp8_tilelang",
     "store_index_k_fp4": "kv_store:store_index_k_fp4_tilelang",
     "quantize_index_k_fp4": "kv_store:quantize_index_k_fp4_tilelang",

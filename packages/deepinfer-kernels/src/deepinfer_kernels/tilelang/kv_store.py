@@ -43,6 +43,38 @@ def _check_dim(d: int) -> None:
             f"dim={d}: TileLang KV store needs D a multiple of 32 dividing {NT * 16}")
 
 
+def _fp8_record_macro(T, d: int, VW: int):
+    """Quantize one thread's 16 values ``xv`` (float32) of a row and write them and, from the even
+    thread of a scale group, the group's scale byte into ``Pool[slot]`` (skipped for slot < 0)."""
+
+    @T.macro
+    def quantize_store(Pool, xv, slot, part):
+        qb = T.alloc_local((16,), T.uint8)
+        amax = T.alloc_var(T.float32)
+        ex = T.alloc_var(T.int32)
+        amax = 0.0
+        for v in T.serial(16):
+            amax = T.max(amax, T.abs(xv[v]))
+        amax = T.max(amax, T.shfl_xor(amax, 1))
+        if amax > 0:
+            ex = T.cast(T.ceil(T.log2(amax / E4M3_MAX)), T.int32)
+        else:
+            ex = -127
+        ex = T.clamp(ex, -127, 127)
+        for v in T.serial(16):
+            qb[v] = T.reinterpret(
+                T.cast(T.clamp(xv[v] * T.exp2(T.cast(-ex, T.float32)), -E4M3_MAX, E4M3_MAX), T.float8_e4m3fn),
+                T.uint8)
+        if slot >= 0:
+            for u in T.unroll(16 // VW):
+                for v in T.vectorized(VW):
+                    Pool[slot, part * 16 + u * VW + v] = qb[u * VW + v]
+            if part % 2 == 0:
+                Pool[slot, d + part // 2] = T.cast(ex + 127, T.uint8)
+
+    return quantize_store
+
+
 def _build_fp8(d: int, in_dtype: str, idx_dtype: str, identity: bool):
     import tilelang.language as T
 
@@ -53,6 +85,7 @@ def _build_fp8(d: int, in_dtype: str, idx_dtype: str, identity: bool):
     N = T.dynamic("N")
     S = T.dynamic("S")
     M = T.dynamic("M")               # slot_mapping length (N, or 1 when identity)
+    quantize_store = _fp8_record_macro(T, d, VW)
 
     @T.prim_func
     def main(
@@ -65,9 +98,6 @@ def _build_fp8(d: int, in_dtype: str, idx_dtype: str, identity: bool):
                 T.evaluate(pdl_sync())
             tx = T.get_thread_binding()
             xv = T.alloc_local((16,), T.float32)
-            qb = T.alloc_local((16,), T.uint8)
-            amax = T.alloc_var(T.float32)
-            ex = T.alloc_var(T.int32)
             row = bx * RPC + tx // LPR
             part = tx % LPR
             slot = T.alloc_var(T.int64)
@@ -79,25 +109,68 @@ def _build_fp8(d: int, in_dtype: str, idx_dtype: str, identity: bool):
                     slot = T.cast(Slots[row], T.int64)
             for v in T.vectorized(16):
                 xv[v] = T.if_then_else(row < N, T.cast(X[T.min(row, N - 1), part * 16 + v], T.float32), 0.0)
-            amax = 0.0
+            quantize_store(Pool, xv, slot, part)
+
+    return main
+
+
+def _build_fp8_normed(d: int, dn: int, in_dtype: str, w_dtype: str, idx_dtype: str, eps: float):
+    """``_build_fp8``'s store of ``[rms_norm(x[:dn], W, eps), x[dn:]]`` (the MLA latent: normed
+    content, rotated tail) read from a strided row (the tail of a fused projection's output). The
+    norm is ``norm.py``'s one-warp row norm step for step (lane l sums the squares of values
+    l, l + 32, ... in order, then a shuffle butterfly; ``(x * rstd) * w`` rounded to the dtype), so
+    the record equals that kernel's output stored, bit for bit. One warp per row."""
+    import tilelang.language as T
+
+    REC = d + d // 32
+    LPR = d // 16
+    RPC = NT // LPR
+    VW = _vec_bytes(REC)
+    PER_LANE = dn // 32
+    assert LPR == 32 and dn % 32 == 0 and dn < d
+    N = T.dynamic("N")
+    SX = T.dynamic("SX")
+    S = T.dynamic("S")
+    quantize_store = _fp8_record_macro(T, d, VW)
+
+    @T.prim_func
+    def main(
+        X: T.StridedTensor((N, d), (SX, 1), in_dtype),
+        W: T.Tensor((dn,), w_dtype),
+        Slots: T.Tensor((N,), idx_dtype),
+        Pool: T.Tensor((S, REC), T.uint8),
+    ):
+        with T.Kernel(T.ceildiv(N, RPC), threads=NT) as bx:
+            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                T.evaluate(pdl_sync())
+            tx = T.get_thread_binding()
+            xn = T.alloc_local((PER_LANE,), T.float32)
+            xv = T.alloc_local((16,), T.float32)
+            total = T.alloc_var(T.float32)
+            rstd = T.alloc_var(T.float32)
+            row = bx * RPC + tx // LPR
+            part = tx % LPR
+            safe_row = T.min(row, N - 1)
+            slot = T.alloc_var(T.int64)
+            slot = T.int64(-1)
+            if row < N:
+                slot = T.cast(Slots[row], T.int64)
+            total = 0.0
+            for k in T.serial(PER_LANE):
+                xn[k] = T.cast(X[safe_row, part + 32 * k], T.float32)
+                total = total + xn[k] * xn[k]
+            total = total + T.shfl_xor(total, 16)
+            total = total + T.shfl_xor(total, 8)
+            total = total + T.shfl_xor(total, 4)
+            total = total + T.shfl_xor(total, 2)
+            total = total + T.shfl_xor(total, 1)
+            rstd = T.rsqrt(total / T.float32(dn) + T.float32(eps))
             for v in T.serial(16):
-                amax = T.max(amax, T.abs(xv[v]))
-            amax = T.max(amax, T.shfl_xor(amax, 1))
-            if amax > 0:
-                ex = T.cast(T.ceil(T.log2(amax / E4M3_MAX)), T.int32)
-            else:
-                ex = -127
-            ex = T.clamp(ex, -127, 127)
-            for v in T.serial(16):
-                qb[v] = T.reinterpret(
-                    T.cast(T.clamp(xv[v] * T.exp2(T.cast(-ex, T.float32)), -E4M3_MAX, E4M3_MAX), T.float8_e4m3fn),
-                    T.uint8)
-            if slot >= 0:
-                for u in T.unroll(16 // VW):
-                    for v in T.vectorized(VW):
-                        Pool[slot, part * 16 + u * VW + v] = qb[u * VW + v]
-                if part % 2 == 0:
-                    Pool[slot, d + part // 2] = T.cast(ex + 127, T.uint8)
+                c = part * 16 + v
+                xv[v] = T.cast(X[safe_row, c], T.float32)
+                if c < dn:
+                    xv[v] = T.cast(T.cast(xv[v] * rstd * T.cast(W[c], T.float32), in_dtype), T.float32)
+            quantize_store(Pool, xv, slot, part)
 
     return main
 
@@ -191,6 +264,37 @@ def _store(fmt: str, x: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Te
         return
     kernel = _kernel(fmt, d, x.dtype, slot_mapping.dtype, identity=False)
     kernel(x.contiguous(), slot_mapping.contiguous(), pool)
+
+
+def store_normed_kv_fp8_tilelang(kv: torch.Tensor, norm_weight: torch.Tensor, eps: float, norm_dim: int,
+                                 pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """``store_kv_fp8_tilelang(cat([rms_norm_tilelang(kv[:, :norm_dim], norm_weight, eps), kv[:, norm_dim:]]))``
+    in one launch, bit for bit. kv [n, D] bf16 / fp16 with contiguous rows (a column slice of a
+    wider row is read in place), norm_weight [norm_dim] float32 or kv's dtype, D = 512 (one warp per
+    row), norm_dim a multiple of 32 below D."""
+    require(kv.dim() == 2 and kv.dtype in (torch.bfloat16, torch.float16), f"kv: bf16 / fp16 [n, D], got {kv.dtype}")
+    n, d = kv.shape
+    rec = d + d // 32
+    require(d // 16 == 32, f"kv: D = 512 expected (one warp per row), got {d}")
+    require(0 < norm_dim < d and norm_dim % 32 == 0, f"norm_dim={norm_dim}: a multiple of 32 below D={d}")
+    require(norm_weight.dim() == 1 and norm_weight.shape[0] == norm_dim
+            and norm_weight.dtype in (torch.float32, kv.dtype), f"norm_weight: [{norm_dim}], float32 or kv's dtype")
+    require(pool.dim() == 2 and pool.dtype == torch.uint8 and pool.shape[1] == rec and pool.stride() == (rec, 1),
+            f"pool: expected contiguous uint8 [slots, {rec}], got {pool.dtype} {tuple(pool.shape)}")
+    require(slot_mapping.dim() == 1 and slot_mapping.shape[0] == n and slot_mapping.dtype in _I_DTYPES,
+            f"slot_mapping: expected int32/int64 [{n}], got {slot_mapping.dtype} {tuple(slot_mapping.shape)}")
+    require_cuda(kv=kv, norm_weight=norm_weight, pool=pool, slot_mapping=slot_mapping)
+    if n == 0:
+        return
+    rows = kv if kv.stride(1) == 1 else kv.contiguous()
+    _normed_kernel(d, norm_dim, kv.dtype, norm_weight.dtype, slot_mapping.dtype, eps)(
+        rows, norm_weight.contiguous(), slot_mapping.contiguous(), pool)
+
+
+def _normed_kernel(d: int, norm_dim: int, x_dtype: torch.dtype, w_dtype: torch.dtype, idx_dtype: torch.dtype,
+                   eps: float):
+    key = (d, norm_dim, _T_DTYPES[x_dtype], _T_DTYPES[w_dtype], _I_DTYPES[idx_dtype], float(eps))
+    return compile_cached("kv_store_fp8_normed", key, lambda: _build_fp8_normed(d, norm_dim, *key[2:]))
 
 
 def _quantize(fmt: str, x: torch.Tensor, rec: int) -> torch.Tensor:

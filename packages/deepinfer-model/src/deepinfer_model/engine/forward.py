@@ -36,7 +36,6 @@ import torch
 from deepinfer_kernels.ops.attention_indices import attention_indices
 from deepinfer_kernels.ops.capture import write_rows
 from deepinfer_kernels.ops.indexer import indexer_topk_blocks
-from deepinfer_kernels.ops.kv_fp8 import store_kv_fp8
 from deepinfer_kernels.ops.sparse_mla import sparse_mla_attention
 from deepinfer_model.engine.compressed import update_compressed_source
 from deepinfer_model.engine.indexing import (
@@ -239,7 +238,7 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
                 far = far_selection(model, layer, q_lat, attn.fused_index_weights(fused), rows, meta, cache, max_far)
         q = attn.queries(q_lat, rope)
     attn.rotate_latent_tail(fused, rope)             # the columns no side stream reads
-    store_kv_fp8(attn.fused_latent(fused), cache.kv[plane], rows.slots)   # the layer's own plane: slots index it
+    attn.store_latent(fused, cache.kv[plane], rows.slots)   # the layer's own plane: slots index it
     streams.join("query", outputs=(q,))
     streams.join("indexer", outputs=(None if far is None else far.blocks,))
     streams.join_part("rows", "window")   # the window slots

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from deepinfer_kernels.batch_invariant import batch_invariant_enabled
+from deepinfer_kernels.ops.kv_fp8 import store_kv_fp8, store_normed_kv_fp8
 from deepinfer_model.modules.compressor import Compressor
 from deepinfer_model.modules.fused_projection import FusedProjection
 from deepinfer_model.modules.indexer import LightningIndexer
@@ -120,6 +122,16 @@ class MLAAttention(nn.Module):
         """-> the KV latent [N, D] (normed content, rotated tail)."""
         kv = fused[:, -self.head_dim:]
         return torch.cat([self.kv_a_layernorm(kv[:, : self.dc]), kv[:, self.dc:]], dim=-1)
+
+    def store_latent(self, fused: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor) -> None:
+        """`store_kv_fp8(self.fused_latent(fused), pool, slots)`. Where the latent norm is the kernels
+        package's mixed-dtype norm (CUDA, bf16 / fp16 rows, float32 weight, not batch-invariant)
+        the norm, the concatenation and the store are one launch, bit-identical to the three."""
+        kv, norm = fused[:, -self.head_dim:], self.kv_a_layernorm
+        if kv.is_cuda and kv.dtype != norm.weight.dtype and not batch_invariant_enabled():
+            store_normed_kv_fp8(kv, norm.weight, norm.eps, self.dc, pool, slots)
+        else:
+            store_kv_fp8(self.fused_latent(fused), pool, slots)
 
     def fused_index_weights(self, fused: torch.Tensor) -> torch.Tensor | None:
         """-> W_iw u [N, ni] (compressed layers), a view."""
