@@ -43,13 +43,23 @@ def _check_dim(d: int) -> None:
             f"dim={d}: TileLang KV store needs D a multiple of 32 dividing {NT * 16}")
 
 
-def _fp8_record_macro(T, d: int, VW: int):
-    """Quantize one thread's 16 values ``xv`` (float32) of a row and write them and, from the even
-    thread of a scale group, the group's scale byte into ``Pool[slot]`` (skipped for slot < 0)."""
+def _record(fmt: str, d: int) -> tuple[int, int, float]:
+    """(record bytes, store vector width in bytes, largest magnitude) of the ``fmt`` record of D values."""
+    rec = d + d // 32 if fmt == "fp8" else d // 2 + d // 32
+    vw = _vec_bytes(rec) if fmt == "fp8" else min(_vec_bytes(rec), 8)
+    return rec, vw, E4M3_MAX if fmt == "fp8" else E2M1_MAX
+
+
+def _record_macro(T, fmt: str, d: int):
+    """Quantize one thread's 16 values ``xv`` (float32) of a row to the ``fmt`` record and write
+    them and, from the even thread of a scale group, the group's scale byte into ``Pool[slot]``
+    (skipped for slot < 0). The two threads of a 32-value group share their absmax by a shuffle."""
+    _, VW, QMAX = _record(fmt, d)
+    NB = 16 if fmt == "fp8" else 8    # value bytes per thread
 
     @T.macro
     def quantize_store(Pool, xv, slot, part):
-        qb = T.alloc_local((16,), T.uint8)
+        qb = T.alloc_local((NB,), T.uint8)
         amax = T.alloc_var(T.float32)
         ex = T.alloc_var(T.int32)
         amax = 0.0
@@ -57,35 +67,48 @@ def _fp8_record_macro(T, d: int, VW: int):
             amax = T.max(amax, T.abs(xv[v]))
         amax = T.max(amax, T.shfl_xor(amax, 1))
         if amax > 0:
-            ex = T.cast(T.ceil(T.log2(amax / E4M3_MAX)), T.int32)
+            ex = T.cast(T.ceil(T.log2(amax / QMAX)), T.int32)
         else:
             ex = -127
         ex = T.clamp(ex, -127, 127)
-        for v in T.serial(16):
-            qb[v] = T.reinterpret(
-                T.cast(T.clamp(xv[v] * T.exp2(T.cast(-ex, T.float32)), -E4M3_MAX, E4M3_MAX), T.float8_e4m3fn),
-                T.uint8)
+        if fmt == "fp8":
+            for v in T.serial(16):
+                qb[v] = T.reinterpret(
+                    T.cast(T.clamp(xv[v] * T.exp2(T.cast(-ex, T.float32)), -QMAX, QMAX), T.float8_e4m3fn), T.uint8)
+        else:
+            cd = T.alloc_local((16,), T.uint8)
+            for v in T.serial(16):
+                sv = T.clamp(xv[v] * T.exp2(T.cast(-ex, T.float32)), -QMAX, QMAX)
+                mag = T.abs(sv)
+                # ties: down at .25, 1.25, 2.5, 5 (strict >); up at .75, 1.75, 3.5 (>=)
+                code = (T.cast(mag > 0.25, T.int32) + T.cast(mag >= 0.75, T.int32) + T.cast(mag > 1.25, T.int32)
+                        + T.cast(mag >= 1.75, T.int32) + T.cast(mag > 2.5, T.int32) + T.cast(mag >= 3.5, T.int32)
+                        + T.cast(mag > 5.0, T.int32))
+                cd[v] = T.cast(T.if_then_else((sv < 0) & (code > 0), code + 8, code), T.uint8)
+            for v in T.serial(8):
+                qb[v] = cd[2 * v] | (cd[2 * v + 1] << T.uint8(4))
         if slot >= 0:
-            for u in T.unroll(16 // VW):
+            for u in T.unroll(NB // VW):
                 for v in T.vectorized(VW):
-                    Pool[slot, part * 16 + u * VW + v] = qb[u * VW + v]
+                    Pool[slot, part * NB + u * VW + v] = qb[u * VW + v]
             if part % 2 == 0:
-                Pool[slot, d + part // 2] = T.cast(ex + 127, T.uint8)
+                Pool[slot, NB * (d // 16) + part // 2] = T.cast(ex + 127, T.uint8)
 
     return quantize_store
 
 
-def _build_fp8(d: int, in_dtype: str, idx_dtype: str, identity: bool):
+def _build_store(fmt: str, d: int, in_dtype: str, idx_dtype: str, identity: bool):
+    """Quantize rows of X to ``fmt`` records and write row i to ``Pool[Slots[i]]`` (``identity``:
+    to ``Pool[i]``, the quantize-only launcher)."""
     import tilelang.language as T
 
-    REC = d + d // 32
+    REC = _record(fmt, d)[0]
     LPR = d // 16                    # threads per row
     RPC = NT // LPR                  # rows per CTA
-    VW = _vec_bytes(REC)             # store vector width in bytes (16 for D = 512)
     N = T.dynamic("N")
     S = T.dynamic("S")
     M = T.dynamic("M")               # slot_mapping length (N, or 1 when identity)
-    quantize_store = _fp8_record_macro(T, d, VW)
+    quantize_store = _record_macro(T, fmt, d)
 
     @T.prim_func
     def main(
@@ -115,23 +138,22 @@ def _build_fp8(d: int, in_dtype: str, idx_dtype: str, identity: bool):
 
 
 def _build_fp8_normed(d: int, dn: int, in_dtype: str, w_dtype: str, idx_dtype: str, eps: float):
-    """``_build_fp8``'s store of ``[rms_norm(x[:dn], W, eps), x[dn:]]`` (the MLA latent: normed
+    """``_build_store``'s FP8 store of ``[rms_norm(x[:dn], W, eps), x[dn:]]`` (the MLA latent: normed
     content, rotated tail) read from a strided row (the tail of a fused projection's output). The
     norm is ``norm.py``'s one-warp row norm step for step (lane l sums the squares of values
     l, l + 32, ... in order, then a shuffle butterfly; ``(x * rstd) * w`` rounded to the dtype), so
     the record equals that kernel's output stored, bit for bit. One warp per row."""
     import tilelang.language as T
 
-    REC = d + d // 32
+    REC = _record("fp8", d)[0]
     LPR = d // 16
     RPC = NT // LPR
-    VW = _vec_bytes(REC)
     PER_LANE = dn // 32
     assert LPR == 32 and dn % 32 == 0 and dn < d
     N = T.dynamic("N")
     SX = T.dynamic("SX")
     S = T.dynamic("S")
-    quantize_store = _fp8_record_macro(T, d, VW)
+    quantize_store = _record_macro(T, "fp8", d)
 
     @T.prim_func
     def main(
@@ -175,78 +197,11 @@ def _build_fp8_normed(d: int, dn: int, in_dtype: str, w_dtype: str, idx_dtype: s
     return main
 
 
-def _build_fp4(d: int, in_dtype: str, idx_dtype: str, identity: bool):
-    import tilelang.language as T
-
-    REC = d // 2 + d // 32
-    LPR = d // 16
-    RPC = NT // LPR
-    VW = min(_vec_bytes(REC), 8)
-    N = T.dynamic("N")
-    S = T.dynamic("S")
-    M = T.dynamic("M")
-
-    @T.prim_func
-    def main(
-        X: T.Tensor((N, d), in_dtype),
-        Slots: T.Tensor((M,), idx_dtype),
-        Pool: T.Tensor((S, REC), T.uint8),
-    ):
-        with T.Kernel(T.ceildiv(N, RPC), threads=NT) as bx:
-            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
-                T.evaluate(pdl_sync())
-            tx = T.get_thread_binding()
-            xv = T.alloc_local((16,), T.float32)
-            cd = T.alloc_local((16,), T.uint8)
-            pk = T.alloc_local((8,), T.uint8)
-            amax = T.alloc_var(T.float32)
-            ex = T.alloc_var(T.int32)
-            row = bx * RPC + tx // LPR
-            part = tx % LPR
-            slot = T.alloc_var(T.int64)
-            slot = T.int64(-1)
-            if row < N:
-                if identity:
-                    slot = T.cast(row, T.int64)
-                else:
-                    slot = T.cast(Slots[row], T.int64)
-            for v in T.vectorized(16):
-                xv[v] = T.if_then_else(row < N, T.cast(X[T.min(row, N - 1), part * 16 + v], T.float32), 0.0)
-            amax = 0.0
-            for v in T.serial(16):
-                amax = T.max(amax, T.abs(xv[v]))
-            amax = T.max(amax, T.shfl_xor(amax, 1))
-            if amax > 0:
-                ex = T.cast(T.ceil(T.log2(amax / E2M1_MAX)), T.int32)
-            else:
-                ex = -127
-            ex = T.clamp(ex, -127, 127)
-            for v in T.serial(16):
-                sv = T.clamp(xv[v] * T.exp2(T.cast(-ex, T.float32)), -E2M1_MAX, E2M1_MAX)
-                mag = T.abs(sv)
-                # ties: down at .25, 1.25, 2.5, 5 (strict >); up at .75, 1.75, 3.5 (>=)
-                code = (T.cast(mag > 0.25, T.int32) + T.cast(mag >= 0.75, T.int32) + T.cast(mag > 1.25, T.int32)
-                        + T.cast(mag >= 1.75, T.int32) + T.cast(mag > 2.5, T.int32) + T.cast(mag >= 3.5, T.int32)
-                        + T.cast(mag > 5.0, T.int32))
-                cd[v] = T.cast(T.if_then_else((sv < 0) & (code > 0), code + 8, code), T.uint8)
-            for v in T.serial(8):
-                pk[v] = cd[2 * v] | (cd[2 * v + 1] << T.uint8(4))
-            if slot >= 0:
-                for u in T.unroll(8 // VW):
-                    for v in T.vectorized(VW):
-                        Pool[slot, part * 8 + u * VW + v] = pk[u * VW + v]
-                if part % 2 == 0:
-                    Pool[slot, d // 2 + part // 2] = T.cast(ex + 127, T.uint8)
-
-    return main
-
-
 def _kernel(fmt: str, d: int, x_dtype: torch.dtype, idx_dtype: torch.dtype | None, identity: bool):
     require(x_dtype in _T_DTYPES, f"dtype {x_dtype} not supported (bf16, fp16, fp32)")
     idx_name = _I_DTYPES[idx_dtype] if idx_dtype is not None else "int64"
-    build = _build_fp8 if fmt == "fp8" else _build_fp4
     key = (d, _T_DTYPES[x_dtype], idx_name, identity)
-    return compile_cached(f"kv_store_{fmt}", key, lambda: build(d, _T_DTYPES[x_dtype], idx_name, identity))
+    return compile_cached(f"kv_store_{fmt}", key, lambda: _build_store(fmt, d, _T_DTYPES[x_dtype], idx_name, identity))
 
 
 def _store(fmt: str, x: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor, rec: int) -> None:
