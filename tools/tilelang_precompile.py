@@ -64,6 +64,13 @@ def _specs():
             add("kv_store", "kv_store", [("_kernel", ("fp4", d, dt, torch.int64, False)),
                                          ("_kernel", ("fp4", d, dt, None, True))])
 
+    # ---- one-row linear (`mini`'s batch-1 projections and the tests' shapes)
+    for n, k in ((1024, 8192), (8192, 384), (5632, 1024), (2816, 1024), (1552, 1024), (1088, 1024), (1024, 2816),
+                 (1024, 512), (904, 1024), (896, 1024), (648, 1024), (512, 1024), (384, 1024), (128, 1024),
+                 (8, 1024), (1024, 384), (1024, 256), (1024, 3072)):
+        for dt in (bf16, f16) if (n, k) != (1024, 3072) else (bf16,):
+            add("matvec", "matvec", [("_kernel", (n, k, dt))])
+
     # ---- SwiGLU activation (dense FFN 2816, shared expert 512, default model 48 / 192)
     for inter in (2816, 512, 48, 192):
         add("activation", "activation", [("_kernel", (inter, bf16))])

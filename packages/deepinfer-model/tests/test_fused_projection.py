@@ -157,3 +157,19 @@ def test_engine_forward_after_weight_changes_matches_a_fresh_model():
             load(model)
         for got, w in zip(_engine_logits(model), want, strict=True):
             assert torch.equal(got, w), name
+
+
+def test_model_linear_is_a_bias_free_nn_linear():
+    """The model's projections (modules/linear.py): nn.Linear's parameter and state-dict layout,
+    its values (the kernels' `linear` is F.linear off SM90), no bias."""
+    import pytest
+
+    from deepinfer_model.modules.linear import Linear
+
+    lin = Linear(16, 8)
+    ref = torch.nn.Linear(16, 8, bias=False)
+    ref.load_state_dict(lin.state_dict())
+    x = torch.randn(3, 16)
+    assert list(lin.state_dict()) == ["weight"] and torch.equal(lin(x), ref(x))
+    with pytest.raises(ValueError, match="bias"):
+        Linear(16, 8, bias=True)

@@ -23,6 +23,7 @@ from deepinfer_model.metadata import DraftMetadata, DraftOutput, ForwardMetadata
 from deepinfer_model.modules.dspark import DSparkDraft
 from deepinfer_model.modules.fused_projection import refresh_fused_projections
 from deepinfer_model.modules.layer import DecoderLayer
+from deepinfer_model.modules.linear import Linear
 from deepinfer_model.modules.norm import RMSNorm
 from deepinfer_model.paged_cache import CacheLayout, PagedKVCache, allocate_kv_cache
 
@@ -66,7 +67,7 @@ class V41ForCausalLM(nn.Module):
         self.config = cfg
         with _built_on(device, dtype or default_dtype(device)):
             self.model = V41Model(cfg)
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.to(device=device, dtype=dtype or default_dtype(device))

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from deepinfer_model.modules.fused_projection import FusedProjection
+from deepinfer_model.modules.linear import Linear
 from deepinfer_model.modules.norm import RMSNorm
 from deepinfer_model.modules.rope import RopeTable, apply_rope, apply_rope_inplace
 
@@ -30,9 +31,9 @@ class Compressor(nn.Module):
         self.ratio = ratio
         self.dc = d - cfg.qk_rope_head_dim
         self.theta = cfg.rope_theta
-        self.wkv = nn.Linear(h, d, bias=False)
-        self.wk = nn.Linear(h, cfg.index_head_dim, bias=False)
-        self.gate = nn.Linear(h, 1, bias=False)
+        self.wkv = Linear(h, d, bias=False)
+        self.wk = Linear(h, cfg.index_head_dim, bias=False)
+        self.gate = Linear(h, 1, bias=False)
         self.pos_bias = nn.Parameter(torch.zeros(ratio))
         self.kv_norm = RMSNorm(self.dc, cfg.rms_norm_eps)
         self.terms_projection = FusedProjection(self.token_projections) if fused_terms else None

@@ -21,6 +21,7 @@ from torch import nn
 
 from deepinfer_model.metadata import DraftOutput
 from deepinfer_model.modules.ffn import SwiGLU
+from deepinfer_model.modules.linear import Linear
 from deepinfer_model.modules.mla import MLAAttention
 from deepinfer_model.modules.norm import RMSNorm, rms_norm
 from deepinfer_model.modules.rope import apply_rope
@@ -48,14 +49,14 @@ class DSparkDraft(nn.Module):
         self.target_layer_ids = tuple(cfg.dspark_target_layer_ids)
         self.temperature = cfg.dspark_confidence_temperature
         self.markov_rank = cfg.dspark_markov_rank
-        self.projection = nn.Linear(h * len(self.target_layer_ids), h, bias=False)
+        self.projection = Linear(h * len(self.target_layer_ids), h, bias=False)
         self.projection_norm = RMSNorm(h, cfg.rms_norm_eps)
         self.layers = nn.ModuleList(DFlashLayer(cfg) for _ in range(cfg.nextn))
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
         if self.markov_rank > 0:
             self.markov_embed = nn.Embedding(cfg.vocab_size, self.markov_rank)
-            self.markov_proj = nn.Linear(self.markov_rank, cfg.vocab_size, bias=False)
-        self.confidence_head = nn.Linear(h + self.markov_rank, 1, bias=False)
+            self.markov_proj = Linear(self.markov_rank, cfg.vocab_size, bias=False)
+        self.confidence_head = Linear(h + self.markov_rank, 1, bias=False)
 
     def main_keys_all(self, f: torch.Tensor, positions) -> torch.Tensor:
         """f [N, H] target features, positions [N] (or their RopeTable) -> every DFlash layer's

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from deepinfer_model.modules.linear import Linear
 from deepinfer_model.modules.norm import RMSNorm
 
 PAD_ID = -1
@@ -50,8 +51,8 @@ class Engram(nn.Module):
         self.table_size = cfg.engram_table_size
         self.tables = nn.ModuleList(nn.Embedding(cfg.engram_table_size, cfg.engram_dim)
                                     for _ in range(self.n_max - 1))
-        self.proj = nn.Linear((self.n_max - 1) * cfg.engram_dim, cfg.hidden_size, bias=False)
-        self.gate = nn.Linear(cfg.hidden_size, 1, bias=False)
+        self.proj = Linear((self.n_max - 1) * cfg.engram_dim, cfg.hidden_size, bias=False)
+        self.gate = Linear(cfg.hidden_size, 1, bias=False)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, windows: torch.Tensor) -> torch.Tensor:

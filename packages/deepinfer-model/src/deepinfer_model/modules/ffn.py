@@ -13,14 +13,15 @@ from torch import nn
 
 from deepinfer_kernels.ops.activation import silu_mul
 from deepinfer_model.modules.fused_projection import FusedProjection
+from deepinfer_model.modules.linear import Linear
 
 
 class SwiGLU(nn.Module):
     def __init__(self, hidden: int, inter: int, fused: bool = True):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, inter, bias=False)
-        self.up_proj = nn.Linear(hidden, inter, bias=False)
-        self.down_proj = nn.Linear(inter, hidden, bias=False)
+        self.gate_proj = Linear(hidden, inter, bias=False)
+        self.up_proj = Linear(hidden, inter, bias=False)
+        self.down_proj = Linear(inter, hidden, bias=False)
         self.gate_up = FusedProjection([self.gate_proj, self.up_proj]) if fused else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, H]

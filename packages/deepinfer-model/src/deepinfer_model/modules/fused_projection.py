@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from deepinfer_kernels.ops.linear import linear
+
 ROW_ALIGN = 8   # rows of the stacked weight: a multiple of 8 keeps bf16 output rows 16-byte aligned
 
 
@@ -115,7 +117,7 @@ class FusedProjection:
             outs = [F.linear(x, m.weight) for m in self.members]
             outs.insert(self.pad_before, x.new_zeros(*x.shape[:-1], self.pad))
             return torch.cat(outs, dim=-1)
-        return F.linear(x, self.weight())
+        return linear(x, self.weight())   # one row on SM90: the matrix-vector kernel
 
     def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """y [N, out_features] -> each member's columns [N, out_i] (views)."""

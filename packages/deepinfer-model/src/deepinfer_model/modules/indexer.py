@@ -10,14 +10,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from deepinfer_model.modules.linear import Linear
+
 
 class LightningIndexer(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.n_heads = cfg.index_n_heads
         self.head_dim = cfg.index_head_dim
-        self.wq_b = nn.Linear(cfg.q_lora_rank, self.n_heads * self.head_dim, bias=False)
-        self.weights_proj = nn.Linear(cfg.hidden_size, self.n_heads, bias=False)
+        self.wq_b = Linear(cfg.q_lora_rank, self.n_heads * self.head_dim, bias=False)
+        self.weights_proj = Linear(cfg.hidden_size, self.n_heads, bias=False)
 
     def query(self, q_latent: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q_latent [N, qr], u [N, H] -> (q_idx [N, ni, Di] in the weights' dtype, w float32 [N, ni]).

@@ -28,6 +28,7 @@ from deepinfer_kernels.ops.kv_fp8 import store_kv_fp8, store_normed_kv_fp8
 from deepinfer_model.modules.compressor import Compressor
 from deepinfer_model.modules.fused_projection import FusedProjection
 from deepinfer_model.modules.indexer import LightningIndexer
+from deepinfer_model.modules.linear import Linear
 from deepinfer_model.modules.norm import RMSNorm
 from deepinfer_model.modules.rope import RopeTable, apply_rope, apply_rope_inplace, rope_table
 
@@ -57,12 +58,12 @@ class MLAAttention(nn.Module):
         self.theta = cfg.rope_theta
         self.sm_scale = 1.0 / math.sqrt(d)
         self.ratio = ratio
-        self.q_a_proj = nn.Linear(h, qr, bias=False)
+        self.q_a_proj = Linear(h, qr, bias=False)
         self.q_a_layernorm = RMSNorm(qr, cfg.rms_norm_eps)
-        self.q_b_proj = nn.Linear(qr, self.num_heads * d, bias=False)
-        self.kv_a_proj_with_mqa = nn.Linear(h, d, bias=False)
+        self.q_b_proj = Linear(qr, self.num_heads * d, bias=False)
+        self.kv_a_proj_with_mqa = Linear(h, d, bias=False)
         self.kv_a_layernorm = RMSNorm(self.dc, cfg.rms_norm_eps)
-        self.o_proj = nn.Linear(self.num_heads * d, h, bias=False)
+        self.o_proj = Linear(self.num_heads * d, h, bias=False)
         self.indexer = LightningIndexer(cfg) if ratio > 0 else None
         self.compressor_reads_input = has_compressor and compressor_reads_input
         self.compressor = (Compressor(cfg, ratio, fused_terms=not compressor_reads_input) if has_compressor

@@ -1,0 +1,24 @@
+"""Benchmarks: one-row projections (a batch-1 decode step's GEMMs at `mini`'s shapes) as the
+TileLang matrix-vector kernel and as cuBLAS (`F.linear`), both replayed from a CUDA graph with the
+L2 flushed: weight bytes / time against copy bandwidth."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytestmark = pytest.mark.gpu
+
+T = pytest.importorskip("deepinfer_kernels.tilelang.testing")
+
+
+@pytest.mark.parametrize("path", ["matvec", "cublas"])
+@pytest.mark.parametrize("n,k", [(1024, 8192), (8192, 384), (5632, 1024), (1552, 1024), (1088, 1024), (1024, 2816),
+                                 (1024, 512)])
+def test_bench_one_row_linear(benchmark, n, k, path):
+    from deepinfer_kernels.tilelang.matvec import matvec_tilelang
+
+    x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda") * k ** -0.5).to(torch.bfloat16)
+    fn = (lambda: matvec_tilelang(x, w)) if path == "matvec" else (lambda: F.linear(x, w))
+    T.record_benchmark(benchmark, fn, bytes_moved=w.numel() * 2 + k * 2 + n * 2, flops=2.0 * n * k,
+                       extra={"n": n, "k": k, "path": path})

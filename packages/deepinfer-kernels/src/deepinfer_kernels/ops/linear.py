@@ -1,0 +1,46 @@
+"""Bias-free linear layer ``y = x . W^T``: ``F.linear``, except a single row on SM90.
+
+A batch-1 decode step multiplies one row by each projection's weight; cuBLAS takes 4.5-7.3 us per
+such GEMM on the H200 whatever the weight's size (docs/benchmarks.md, session 15). On SM90, bf16 /
+fp16, one row and a weight of at most ``MATVEC_MAX_WEIGHT_BYTES`` go to the TileLang matrix-vector
+kernel (``deepinfer_kernels.tilelang.matvec``; same values up to float32 summation order).
+Everything else, and batch-invariant mode, autograd, ``torch.compile`` and ``DEEPINFER_MATVEC=0``
+(read once per process), runs ``F.linear``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+from deepinfer_kernels.batch_invariant import batch_invariant_enabled
+from deepinfer_kernels.platform import tilelang_launcher
+from deepinfer_kernels.tilelang.matvec import pick_tiles
+
+MATVEC_ENABLED = os.environ.get("DEEPINFER_MATVEC", "1") != "0"
+MATVEC_MAX_WEIGHT_BYTES = 32 << 20   # the lm_head's 65 MB streams at ~83% of copy in cuBLAS already
+
+
+def linear_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [..., K], weight [N, K] -> [..., N]."""
+    return F.linear(x, weight)
+
+
+def _one_row_kernel(x: torch.Tensor, weight: torch.Tensor):
+    """The matrix-vector launcher when this call is one it serves, else None."""
+    if not (MATVEC_ENABLED and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+            and weight.dtype == x.dtype and weight.dim() == 2 and x.numel() == x.shape[-1] == weight.shape[1]
+            and x.is_contiguous() and weight.is_contiguous()
+            and weight.numel() * weight.element_size() <= MATVEC_MAX_WEIGHT_BYTES):
+        return None
+    if batch_invariant_enabled() or (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad)):
+        return None
+    return tilelang_launcher("matvec", x.device, supported=pick_tiles(*weight.shape) is not None)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [..., K], weight [N, K] -> [..., N] in x's dtype (``F.linear`` without a bias)."""
+    kernel = _one_row_kernel(x, weight)
+    return kernel(x, weight) if kernel is not None else F.linear(x, weight)

@@ -1,0 +1,28 @@
+"""CPU tests: the `linear` op (F.linear off SM90) and the matrix-vector kernel's tile choice."""
+
+import torch
+import torch.nn.functional as F
+
+from deepinfer_kernels.ops.linear import linear
+from deepinfer_kernels.tilelang.matvec import MIN_CTAS, STAGE_ELEMENTS, pick_tiles
+
+
+def test_linear_is_f_linear_on_the_cpu():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(48, 64, generator=g).to(torch.bfloat16)
+    for x in (torch.randn(1, 64, generator=g), torch.randn(3, 2, 64, generator=g)):
+        x = x.to(torch.bfloat16)
+        assert torch.equal(linear(x, w), F.linear(x, w))
+
+
+def test_matvec_tiles():
+    """16 KB stages (bn * bk = STAGE_ELEMENTS), the widest K tile dividing K, output tiles halved
+    down to 4 rows until the grid has MIN_CTAS CTAs; None when no tile divides the weight."""
+    assert pick_tiles(1024, 8192) == (4, 2048)          # o_proj: 256 CTAs
+    assert pick_tiles(8192, 384) == (16, 128)           # q_b: 512 CTAs
+    assert pick_tiles(5632, 1024) == (8, 1024)          # dense gate/up: 704 CTAs
+    bn, bk = pick_tiles(1024, 2816)                      # 2816 = 11 x 256
+    assert bk == 256 and bn == 4 and bn * bk <= STAGE_ELEMENTS
+    assert 65536 // pick_tiles(65536, 1024)[0] >= MIN_CTAS
+    assert pick_tiles(1024, 1000) is None                # K not a multiple of 64
+    assert pick_tiles(1, 1024) is None and pick_tiles(6, 1024) is None

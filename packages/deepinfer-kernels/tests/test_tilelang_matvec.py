@@ -1,0 +1,41 @@
+"""GPU tests: the one-row linear layer (TileLang matrix-vector kernel) against float32 F.linear,
+and the public `linear` op's choice between it and cuBLAS."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("n,k", [(1024, 8192), (8192, 384), (1552, 1024), (5632, 1024), (1024, 2816), (384, 1024),
+                                 (8, 1024), (1088, 1024)])   # `mini`'s batch-1 projections
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_matvec_matches_float32_linear(n, k, dtype):
+    from deepinfer_kernels.tilelang.matvec import matvec_tilelang
+
+    g = torch.Generator().manual_seed(n + k)
+    x = torch.randn(1, k, generator=g).to(dtype).cuda()
+    w = (torch.randn(n, k, generator=g) * k ** -0.5).to(dtype).cuda()
+    got = matvec_tilelang(x, w)
+    want = F.linear(x.float(), w.float())
+    torch.cuda.synchronize()
+    assert got.shape == (1, n) and got.dtype == dtype
+    torch.testing.assert_close(got.float(), want, atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(matvec_tilelang(x.view(1, 1, k), w).view(1, n), got, atol=0, rtol=0)   # [..., K]
+
+
+def test_linear_takes_the_kernel_for_one_row_only():
+    from deepinfer_kernels.ops.linear import MATVEC_MAX_WEIGHT_BYTES, linear
+    from deepinfer_kernels.tilelang.matvec import matvec_tilelang
+
+    g = torch.Generator().manual_seed(3)
+    w = (torch.randn(1024, 8192, generator=g) * 0.01).to(torch.bfloat16).cuda()
+    x = torch.randn(2, 8192, generator=g).to(torch.bfloat16).cuda()
+    assert torch.equal(linear(x[:1], w), matvec_tilelang(x[:1], w))       # one row: the kernel
+    assert torch.equal(linear(x, w), F.linear(x, w))                      # two rows: cuBLAS
+    big = torch.zeros(MATVEC_MAX_WEIGHT_BYTES // 2048 + 8, 1024, dtype=torch.bfloat16, device="cuda")
+    assert torch.equal(linear(x[:1, :1024], big), F.linear(x[:1, :1024], big))   # past the size limit
+    wg = w.detach().clone().requires_grad_(True)
+    y = linear(x[:1], wg)                                                 # autograd: cuBLAS, differentiable
+    assert y.grad_fn is not None and torch.equal(y.detach(), F.linear(x[:1], w))
