@@ -37,7 +37,7 @@ def _one_row_kernel(x: torch.Tensor, weight: torch.Tensor):
         return None
     if batch_invariant_enabled() or (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad)):
         return None
-    return tilelang_launcher("matvec", x.device, supported=pick_tiles(*weight.shape) is not None)
+    return tilelang_launcher("linear", x.device, supported=pick_tiles(*weight.shape) is not None)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ bucket (the static dims: heads, head dim, ...) and cached for the process
 | ``norm`` | ``rms_norm_tilelang``, ``add_rms_norm_tilelang`` |
 | ``activation`` | ``silu_mul_tilelang`` |
 | ``moe_route`` | ``moe_route_tilelang`` |
-| ``matvec`` | ``matvec_tilelang`` (one-row ``linear``) |
+| ``matvec`` | ``matvec_tilelang`` (the one-row ``linear``) |
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ LAUNCHERS = {
     "paged_slots": "paged_slots:paged_slots_tilelang",
     "write_rows": "write_rows:write_rows_tilelang",
     "greedy_pick": "greedy:greedy_pick_tilelang",
-    "matvec": "matvec:matvec_tilelang",
+    "linear": "matvec:matvec_tilelang",
 }
 
 
