@@ -26,3 +26,11 @@ def test_matvec_tiles():
     assert 65536 // pick_tiles(65536, 1024)[0] >= MIN_CTAS
     assert pick_tiles(1024, 1000) is None                # K not a multiple of 64
     assert pick_tiles(1, 1024) is None and pick_tiles(6, 1024) is None
+
+
+def test_linear_launcher_is_the_matvec_kernel():
+    """`linear` asks `tilelang_launcher("linear", ...)`: the registry resolves it to the kernel."""
+    from deepinfer_kernels.tilelang import get_launcher
+    from deepinfer_kernels.tilelang.matvec import matvec_tilelang
+
+    assert get_launcher("linear") is matvec_tilelang
