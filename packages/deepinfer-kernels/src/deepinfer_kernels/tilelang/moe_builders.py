@@ -1,5 +1,3 @@
-from deepinfer_kernels.tilelang._common import PDL, pdl_sync
-
 """TileLang builders of the MoE's grouped GEMMs (launched by ``moe.py``; the tile schedule, the
 decode permutation and the weighted combine are in ``moe_schedule_builders.py``).
 
@@ -19,6 +17,8 @@ Numerics mirror the reference: fp32 accumulation, the gate/up GEMM output rounde
 dtype before SwiGLU, the activation rounded again, the down GEMM output rounded, then the
 weighted top-k sum in fp32 in slot order (deterministic).
 """
+
+from deepinfer_kernels.tilelang._common import PDL, pdl_sync
 
 # No `from __future__ import annotations` (TileLang evaluates prim_func annotations).
 

@@ -1,6 +1,6 @@
-"""TileLang builders of the few-token routed experts (``moe.routed_experts_tilelang`` below
-``GEMV_MAX_TOKENS`` tokens): matrix-vector products over each (token, slot) pair's expert, two
-launches in all, no routing bookkeeping.
+"""TileLang builders of the few-token routed experts (``moe.routed_experts_tilelang`` where
+``moe.gemv_pays``: one token over narrow experts): matrix-vector products over each (token, slot)
+pair's expert, two launches in all, no routing bookkeeping.
 
 At batch 1 the grouped GEMMs of ``moe_builders.py`` give each active expert's weights to few CTAs
 (gate/up: 8 column tiles per expert, 48 CTAs for top-6 on 132 SMs) and need a permutation before

@@ -1,10 +1,10 @@
-from deepinfer_kernels.tilelang._common import PDL, pdl_sync
-
 """TileLang builders of the MoE's bookkeeping kernels around the grouped GEMMs (``moe_builders.py``),
 launched by ``moe.py``: the tile schedule (m-slot -> expert, first row, rows), the decode-size
 permutation by expert in one CTA, and the weighted top-k combine in slot order (the prefill
 path's SwiGLU between its torch grouped GEMMs is ``activation.py``'s kernel).
 """
+
+from deepinfer_kernels.tilelang._common import PDL, pdl_sync
 
 # No `from __future__ import annotations` (TileLang evaluates prim_func annotations).
 
