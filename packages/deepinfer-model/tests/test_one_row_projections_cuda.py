@@ -1,0 +1,59 @@
+"""GPU: a one-row decode step (batch 1, no drafts) runs its projections through the matrix-vector
+kernel (`deepinfer_kernels.ops.linear`), and its logits, DSpark features and next tokens agree with
+the same steps run through cuBLAS (`DEEPINFER_MATVEC=0`'s path) to bf16 accuracy."""
+
+import pytest
+import torch
+
+import deepinfer_kernels.ops.linear as linear_op
+from deepinfer_model.model import V41ForCausalLM
+from deepinfer_model.presets import tiny
+from deepinfer_model.testing import Driver, Seq, clone_cache
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_one_row_steps_take_the_matvec_kernel_and_match_cublas(monkeypatch):
+    from deepinfer_kernels.platform import current_platform
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    if not current_platform().is_sm90:
+        pytest.skip("the matrix-vector kernel is built for SM90")
+    model = V41ForCausalLM(tiny(), device=torch.device("cuda")).init_random_weights(0).eval()   # bf16
+    g = torch.Generator().manual_seed(0)
+    seq = Seq(torch.randint(4, 8192, (37,), generator=g).tolist(), 37)
+    drv = Driver(model, num_blocks=32, block_size=8)
+    _, out = drv.prefill([seq], [seq.prompt_len])
+    seq.tokens.append(int(out.logits[-1].argmax()))
+
+    kernel_rows = []
+    pick = linear_op._one_row_kernel
+
+    def counting_pick(x, weight):
+        kernel = pick(x, weight)
+        if kernel is not None:
+            kernel_rows.append(tuple(weight.shape))
+        return kernel
+
+    monkeypatch.setattr(linear_op, "_one_row_kernel", counting_pick)
+    agree = 0
+    for step in range(8):
+        meta = drv.decode_meta([seq], [[]], features=True)
+        cublas_cache = clone_cache(drv.cache)
+        monkeypatch.setattr(linear_op, "MATVEC_ENABLED", False)
+        before = len(kernel_rows)
+        ref = model.forward(meta, cublas_cache)
+        assert len(kernel_rows) == before, "the switch off must keep every projection on cuBLAS"
+        monkeypatch.setattr(linear_op, "MATVEC_ENABLED", True)
+        got = model.forward(meta, drv.cache)
+        torch.cuda.synchronize()
+        assert len(kernel_rows) > before, f"step {step}: no projection took the matrix-vector kernel"
+        scale = ref.logits.float().abs().max().item()
+        assert (got.logits.float() - ref.logits.float()).abs().max().item() <= 0.05 * scale + 0.05, step
+        torch.testing.assert_close(got.dspark_features.float(), ref.dspark_features.float(), atol=0.1, rtol=0.05)
+        token = int(got.logits[0].argmax())
+        agree += token == int(ref.logits[0].argmax())
+        seq.tokens.append(token)
+    assert agree >= 7, f"greedy tokens agreed on {agree} of 8 steps"
+    # Every projection the step multiplies by takes the kernel: at least q, kv, o and the FFN's per layer.
+    assert len(set(kernel_rows)) >= 4, sorted(set(kernel_rows))
