@@ -56,14 +56,17 @@ class StepLaunches:
     by_phase: dict[str, collections.Counter]   # phase -> op name -> launches
     by_function: collections.Counter           # "file.py:function" of ours that issued them -> launches
     by_stream: collections.Counter             # "main", or the side stream (engine/streams.py) -> launches
+    sequence: list                             # the step's first launches in issue order: (stream, op, function)
 
 
 class StepOpCounter(TorchDispatchMode):
     """Counts dispatched ops per phase (a stack of labels pushed by `phase`) and per function of
     the model / kernels / engine code that issued them."""
 
-    def __init__(self):
+    def __init__(self, sequence: int = 0):
         super().__init__()
+        self.sequence_limit = sequence
+        self.sequence: list[tuple[str, str, str]] = []   # the first launches: (stream, op, issuing function)
         self.phases = ["other"]
         self.inside_kernel = 0
         self.active = False   # counting: inside the one step measured
@@ -72,9 +75,12 @@ class StepOpCounter(TorchDispatchMode):
         self.by_stream: collections.Counter = collections.Counter()
 
     def add(self, name: str, n: int = 1) -> None:
+        where, chain = _our_caller(), current_chain()
         self.by_phase[self.phases[-1]][name] += n
-        self.by_function[_our_caller()] += n
-        self.by_stream[current_chain()] += n
+        self.by_function[where] += n
+        self.by_stream[chain] += n
+        if len(self.sequence) < self.sequence_limit:
+            self.sequence.append((chain, name, where))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.__name__.split(".")[0]
@@ -142,39 +148,55 @@ def _wrap(obj, attr: str, enter, undo: list) -> None:
     undo.append(lambda: setattr(obj, attr, original))
 
 
-def count(model: str | None, nextn: int, batch: int, greedy: bool = True) -> StepLaunches:
+def _public_ops() -> dict:
+    """op name -> the public function of `deepinfer_kernels.ops` that dispatches it, for every op
+    with a TileLang launcher."""
+    import importlib
+    import pkgutil
+
+    import deepinfer_kernels.ops as ops_pkg
+    found = {}
+    for info in pkgutil.iter_modules(ops_pkg.__path__):
+        module = importlib.import_module(f"deepinfer_kernels.ops.{info.name}")
+        for op in LAUNCHERS:
+            fn = getattr(module, op, None)
+            if callable(fn) and getattr(fn, "__module__", None) == module.__name__:
+                found[op] = fn
+    return found
+
+
+def _wrap_everywhere(fn, enter, undo: list) -> None:
+    """Every `deepinfer_*` module attribute bound to `fn` (its definition and each `from ... import`
+    of it) runs it inside `enter()` until the callables in `undo` run."""
+    def wrapped(*args, **kwargs):
+        with enter():
+            return fn(*args, **kwargs)
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("deepinfer_") or module is None:
+            continue
+        for attr, value in list(vars(module).items()):
+            if value is fn:
+                setattr(module, attr, wrapped)
+                undo.append(lambda module=module, attr=attr: setattr(module, attr, fn))
+
+
+def count(model: str | None, nextn: int, batch: int, greedy: bool = True, sequence: int = 0) -> StepLaunches:
     import deepinfer_engine.cuda_graphs as cuda_graphs
-    import deepinfer_engine.sampler as engine_sampler
-    import deepinfer_kernels.ops.indexer as ops_indexer
-    import deepinfer_kernels.ops.kv_fp4 as ops_kv_fp4
-    import deepinfer_kernels.ops.kv_fp8 as ops_kv_fp8
-    import deepinfer_kernels.ops.moe as ops_moe
-    import deepinfer_kernels.ops.sparse_mla as ops_sparse_mla
-    import deepinfer_model.engine.compressed as eng_compressed
-    import deepinfer_model.engine.dspark as eng_dspark
-    import deepinfer_model.engine.forward as eng_forward
-    import deepinfer_model.engine.indexing as eng_indexing
     import deepinfer_model.modules.dspark as mod_dspark
-    import deepinfer_model.modules.ffn as mod_ffn
-    import deepinfer_model.modules.moe as mod_moe
     import deepinfer_model.modules.norm as mod_norm
-    import deepinfer_model.modules.rope as mod_rope
     from deepinfer_engine import LLM, SamplingParams
     from deepinfer_engine.sampler import Sampler
     from deepinfer_kernels.ops.capture import force_capturable
 
-    counter, undo = StepOpCounter(), []
-    for module in (eng_forward, eng_indexing, eng_dspark, eng_compressed, mod_moe, mod_ffn, mod_rope, ops_kv_fp8,
-                   ops_kv_fp4, ops_sparse_mla, ops_indexer, ops_moe, engine_sampler):
-        for op in LAUNCHERS:   # every op with a TileLang kernel on SM90
-            if hasattr(module, op):
-                _wrap(module, op, lambda op=op: counter.launches("tilelang:" + op), undo)
+    counter, undo = StepOpCounter(sequence), []
+    llm = LLM(model, device="cpu", dtype="bfloat16", block_size=16, max_num_batched_tokens=256,
+              max_num_seqs=batch, max_model_len=512, num_speculative_tokens=nextn, enable_mtp_varlen=False)
+    for op, fn in _public_ops().items():   # one launch on SM90, wherever the model imported it from
+        _wrap_everywhere(fn, lambda op=op: counter.launches("tilelang:" + op), undo)
     for module in (mod_norm, mod_dspark):   # RMSNorm.forward calls norm.rms_norm; the draft calls its import
         _count_rms_norm_as_cuda(counter, module, undo)
     # the residual add + norm: one TileLang launch on CUDA for the 2-D bf16 rows the step has
     _wrap(mod_norm.RMSNorm, "add_forward", lambda: counter.launches("tilelang:add_rms_norm"), undo)
-    llm = LLM(model, device="cpu", dtype="bfloat16", block_size=16, max_num_batched_tokens=256,
-              max_num_seqs=batch, max_model_len=512, num_speculative_tokens=nextn, enable_mtp_varlen=False)
     engine, net = llm.engine, llm.engine.runner.model
     _wrap(net, "forward", lambda: counter.phase("target forward"), undo)
     _wrap(net, "dspark_write_main_keys", lambda: counter.phase("DFlash main keys"), undo)
@@ -204,7 +226,7 @@ def count(model: str | None, nextn: int, batch: int, greedy: bool = True) -> Ste
         cuda_graphs.run_decode_step = step
         for restore in reversed(undo):
             restore()
-    return StepLaunches(dict(counter.by_phase), counter.by_function, counter.by_stream)
+    return StepLaunches(dict(counter.by_phase), counter.by_function, counter.by_stream, counter.sequence)
 
 
 def main() -> None:
@@ -217,9 +239,11 @@ def main() -> None:
                     help="also list the N functions of the model / kernels / engine code issuing the most launches")
     ap.add_argument("--sampling", choices=("greedy", "general"), default="greedy",
                     help="the step graph variant counted: all-greedy (what temperature-0 benchmarks replay) or general")
+    ap.add_argument("--sequence", type=int, default=0, metavar="N",
+                    help="also list the step's first N launches in issue order (stream, op, issuing function)")
     args = ap.parse_args()
     res = count(None if args.model == "default" else args.model, args.nextn, args.batch,
-                greedy=args.sampling == "greedy")
+                greedy=args.sampling == "greedy", sequence=args.sequence)
     total = sum(sum(c.values()) for c in res.by_phase.values())
     print(f"{args.model}, nextn {args.nextn}, batch {args.batch}, {args.sampling} sampling: {total} kernel launches "
           "per decode step")
@@ -232,6 +256,10 @@ def main() -> None:
         print("launches by issuing function:")
         for where, n in res.by_function.most_common(args.by_function):
             print(f"  {n:6d}  {where}")
+    if args.sequence:
+        print(f"the first {len(res.sequence)} launches:")
+        for i, (chain, name, where) in enumerate(res.sequence):
+            print(f"  {i:4d}  {chain:8s} {name:28s} {where}")
 
 
 if __name__ == "__main__":
