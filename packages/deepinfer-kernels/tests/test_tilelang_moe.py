@@ -183,6 +183,44 @@ def test_routed_experts_prefill_path(tokens, skew):
     assert torch.equal(ref.routed_experts(x, w, ids, w13, w2, shared=shared, residual=residual), fused)
 
 
+@pytest.mark.parametrize("experts,tokens,topk,bm,skew", [(64, 1, 6, 16, 0.0), (384, 1, 6, 16, 0.0),
+                                                         (384, 64, 6, 16, 3.0), (64, 300, 6, 8, 1.0),
+                                                         (1500, 200, 8, 16, 0.0), (16, 2731, 6, 64, 2.0)])
+def test_permute_schedule_matches_torch(experts, tokens, topk, bm, skew):
+    """The one-CTA decode permutation (parallel scans, each expert writing its own tiles): offsets
+    and the tile schedule equal torch's; every (token, slot) lands once, inside its expert's rows."""
+    from deepinfer_kernels.tilelang.moe import _permute_kernel
+
+    g = torch.Generator().manual_seed(experts + tokens)
+    weights = torch.rand(experts, generator=g) ** (1.0 + 4.0 * skew)   # skew: a few experts take most rows
+    ids = torch.multinomial(weights.expand(tokens, -1).contiguous(), topk, generator=g).to(torch.int32)
+    n = tokens * topk
+    nsl = (n + bm - 1) // bm + experts
+    dev = torch.device("cuda")
+    token_of = torch.full((n,), -1, dtype=torch.int32, device=dev)
+    inv = torch.full((n,), -1, dtype=torch.int32, device=dev)
+    offsets = torch.full((experts + 1,), -1, dtype=torch.int32, device=dev)
+    slots = torch.full((3, nsl), -7, dtype=torch.int32, device=dev)
+    _permute_kernel(experts, topk, bm)(ids.reshape(-1).to(dev), token_of, inv, offsets, slots)
+    torch.cuda.synchronize()
+
+    counts = torch.bincount(ids.reshape(-1).long(), minlength=experts)
+    want_off = torch.zeros(experts + 1, dtype=torch.int64)
+    want_off[1:] = counts.cumsum(0)
+    assert torch.equal(offsets.cpu().long(), want_off)
+    want_slots = torch.zeros(3, nsl, dtype=torch.int64)
+    s = 0
+    for e in range(experts):
+        for r0 in range(int(want_off[e]), int(want_off[e + 1]), bm):
+            want_slots[:, s] = torch.tensor([e, r0, min(bm, int(want_off[e + 1]) - r0)])
+            s += 1
+    assert torch.equal(slots.cpu().long(), want_slots)
+    inv_c, tok_c, flat = inv.cpu().long(), token_of.cpu().long(), ids.reshape(-1).long()
+    assert torch.equal(torch.sort(inv_c).values, torch.arange(n))                 # a permutation
+    assert torch.equal(tok_c[inv_c], torch.arange(n) // topk)                      # rows know their token
+    assert bool(((inv_c >= want_off[flat]) & (inv_c < want_off[flat + 1])).all())  # inside the expert's rows
+
+
 def test_silu_mul_kernel_matches_torch():
     from deepinfer_kernels.tilelang.activation import silu_mul_tilelang
 

@@ -58,12 +58,18 @@ def _build_permute(E: int, topk: int, bm: int):
     """Decode-size routing bookkeeping in one CTA: expert histogram, offsets, an expert-grouped
     position for every (token, slot) and the tile schedule. Rows of one expert come out in an
     arbitrary order (shared-memory atomics): every row is computed independently and the combine
-    sums the slots of a token in slot order, so the result does not depend on it."""
+    sums the slots of a token in slot order, so the result does not depend on it.
+
+    Latency is the point at decode (one launch on the critical path of every MoE layer): the
+    per-expert rows and tiles are prefix-summed by two warps' shuffle scans (``T.cumsum``) and each
+    expert writes its own tiles of the schedule, so no thread walks all E experts (the serial walk
+    took 15.8 us at 384 experts, 2026-12-01)."""
     import tilelang.language as T
 
     NT = 1024
     N = T.dynamic("N")                   # tokens * topk
     NSL = T.dynamic("NSL")
+    ECH = (E + NT - 1) // NT             # experts per thread
 
     @T.prim_func
     def main(
@@ -78,14 +84,15 @@ def _build_permute(E: int, topk: int, bm: int):
                 T.evaluate(pdl_sync())
             cnt = T.alloc_shared((E,), T.int32)
             fill = T.alloc_shared((E,), T.int32)
-            off = T.alloc_shared((E + 1,), T.int32)
-            run = T.alloc_var(T.int32)
-            ex = T.alloc_var(T.int32)
-            row0 = T.alloc_var(T.int32)
+            scan = T.alloc_shared((2, E), T.int32)   # inclusive prefix sums: [0] rows, [1] tiles
             rows = T.alloc_var(T.int32)
-            cum = T.alloc_var(T.int32)
+            first_row = T.alloc_var(T.int32)
+            tiles = T.alloc_var(T.int32)
+            first_tile = T.alloc_var(T.int32)
+            total_tiles = T.alloc_var(T.int32)
+            ex = T.alloc_var(T.int32)
             tx = T.get_thread_binding()
-            for j in T.serial(T.ceildiv(E, NT)):
+            for j in T.serial(ECH):
                 if j * NT + tx < E:
                     cnt[j * NT + tx] = 0
                     fill[j * NT + tx] = 0
@@ -94,38 +101,42 @@ def _build_permute(E: int, topk: int, bm: int):
                 if j * NT + tx < N:
                     T.atomic_add(cnt[Ids[j * NT + tx]], 1)
             T.sync_threads()
-            if tx == 0:
-                run = 0
-                for e in T.serial(E):
-                    off[e] = run
-                    Offs[e] = run
-                    run = run + cnt[e]
-                off[E] = run
-                Offs[E] = run
+            for j in T.serial(ECH):
+                e = j * NT + tx
+                if e < E:
+                    scan[0, e] = cnt[e]
+                    scan[1, e] = (cnt[e] + bm - 1) // bm
             T.sync_threads()
+            T.cumsum(src=scan, dim=1)
+            T.sync_threads()
+            for j in T.serial(ECH):
+                e = j * NT + tx
+                if e < E:
+                    rows = cnt[e]
+                    first_row = scan[0, e] - rows
+                    tiles = (rows + bm - 1) // bm
+                    first_tile = scan[1, e] - tiles
+                    Offs[e] = first_row
+                    for t in T.serial(tiles):   # this expert's tiles of the schedule
+                        Slots[0, first_tile + t] = e
+                        Slots[1, first_tile + t] = first_row + t * bm
+                        Slots[2, first_tile + t] = T.min(bm, rows - t * bm)
+            total_tiles = scan[1, E - 1]
+            if tx == 0:
+                Offs[E] = scan[0, E - 1]
+            for j in T.serial(T.ceildiv(NSL, NT)):   # slots past the last tile: rows = 0
+                sl = j * NT + tx
+                if sl >= total_tiles and sl < NSL:
+                    Slots[0, sl] = 0
+                    Slots[1, sl] = 0
+                    Slots[2, sl] = 0
             for j in T.serial(T.ceildiv(N, NT)):
                 i = j * NT + tx
                 if i < N:
-                    pos = off[Ids[i]] + T.atomic_add(fill[Ids[i]], 1, return_prev=True)
+                    ex = Ids[i]
+                    pos = scan[0, ex] - cnt[ex] + T.atomic_add(fill[ex], 1, return_prev=True)
                     TokenOf[pos] = i // topk
                     Inv[i] = pos
-            for j in T.serial(T.ceildiv(NSL, NT)):
-                sl = j * NT + tx
-                if sl < NSL:
-                    ex = 0
-                    row0 = 0
-                    rows = 0
-                    cum = 0
-                    for e in T.serial(E):
-                        te = (off[e + 1] - off[e] + bm - 1) // bm
-                        if (rows == 0) and (sl >= cum) and (sl < cum + te):
-                            ex = e
-                            row0 = off[e] + (sl - cum) * bm
-                            rows = T.min(bm, off[e + 1] - row0)
-                        cum = cum + te
-                    Slots[0, sl] = ex
-                    Slots[1, sl] = row0
-                    Slots[2, sl] = rows
 
     return main
 
