@@ -18,22 +18,47 @@ class RopeTable:
     """cos / sin of the rotation angles of N positions, computed once and shared by every
     projection that rotates the same positions (the engine path: all layers of one step)."""
 
-    cos: torch.Tensor         # [N, dr/2] float32
-    sin: torch.Tensor         # [N, dr/2] float32
     dim: int                  # dr
     theta: float
-    cos_full: torch.Tensor    # [N, dr] (cos, cos)
-    sin_signed: torch.Tensor  # [N, dr] (-sin, sin)
+    cos_full: torch.Tensor    # [N, dr] (cos, cos) float32
+    sin_signed: torch.Tensor  # [N, dr] (-sin, sin) float32
+
+    @property
+    def cos(self) -> torch.Tensor:   # [N, dr/2]
+        return self.cos_full[:, : self.dim // 2]
+
+    @property
+    def sin(self) -> torch.Tensor:   # [N, dr/2]
+        return self.sin_signed[:, self.dim // 2:]
+
+
+# (dim, theta, device) -> (the inverse frequencies twice [dr], the signs (-1, .., 1, ..) [dr]):
+# constants of every step, made once outside graph capture instead of in 4 launches per table
+_FREQUENCIES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _frequencies(dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    key = (dim, float(theta), device)
+    if key in _FREQUENCIES:
+        return _FREQUENCIES[key]
+    # theta^(-2i/dim): (2i) / (-dim) is exactly -(2i) / dim (IEEE division is sign-symmetric)
+    inv = theta ** (torch.arange(0, dim - 1, 2, device=device, dtype=torch.float32) / -dim)   # [dim/2]
+    signs = torch.ones(dim, device=device, dtype=torch.float32)
+    signs[: dim // 2] = -1.0
+    out = (torch.cat([inv, inv]), signs)
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if not capturing and not torch.compiler.is_compiling():   # a captured tensor lives in the graph's pool
+        _FREQUENCIES[key] = out
+    return out
 
 
 def rope_table(positions: torch.Tensor, dim: int, theta: float) -> RopeTable:
     """positions [N] -> the table of `apply_rope(x [N, ..., dim], positions, theta)`."""
-    # theta^(-2i/dim): (2i) / (-dim) is exactly -(2i) / dim (IEEE division is sign-symmetric),
-    # in 3 kernels (arange of the even numbers, div, pow) instead of 5
-    inv = theta ** (torch.arange(0, dim - 1, 2, device=positions.device, dtype=torch.float32) / -dim)   # [dim/2]
-    ang = positions.to(torch.float32).unsqueeze(-1) * inv                                       # [N, half]
-    cos, sin = ang.cos(), ang.sin()
-    return RopeTable(cos, sin, dim, theta, torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1))
+    inv_twice, signs = _frequencies(dim, theta, positions.device)
+    # both halves of the angle row at once: cos / sin of equal inputs are equal and sin * -1 == -sin
+    # exactly, so this is bit for bit cat([cos, cos]), cat([-sin, sin]) of the half row
+    ang = positions.to(torch.float32).unsqueeze(-1) * inv_twice                  # [N, dim]
+    return RopeTable(dim, theta, ang.cos(), ang.sin() * signs)
 
 
 def apply_rope(x: torch.Tensor, positions: torch.Tensor | RopeTable, theta: float) -> torch.Tensor:
