@@ -50,3 +50,76 @@ def paged_slots(block_tables: torch.Tensor, req: torch.Tensor, vpos: torch.Tenso
     if kernel is not None:
         return kernel(block_tables, req, vpos, block_size, stride)
     return paged_slots_ref(block_tables, req, vpos, block_size, stride)
+
+
+# ---------------------------------------------------------------- the decode rows' slot lists
+#
+# A row at position p attends its window (positions max(p - width + 1, lo) .. p) and the
+# compressed entries of ratio r closed entirely before that window (entry j closes at position
+# j * r + r - 1, for j < (p - width + 1) // r). Their slots are lists of runs: on the GPU the torch
+# formula is ~25 launches for the window and ~13 per ratio, every decode step; each op below is one.
+
+
+def window_slots_ref(block_tables: torch.Tensor, req: torch.Tensor, positions: torch.Tensor, lo: torch.Tensor,
+                     width: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> slots of each row's window, int64 [N, width] and the same as int32 (-1 = none)."""
+    p = positions.long()
+    start = torch.maximum(p - (width - 1), lo.long())
+    length = (p - start + 1).clamp(min=0)
+    k = torch.arange(width, device=p.device)
+    vpos = torch.where(k < length.unsqueeze(1), start.unsqueeze(1) + k, -1)
+    slots = paged_slots_ref(block_tables, req, vpos, block_size)
+    return slots, slots.to(torch.int32)
+
+
+def far_entry_slots_ref(block_tables: torch.Tensor, req: torch.Tensor, positions: torch.Tensor, width: int,
+                        ratio: int, max_far: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (n_far int64 [N]: entries before the window, clamped to max_far; packed slots of those
+    entries int64 [N, max_far] and the same as int32, -1 padded)."""
+    n_far = ((positions.long() - (width - 1)).clamp(min=0) // ratio).clamp(max=max_far)
+    j = torch.arange(max_far, device=positions.device)
+    vpos = torch.where(j < n_far.unsqueeze(1), j * ratio + (ratio - 1), -1)
+    slots = paged_slots_ref(block_tables, req, vpos, block_size, stride=ratio)
+    return n_far, slots, slots.to(torch.int32)
+
+
+def _check_rows(block_tables, req, positions, block_size) -> torch.device:
+    check_tensor("block_tables", block_tables, 2, INDEX_DTYPES)
+    check_tensor("req", req, 1, INDEX_DTYPES)
+    check_tensor("positions", positions, 1, INDEX_DTYPES)
+    check_dim("req", req, 0, positions.shape[0])
+    if block_size < 1:
+        raise ValueError(f"block_size={block_size}: must be >= 1")
+    if block_tables.shape[1] < 1:
+        raise ValueError("block_tables: needs at least one column")
+    return check_same_device(block_tables=block_tables, req=req, positions=positions)
+
+
+def window_slots(block_tables: torch.Tensor, req: torch.Tensor, positions: torch.Tensor, lo: torch.Tensor,
+                 width: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """block_tables [R, MB], req [N], positions [N], lo [N] (each row's first existing position)
+    -> the slots of positions max(p - width + 1, lo) .. p, int64 [N, width] and int32, -1 padded."""
+    device = _check_rows(block_tables, req, positions, block_size)
+    check_tensor("lo", lo, 1, INDEX_DTYPES)
+    check_dim("lo", lo, 0, positions.shape[0])
+    if width < 1:
+        raise ValueError(f"width={width}: must be >= 1")
+    kernel = tilelang_launcher("window_slots", device)
+    if kernel is not None:
+        return kernel(block_tables, req, positions, lo, width, block_size)
+    return window_slots_ref(block_tables, req, positions, lo, width, block_size)
+
+
+def far_entry_slots(block_tables: torch.Tensor, req: torch.Tensor, positions: torch.Tensor, width: int,
+                    ratio: int, max_far: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """block_tables [R, MB], req [N], positions [N] -> (n_far int64 [N], packed slots int64
+    [N, max_far], the same int32) of the ratio-`ratio` entries before each row's window of `width`."""
+    device = _check_rows(block_tables, req, positions, block_size)
+    if width < 1 or max_far < 1:
+        raise ValueError(f"width={width}, max_far={max_far}: must be >= 1")
+    if ratio < 1 or block_size % ratio:
+        raise ValueError(f"ratio={ratio}: must be a positive divisor of block_size={block_size}")
+    kernel = tilelang_launcher("far_entry_slots", device)
+    if kernel is not None:
+        return kernel(block_tables, req, positions, width, ratio, max_far, block_size)
+    return far_entry_slots_ref(block_tables, req, positions, width, ratio, max_far, block_size)

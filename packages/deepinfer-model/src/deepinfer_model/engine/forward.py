@@ -35,20 +35,16 @@ import torch
 
 from deepinfer_kernels.ops.attention_indices import attention_indices
 from deepinfer_kernels.ops.capture import write_rows
+from deepinfer_kernels.ops.engram import ngram_buckets, paged_ngram_buckets
 from deepinfer_kernels.ops.indexer import indexer_topk_blocks
+from deepinfer_kernels.ops.paged_slots import far_entry_slots, window_slots
 from deepinfer_kernels.ops.sparse_mla import sparse_mla_attention
 from deepinfer_model.engine.compressed import update_compressed_source
-from deepinfer_model.engine.indexing import (
-    entry_positions,
-    entry_slots_of,
-    num_far_entries,
-    slots_of,
-    window_positions,
-)
+from deepinfer_model.engine.indexing import slots_of
 from deepinfer_model.engine.prefill_plan import LOGIT_ROW_OUTSIDE_REPLAY, short_last_chunk_error
 from deepinfer_model.engine.streams import DecodeStreams
 from deepinfer_model.metadata import ForwardMetadata, ForwardOutput, MetadataError
-from deepinfer_model.modules.engram import PAD_ID, ngram_buckets
+from deepinfer_model.modules.engram import PAD_ID
 from deepinfer_model.modules.moe import MoE
 from deepinfer_model.modules.rope import RopeTable, rope_table
 
@@ -96,43 +92,51 @@ class _Rows:
 
     def window_slots(self, meta: ForwardMetadata, width: int) -> torch.Tensor:
         """[N, W] slots of each row's window positions (-1 = empty)."""
-        if "window" not in self._memo:
-            win = window_positions(self.positions, self.lo, width)
-            self._memo["window"] = slots_of(meta.block_tables, self.req, win, meta.block_size)
-        return self._memo["window"]
+        return self._window(meta, width)[0]
 
     def window_slots_int32(self, meta: ForwardMetadata, width: int) -> torch.Tensor:
         """`window_slots` as the attention kernel's int32 indices into one plane, shared by every
         window-only layer (each reads its own plane of the pool: no per-layer index arithmetic)."""
-        if "window_i32" not in self._memo:
-            self._memo["window_i32"] = self.window_slots(meta, width).to(torch.int32)
-        return self._memo["window_i32"]
+        return self._window(meta, width)[1]
+
+    def _window(self, meta: ForwardMetadata, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if "window" not in self._memo:   # one launch on SM90 (both dtypes)
+            self._memo["window"] = window_slots(meta.block_tables, self.req, self.positions, self.lo, width,
+                                                meta.block_size)
+        return self._memo["window"]
 
     def far_entry_slots(self, meta: ForwardMetadata, width: int, ratio: int,
                         max_far: int | None) -> tuple[torch.Tensor, torch.Tensor, int]:
         """-> (n_far [N], packed slots [N, max_far] of the far entries, max_far)."""
         key = ("far", ratio, max_far)
         if key not in self._memo:
-            n_far = num_far_entries(self.positions, width, ratio)
-            if max_far is None:
-                width_far = int(n_far.max()) if n_far.numel() else 0
-            else:
-                width_far, n_far = max_far, n_far.clamp(max=max_far)
-            ent = None if width_far == 0 else entry_slots_of(meta.block_tables, self.req,
-                                                             entry_positions(n_far, width_far, ratio),
-                                                             meta.block_size, ratio)
-            self._memo[key] = (n_far, ent, width_far)
-        return self._memo[key]
+            if max_far is None:   # prefill: the batch's widest list, read on the host
+                n_far = (self.positions - (width - 1)).clamp(min=0) // ratio
+                max_far = int(n_far.max()) if n_far.numel() else 0
+            if max_far == 0:
+                self._memo[key] = (torch.zeros_like(self.positions), None, None, 0)
+            else:   # one launch on SM90 (counts, int64 and int32 slots)
+                n_far, ent, ent32 = far_entry_slots(meta.block_tables, self.req, self.positions, width, ratio,
+                                                    max_far, meta.block_size)
+                self._memo[key] = (n_far, ent, ent32, max_far)
+        n_far, ent, _, width_far = self._memo[key]
+        return n_far, ent, width_far
 
     def precompute_window(self, model, meta: ForwardMetadata) -> None:
         """The window slots of a decode forward, up front (on side stream "rows", streams.py): what
         every layer's attention reads first."""
         self.window_slots_int32(meta, model.config.sliding_window)
 
-    def precompute_engram(self, model) -> None:
-        """The Engram buckets of every Engram layer (after `windows` is set), up front."""
+    def precompute_engram(self, model, meta: ForwardMetadata, cache) -> None:
+        """Decode: the Engram buckets of every Engram layer, up front, read straight from the id pool
+        (one launch per table size on SM90; no `windows`)."""
+        n_max = model.config.engram_max_ngram_size
         for l in model.config.engram_layer_ids:
-            self.engram_buckets(model.model.layers[l].engram.table_size)
+            size = model.model.layers[l].engram.table_size
+            if ("engram", size) not in self._memo:
+                self._memo[("engram", size)] = paged_ngram_buckets(meta.block_tables, self.req, self.positions,
+                                                                  cache.engram_ids, n_max, size, meta.block_size,
+                                                                  PAD_ID)
 
     def precompute_far(self, model, meta: ForwardMetadata) -> None:
         """The far-entry slots of every compressed ratio, up front (the indexers read them)."""
@@ -145,10 +149,7 @@ class _Rows:
     def far_entry_slots_int32(self, ratio: int, max_far: int) -> torch.Tensor:
         """The slots of `far_entry_slots(..., ratio, max_far)` (called first) as the indexer's int32
         indices into one plane, shared by every layer of that ratio."""
-        key = ("far_i32", ratio, max_far)
-        if key not in self._memo:
-            self._memo[key] = self._memo[("far", ratio, max_far)][1].to(torch.int32)
-        return self._memo[key]
+        return self._memo[("far", ratio, max_far)][2]
 
 
 def engram_windows(model, meta: ForwardMetadata, cache, rows: _Rows) -> torch.Tensor:
@@ -305,9 +306,10 @@ def engine_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
         if cfg.engram_layer_ids:
             cids = meta.engram_ids if meta.engram_ids is not None else model.engram_vocab_map[meta.input_ids.long()]
             write_rows(cache.engram_ids, slots, cids.to(torch.int32))
-            rows.windows = engram_windows(model, meta, cache, rows)
             if decode:
-                rows.precompute_engram(model)
+                rows.precompute_engram(model, meta, cache)
+            else:
+                rows.windows = engram_windows(model, meta, cache, rows)
             streams.mark("rows", "engram")
         if decode:
             rows.precompute_far(model, meta)

@@ -13,6 +13,8 @@ them at once (one slot per entry at its last token would put them r records apar
 An entry stays in the block of its tokens (bs is a multiple of r), so prefix-shared blocks keep
 owning their entries.
 `-1` marks an empty column everywhere and survives every mapping.
+The rows' window and far-entry slot lists come from `deepinfer_kernels.ops.paged_slots.window_slots`
+and `far_entry_slots` (the two lines above, one launch each on SM90).
 """
 
 from __future__ import annotations
@@ -49,14 +51,3 @@ def window_positions(positions: torch.Tensor, lo: torch.Tensor, width: int) -> t
     zeros = torch.zeros_like(start)
     pivots = torch.stack([start, length, zeros, zeros], dim=1).to(torch.int32)
     return expand_swa_index(pivots, width).long()
-
-
-def num_far_entries(positions: torch.Tensor, width: int, ratio: int) -> torch.Tensor:
-    """Complete compressed entries entirely before the window of each row: [N] int64."""
-    return (positions - width + 1).clamp(min=0) // ratio
-
-
-def entry_positions(n_far: torch.Tensor, max_far: int, ratio: int) -> torch.Tensor:
-    """-> [N, max_far] virtual position (j*r + r - 1) of entry j, -1 where j >= n_far."""
-    j = torch.arange(max_far, device=n_far.device).unsqueeze(0)
-    return torch.where(j < n_far.unsqueeze(1), j * ratio + ratio - 1, -1)
