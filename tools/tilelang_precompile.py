@@ -98,6 +98,8 @@ def _specs():
         add("moe", "moe", moe.precompile_specs("routed", tokens, 64, 1024, 512, 6))
     add("moe", "moe", moe.precompile_specs("routed", 1024, 64, 1024, 512, 6, config=moe.PREFILL_SWIGLU_PIPELINED))
     add("moe", "moe", moe.precompile_specs("routed", 5, 16, 256, 128, 4))
+    for e, k, bm in ((64, 6, 16), (384, 6, 16), (64, 6, 8), (1500, 8, 16), (16, 6, 64)):   # the permute's tests
+        add("moe", "moe", [("_permute_kernel", (e, k, bm))])
     add("moe", "moe", moe.precompile_specs("prefill", 32768, 64, 1024, 512, 6))
     for tokens in (8, 256, 32768):
         add("moe", "moe", moe.precompile_specs("gemm", tokens * 6, 64, 512, 1024))
@@ -124,7 +126,10 @@ def _specs():
     for d, r in ((512, 64), (64, 16)):   # compressed entries' float32 latents [E, 1, D]
         add("rope", "rope", [("_kernel", (1, d, r, f32))])
     add("attention_indices", "attention_indices", [("_kernel", ())])
-    add("paged_slots", "paged_slots", [("_kernel", ())])
+    add("paged_slots", "paged_slots", [("_kernel", ())] + [("_runs_kernel", (r,)) for r in (0, 1, 2, 4)])
+    for n_max, size, ids in ((3, 65536, "int32"), (3, 1000, "int32"), (4, 1_000_000, "int64"), (2, 7, "int32"),
+                             (3, 100, "int32")):
+        add("engram", "engram", [("_kernel", (n_max, size, -1, ids))])
     # ---- masked row writes: Engram ids (int32 rows of 1) and compressor token terms (fp32 rows of
     # D + Di + 1: 97 tiny / default, 641 mini / flash), slots int64 (the engine) or int32 (tests)
     for w, src_dt, dst_dt in ((1, torch.int32, torch.int32), (97, f32, f32), (641, f32, f32), (641, bf16, f32)):

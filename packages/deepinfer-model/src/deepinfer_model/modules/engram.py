@@ -7,7 +7,8 @@ For n = 2..N (N = engram_max_ngram_size), over compressed token ids (see engram_
     y_t     = W_proj · concat_n T_n[bucket_n]
     x_t    += sigmoid(w_gate · RMSNorm(x_t)) · y_t
 
-One table per n (`tables.{n-2}`); tables shard by rows across ranks (one rank here).
+One table per n (`tables.{n-2}`); tables shard by rows across ranks (one rank here). The hash is
+`deepinfer_kernels.ops.engram.ngram_buckets` (re-exported here).
 """
 
 from __future__ import annotations
@@ -15,26 +16,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from deepinfer_kernels.ops.engram import ngram_buckets
 from deepinfer_model.modules.linear import Linear
 from deepinfer_model.modules.norm import RMSNorm
 
 PAD_ID = -1
-_MULT = 1000003
-_MOD = 2**31 - 1
-
-
-def ngram_buckets(windows: torch.Tensor, table_size: int) -> torch.Tensor:
-    """windows int64 [N, N_max] = compressed ids of positions t-N_max+1 .. t (PAD_ID before 0)
-    -> buckets int64 [N, N_max - 1] for n = 2..N_max."""
-    n_max = windows.shape[1]
-    shifted = windows.long() + 1   # cid + 1 of every position, once (int64: h * _MULT + cid + 1 < 2^52)
-    out = []
-    for n in range(2, n_max + 1):
-        h = shifted[:, n_max - n] % _MOD   # the first fold from h0 = 0
-        for k in range(n_max - n + 1, n_max):
-            h = (h * _MULT + shifted[:, k]) % _MOD
-        out.append(h % table_size)
-    return torch.stack(out, dim=1)
+__all__ = ["PAD_ID", "Engram", "dense_windows", "ngram_buckets"]
 
 
 def dense_windows(cids: torch.Tensor, n_max: int) -> torch.Tensor:
