@@ -28,10 +28,13 @@ DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
 def slim_events(trace_events: list[dict]) -> list[dict]:
     """Chrome-trace events -> the device work and CUDA runtime calls: category, name, start,
-    duration (us), stream and the correlation id tying a kernel to the runtime call that issued it."""
+    duration (us), stream, the correlation id tying a kernel to the runtime call that issued it, and
+    a kernel's grid and block (TileLang kernels are all named `main_kernel`: their launch shapes tell
+    them apart)."""
     keep = [e for e in trace_events if e.get("ph") == "X" and e.get("cat") in DEVICE_CATEGORIES + ("cuda_runtime",)]
     return [dict(c=e["cat"], n=e["name"][:90], ts=e["ts"], d=e.get("dur", 0), s=e.get("args", {}).get("stream", -1),
-                 k=e.get("args", {}).get("correlation", -1)) for e in keep]
+                 k=e.get("args", {}).get("correlation", -1), g=e.get("args", {}).get("grid"),
+                 b=e.get("args", {}).get("block")) for e in keep]
 
 
 def summarize(events: list[dict], skip: int = 5) -> dict:
