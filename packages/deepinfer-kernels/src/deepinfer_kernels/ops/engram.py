@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_kernels.ops._checks import INDEX_DTYPES, check_dim, check_same_device, check_tensor
-from deepinfer_kernels.ops.paged_slots import paged_slots_ref
+from deepinfer_kernels.ops._checks import INDEX_DTYPES, check_same_device, check_tensor
+from deepinfer_kernels.ops.paged_slots import check_lookup_args, paged_slots_ref
 from deepinfer_kernels.platform import tilelang_launcher
 
 HASH_MULT = 1000003
@@ -53,15 +53,11 @@ def paged_ngram_buckets(block_tables: torch.Tensor, req: torch.Tensor, positions
     """block_tables [R, MB], req [N], positions [N], ids_pool int [num_slots] (the compressed id
     of every slot) -> buckets int64 [N, n_max - 1]; a position before 0 or without a block reads
     ``pad_id``."""
-    check_tensor("block_tables", block_tables, 2, INDEX_DTYPES)
-    check_tensor("req", req, 1, INDEX_DTYPES)
-    check_tensor("positions", positions, 1, INDEX_DTYPES)
+    device = check_lookup_args(block_tables, req, "positions", positions, 1, block_size)
     check_tensor("ids_pool", ids_pool, 1, INDEX_DTYPES)
-    check_dim("req", req, 0, positions.shape[0])
-    if n_max < 2 or table_size < 1 or block_size < 1:
-        raise ValueError(f"n_max={n_max}, table_size={table_size}, block_size={block_size}: need n_max >= 2, "
-                         "table_size >= 1, block_size >= 1")
-    device = check_same_device(block_tables=block_tables, req=req, positions=positions, ids_pool=ids_pool)
+    check_same_device(positions=positions, ids_pool=ids_pool)
+    if n_max < 2 or table_size < 1:
+        raise ValueError(f"n_max={n_max}, table_size={table_size}: need n_max >= 2 and table_size >= 1")
     kernel = tilelang_launcher("paged_ngram_buckets", device)
     if kernel is not None:
         return kernel(block_tables, req, positions, ids_pool, n_max, table_size, block_size, pad_id)

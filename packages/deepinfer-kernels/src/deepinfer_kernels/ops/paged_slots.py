@@ -31,21 +31,28 @@ def paged_slots_ref(block_tables: torch.Tensor, req: torch.Tensor, vpos: torch.T
     return torch.where(ok, blk * block_size + (v % block_size) // stride, -1)
 
 
+def check_lookup_args(block_tables: torch.Tensor, req: torch.Tensor, rows_name: str, rows: torch.Tensor, rows_dim: int,
+                  block_size: int) -> torch.device:
+    """The block-table lookup's arguments: tables [R, MB >= 1], req [N], the rows' positions
+    (`rows_name`, N first) and block_size >= 1; -> their common device."""
+    check_tensor("block_tables", block_tables, 2, INDEX_DTYPES)
+    check_tensor("req", req, 1, INDEX_DTYPES)
+    check_tensor(rows_name, rows, rows_dim, INDEX_DTYPES)
+    check_dim("req", req, 0, rows.shape[0])
+    if block_size < 1:
+        raise ValueError(f"block_size={block_size}: must be >= 1")
+    if block_tables.shape[1] < 1:
+        raise ValueError("block_tables: needs at least one column")
+    return check_same_device(block_tables=block_tables, req=req, **{rows_name: rows})
+
+
 def paged_slots(block_tables: torch.Tensor, req: torch.Tensor, vpos: torch.Tensor, block_size: int,
                 stride: int = 1) -> torch.Tensor:
     """block_tables int [R, MB] (-1 = unallocated, MB >= 1), req int [N] in [0, R), vpos int [N, K]
     (-1 = empty), stride dividing block_size -> int64 [N, K]."""
-    check_tensor("block_tables", block_tables, 2, INDEX_DTYPES)
-    check_tensor("req", req, 1, INDEX_DTYPES)
-    check_tensor("vpos", vpos, 2, INDEX_DTYPES)
-    check_dim("req", req, 0, vpos.shape[0])
-    if block_size < 1:
-        raise ValueError(f"block_size={block_size}: must be >= 1")
+    device = check_lookup_args(block_tables, req, "vpos", vpos, 2, block_size)
     if stride < 1 or block_size % stride:
         raise ValueError(f"stride={stride}: must be a positive divisor of block_size={block_size}")
-    if block_tables.shape[1] < 1:
-        raise ValueError("block_tables: needs at least one column")
-    device = check_same_device(block_tables=block_tables, req=req, vpos=vpos)
     kernel = tilelang_launcher("paged_slots", device)
     if kernel is not None:
         return kernel(block_tables, req, vpos, block_size, stride)
@@ -83,23 +90,11 @@ def far_entry_slots_ref(block_tables: torch.Tensor, req: torch.Tensor, positions
     return n_far, slots, slots.to(torch.int32)
 
 
-def _check_rows(block_tables, req, positions, block_size) -> torch.device:
-    check_tensor("block_tables", block_tables, 2, INDEX_DTYPES)
-    check_tensor("req", req, 1, INDEX_DTYPES)
-    check_tensor("positions", positions, 1, INDEX_DTYPES)
-    check_dim("req", req, 0, positions.shape[0])
-    if block_size < 1:
-        raise ValueError(f"block_size={block_size}: must be >= 1")
-    if block_tables.shape[1] < 1:
-        raise ValueError("block_tables: needs at least one column")
-    return check_same_device(block_tables=block_tables, req=req, positions=positions)
-
-
 def window_slots(block_tables: torch.Tensor, req: torch.Tensor, positions: torch.Tensor, lo: torch.Tensor,
                  width: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """block_tables [R, MB], req [N], positions [N], lo [N] (each row's first existing position)
     -> the slots of positions max(p - width + 1, lo) .. p, int64 [N, width] and int32, -1 padded."""
-    device = _check_rows(block_tables, req, positions, block_size)
+    device = check_lookup_args(block_tables, req, "positions", positions, 1, block_size)
     check_tensor("lo", lo, 1, INDEX_DTYPES)
     check_dim("lo", lo, 0, positions.shape[0])
     if width < 1:
@@ -114,7 +109,7 @@ def far_entry_slots(block_tables: torch.Tensor, req: torch.Tensor, positions: to
                     ratio: int, max_far: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """block_tables [R, MB], req [N], positions [N] -> (n_far int64 [N], packed slots int64
     [N, max_far], the same int32) of the ratio-`ratio` entries before each row's window of `width`."""
-    device = _check_rows(block_tables, req, positions, block_size)
+    device = check_lookup_args(block_tables, req, "positions", positions, 1, block_size)
     if width < 1 or max_far < 1:
         raise ValueError(f"width={width}, max_far={max_far}: must be >= 1")
     if ratio < 1 or block_size % ratio:
