@@ -31,6 +31,9 @@ def test_summary_per_replay():
     assert s["gap_us"] == pytest.approx(400.0)
     assert s["graph_launch_host_us"] == pytest.approx(20.0)
     assert s["outside_graph_ops"] == 1 and s["outside_graph_top"][0][0].startswith("Memcpy HtoD")
+    # one replay's kernels grouped by (name, grid, block): TileLang kernels are all `main_kernel`
+    assert s["kernels"] == 2 and s["kernel_us"] == pytest.approx(600.0)
+    assert [(name, n, us) for (name, _, _), n, us in s["by_shape"]] == [("main_kernel", 1, 300.0), ("gemm", 1, 300.0)]
 
 
 def test_too_few_replays_is_an_error():
@@ -39,7 +42,8 @@ def test_too_few_replays_is_an_error():
 
 
 def test_slim_keeps_device_work_and_runtime_calls():
-    raw = [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1.0, "dur": 2.0, "args": {"stream": 7, "correlation": 3}},
+    raw = [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1.0, "dur": 2.0,
+            "args": {"stream": 7, "correlation": 3, "grid": [4, 1, 1], "block": [128, 1, 1]}},
            {"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 0.0, "dur": 1.0},
            {"ph": "i", "cat": "kernel", "name": "marker", "ts": 0.0}]
-    assert slim_events(raw) == [dict(c="kernel", n="k", ts=1.0, d=2.0, s=7, k=3)]
+    assert slim_events(raw) == [dict(c="kernel", n="k", ts=1.0, d=2.0, s=7, k=3, g=[4, 1, 1], b=[128, 1, 1])]

@@ -60,8 +60,17 @@ def summarize(events: list[dict], skip: int = 5) -> dict:
     mid = len(replays) // 2
     t0, t1 = first[replays[mid - 1]], first[replays[mid]]
     outside = [e for e in device if e["k"] not in graph_ids and t0 <= e["ts"] < t1]
+    by_shape: dict[tuple, list] = collections.defaultdict(lambda: [0, 0.0])
+    for e in device:
+        if e["k"] == replays[mid]:
+            group = by_shape[(e["n"][:40], str(e.get("g")), str(e.get("b")))]
+            group[0] += 1
+            group[1] += e["d"]
     return {
         "replays": len(replays),
+        "kernels": sum(n for n, _ in by_shape.values()),
+        "kernel_us": sum(us for _, us in by_shape.values()),
+        "by_shape": sorted(((k, n, us) for k, (n, us) in by_shape.items()), key=lambda r: -r[2]),
         "span_us": statistics.median(spans),
         "interval_us": statistics.median(intervals),
         "gap_us": statistics.median(gaps),
@@ -85,6 +94,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64, help="decode steps traced (after one untraced round)")
     ap.add_argument("--nextn", type=int, default=0)
     ap.add_argument("--save", type=Path, help="write the slimmed events here (.json.gz)")
+    ap.add_argument("--top", type=int, default=25, help="kernel groups listed (by name, grid and block)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("trace_decode.py needs a CUDA device (it traces CUDA graph replays)")
@@ -108,6 +118,9 @@ def main() -> None:
     print(f"{args.model} batch {args.batch} nextn {args.nextn}: {s['replays']} graph replays (medians)")
     print(f"  kernel span {s['span_us']:.1f} us, start to start {s['interval_us']:.1f} us, "
           f"end to next start {s['gap_us']:.1f} us; cudaGraphLaunch host time {s['graph_launch_host_us']:.1f} us")
+    print(f"  one replay: {s['kernels']} kernels, {s['kernel_us']:.1f} us of kernel time; by (name, grid, block):")
+    for (name, grid, block), n, us in s["by_shape"][:args.top]:
+        print(f"    {n:4d} {us:8.1f} us {us / n:6.2f} each  {name}  grid {grid} block {block}")
     print(f"  device ops outside the graphs between two replays: {s['outside_graph_ops']}")
     for name, n in s["outside_graph_top"]:
         print(f"    {n:4d}  {name}")
