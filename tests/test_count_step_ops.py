@@ -26,6 +26,8 @@ def test_counts_every_phase_of_a_speculative_step():
     # and to the stream it goes to with decode side streams on: the capture stream and the side chains
     assert sum(res.by_stream.values()) == sum(totals.values())
     assert res.by_stream["main"] > 0 and res.by_stream["query"] > 0 and res.by_stream["compress"] > 0
+    # the wrappers leave nothing behind: a second count in the same process counts the same
+    assert count("preset:tiny", nextn=3, batch=1).by_phase == spec
 
 
 def test_rms_norm_counts_its_cuda_launches():

@@ -165,6 +165,22 @@ def _public_ops() -> dict:
     return found
 
 
+def _import_our_modules() -> None:
+    """Import the model and engine modules up front: one imported lazily while the wrappers below are
+    in place would bind a wrapper for good (`from ... import op` copies whatever is bound then)."""
+    import importlib
+    import pkgutil
+
+    import deepinfer_engine
+    import deepinfer_model
+    for package in (deepinfer_model, deepinfer_engine):
+        for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+            try:
+                importlib.import_module(info.name)
+            except ImportError:   # optional extras (the server's dependencies): not on the step's path
+                pass
+
+
 def _wrap_everywhere(fn, enter, undo: list) -> None:
     """Every `deepinfer_*` module attribute bound to `fn` (its definition and each `from ... import`
     of it) runs it inside `enter()` until the callables in `undo` run."""
@@ -183,6 +199,7 @@ def _wrap_everywhere(fn, enter, undo: list) -> None:
 def count(model: str | None, nextn: int, batch: int, greedy: bool = True, sequence: int = 0) -> StepLaunches:
     import deepinfer_engine.cuda_graphs as cuda_graphs
     import deepinfer_model.modules.dspark as mod_dspark
+    import deepinfer_model.modules.mla as mod_mla
     import deepinfer_model.modules.norm as mod_norm
     from deepinfer_engine import LLM, SamplingParams
     from deepinfer_engine.sampler import Sampler
@@ -191,12 +208,15 @@ def count(model: str | None, nextn: int, batch: int, greedy: bool = True, sequen
     counter, undo = StepOpCounter(sequence), []
     llm = LLM(model, device="cpu", dtype="bfloat16", block_size=16, max_num_batched_tokens=256,
               max_num_seqs=batch, max_model_len=512, num_speculative_tokens=nextn, enable_mtp_varlen=False)
+    _import_our_modules()
     for op, fn in _public_ops().items():   # one launch on SM90, wherever the model imported it from
         _wrap_everywhere(fn, lambda op=op: counter.launches("tilelang:" + op), undo)
     for module in (mod_norm, mod_dspark):   # RMSNorm.forward calls norm.rms_norm; the draft calls its import
         _count_rms_norm_as_cuda(counter, module, undo)
     # the residual add + norm: one TileLang launch on CUDA for the 2-D bf16 rows the step has
     _wrap(mod_norm.RMSNorm, "add_forward", lambda: counter.launches("tilelang:add_rms_norm"), undo)
+    # the decode latent's norm + cat + FP8 store: one launch on CUDA (bf16 rows, float32 norm weight)
+    _wrap(mod_mla.MLAAttention, "store_latent", lambda: counter.launches("tilelang:store_normed_kv_fp8"), undo)
     engine, net = llm.engine, llm.engine.runner.model
     _wrap(net, "forward", lambda: counter.phase("target forward"), undo)
     _wrap(net, "dspark_write_main_keys", lambda: counter.phase("DFlash main keys"), undo)
