@@ -174,13 +174,14 @@ def test_moe_few_token_kernels_tiles_and_precompile_specs():
     precompile lists its two kernels there and the grouped GEMMs elsewhere."""
     from deepinfer_kernels.tilelang import moe
 
-    up, down = moe._gemv_configs(1024, 512)                    # mini
-    assert (up["bn"], up["bk"], down["bn"], down["bk"]) == (16, 256, 8, 512)
+    up, down = moe._gemv_configs(1024, 512)                    # mini: the swept tiles (session 16)
+    assert (up["bn"], up["bk"], up["stages"], down["bn"], down["bk"]) == (8, 128, 8, 8, 512)
     up, down = moe._gemv_configs(3072, 3840)                   # flash: 3840 is not a multiple of 512
-    assert (up["bk"], down["bk"]) == (256, 256)
+    assert (up["bk"], down["bk"]) == (128, 256)
     up, down = moe._gemv_configs(128, 384)                     # hidden narrower than the K tile
     assert (up["bk"], down["bk"]) == (128, 128)
-    assert moe._gemv_configs(1024, 520) is None                # 520 columns: not a multiple of 16
+    assert moe._gemv_configs(1024, 520) is None                # 520: no down K tile (512, 256, 128) divides it
+    assert moe._gemv_configs(1024, 516) is None                # 516 columns: not a multiple of 8
     assert moe.gemv_pays(1, 6, 512)                            # mini, batch 1: 48 grouped CTAs
     assert not moe.gemv_pays(2, 6, 512)                        # measured slower from 2 tokens
     assert not moe.gemv_pays(1, 6, 3840)                       # flash experts: 360 grouped CTAs
