@@ -160,3 +160,28 @@ def test_slot_list_kernels_equal_reference(r, mb, n, bs, width, ratio, max_far):
         got_i = far_entry_slots_tilelang(tables.long(), req.int(), positions.int(), width, ratio, max_far, bs)
     for w, a, b in zip(want, got, got_i, strict=True):
         assert a.dtype == w.dtype and torch.equal(a, w) and torch.equal(b, w)
+
+
+def test_more_rows_than_a_grid_holds_take_the_torch_path(monkeypatch):
+    """The slot kernels put one row per grid row on y (at most 65,535 on CUDA): beyond it the ops ask
+    for the torch path (here: record what they ask the launcher for; on the CPU it is torch anyway)."""
+    import deepinfer_kernels.ops.attention_indices as ai
+    import deepinfer_kernels.ops.paged_slots as ps
+    from deepinfer_kernels.platform import MAX_GRID_Y
+
+    asked = []
+
+    def recorder(op, device, supported=True):
+        asked.append((op, supported))
+        return None
+    monkeypatch.setattr(ps, "tilelang_launcher", recorder)
+    monkeypatch.setattr(ai, "tilelang_launcher", recorder)
+    tables = torch.zeros(1, 1, dtype=torch.int32)
+    for n in (MAX_GRID_Y, MAX_GRID_Y + 1):
+        req, pos = torch.zeros(n, dtype=torch.long), torch.zeros(n, dtype=torch.long)
+        ps.paged_slots(tables, req, pos.unsqueeze(1), 4)
+        ps.window_slots(tables, req, pos, pos, 1, 4)
+        ps.far_entry_slots(tables, req, pos, 1, 4, 1, 4)
+        ai.attention_indices(torch.full((n, 1), -1), 0, torch.full((n, 1), -1), pos, torch.full((n, 1), -1), 0, 4)
+    assert asked == [(op, True) for op in ("paged_slots", "window_slots", "far_entry_slots", "attention_indices")] + \
+        [(op, False) for op in ("paged_slots", "window_slots", "far_entry_slots", "attention_indices")]

@@ -129,6 +129,12 @@ def select_backend(op_name: str, device: torch.device, has_kernel: bool = True) 
     return Backend.TILELANG if usable else Backend.TORCH
 
 
+# CUDA's limit on a grid's y extent: kernels that put one row per grid row on y (the slot lookups,
+# attention_indices) take the torch path above it (a prefill step of more rows) instead of failing
+# to launch
+MAX_GRID_Y = 65535
+
+
 def tilelang_launcher(op_name: str, device: torch.device, supported: bool = True):
     """The op's TileLang launcher when `select_backend` picks TileLang for it, else None.
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from deepinfer_kernels.ops._checks import INDEX_DTYPES, check_dim, check_same_device, check_tensor
-from deepinfer_kernels.platform import tilelang_launcher
+from deepinfer_kernels.platform import MAX_GRID_Y, tilelang_launcher
 
 
 def attention_indices_ref(window_slots: torch.Tensor, window_base: int, blocks: torch.Tensor,
@@ -57,7 +57,7 @@ def attention_indices(window_slots: torch.Tensor, window_base: int, blocks: torc
     if window_base < 0 or entry_base < 0:
         raise ValueError(f"window_base={window_base}, entry_base={entry_base}: pool offsets must be >= 0")
     device = check_same_device(window_slots=window_slots, blocks=blocks, n_far=n_far, entry_slots=entry_slots)
-    kernel = tilelang_launcher("attention_indices", device)
+    kernel = tilelang_launcher("attention_indices", device, supported=n <= MAX_GRID_Y)
     if kernel is not None:
         return kernel(window_slots, window_base, blocks, n_far, entry_slots, entry_base, block_size)
     return attention_indices_ref(window_slots, window_base, blocks, n_far, entry_slots, entry_base, block_size)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from deepinfer_kernels.ops._checks import INDEX_DTYPES, check_dim, check_same_device, check_tensor
-from deepinfer_kernels.platform import tilelang_launcher
+from deepinfer_kernels.platform import MAX_GRID_Y, tilelang_launcher
 
 
 def paged_slots_ref(block_tables: torch.Tensor, req: torch.Tensor, vpos: torch.Tensor,
@@ -53,7 +53,7 @@ def paged_slots(block_tables: torch.Tensor, req: torch.Tensor, vpos: torch.Tenso
     device = check_lookup_args(block_tables, req, "vpos", vpos, 2, block_size)
     if stride < 1 or block_size % stride:
         raise ValueError(f"stride={stride}: must be a positive divisor of block_size={block_size}")
-    kernel = tilelang_launcher("paged_slots", device)
+    kernel = tilelang_launcher("paged_slots", device, supported=vpos.shape[0] <= MAX_GRID_Y)
     if kernel is not None:
         return kernel(block_tables, req, vpos, block_size, stride)
     return paged_slots_ref(block_tables, req, vpos, block_size, stride)
@@ -99,7 +99,7 @@ def window_slots(block_tables: torch.Tensor, req: torch.Tensor, positions: torch
     check_dim("lo", lo, 0, positions.shape[0])
     if width < 1:
         raise ValueError(f"width={width}: must be >= 1")
-    kernel = tilelang_launcher("window_slots", device)
+    kernel = tilelang_launcher("window_slots", device, supported=positions.shape[0] <= MAX_GRID_Y)
     if kernel is not None:
         return kernel(block_tables, req, positions, lo, width, block_size)
     return window_slots_ref(block_tables, req, positions, lo, width, block_size)
@@ -114,7 +114,7 @@ def far_entry_slots(block_tables: torch.Tensor, req: torch.Tensor, positions: to
         raise ValueError(f"width={width}, max_far={max_far}: must be >= 1")
     if ratio < 1 or block_size % ratio:
         raise ValueError(f"ratio={ratio}: must be a positive divisor of block_size={block_size}")
-    kernel = tilelang_launcher("far_entry_slots", device)
+    kernel = tilelang_launcher("far_entry_slots", device, supported=positions.shape[0] <= MAX_GRID_Y)
     if kernel is not None:
         return kernel(block_tables, req, positions, width, ratio, max_far, block_size)
     return far_entry_slots_ref(block_tables, req, positions, width, ratio, max_far, block_size)
