@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from deepinfer_kernels.ops._checks import INDEX_DTYPES, check_same_device, check_tensor
-from deepinfer_kernels.ops.paged_slots import check_lookup_args, paged_slots_ref
+from deepinfer_kernels.ops.paged_slots import check_lookup_args, paged_slots
 from deepinfer_kernels.platform import tilelang_launcher
 
 HASH_MULT = 1000003
@@ -37,14 +37,22 @@ def ngram_buckets(windows: torch.Tensor, table_size: int) -> torch.Tensor:
     return torch.stack(out, dim=1)
 
 
+def paged_id_windows(block_tables: torch.Tensor, req: torch.Tensor, positions: torch.Tensor, ids_pool: torch.Tensor,
+                     n_max: int, block_size: int, pad_id: int) -> torch.Tensor:
+    """-> int64 [N, n_max]: the ids of each row's positions p - n_max + 1 .. p, read from the paged
+    id pool through the block table (`pad_id` before position 0 or without a block)."""
+    vpos = positions.long().unsqueeze(1) - (n_max - 1) + torch.arange(n_max, device=positions.device)
+    slots = paged_slots(block_tables, req, vpos, block_size)
+    ids = ids_pool[slots.clamp(min=0)].long()
+    return torch.where(slots >= 0, ids, pad_id)
+
+
 def paged_ngram_buckets_ref(block_tables: torch.Tensor, req: torch.Tensor, positions: torch.Tensor,
                             ids_pool: torch.Tensor, n_max: int, table_size: int, block_size: int,
                             pad_id: int) -> torch.Tensor:
     """-> buckets int64 [N, n_max - 1] of each row's window of ids (positions p - n_max + 1 .. p)."""
-    vpos = positions.long().unsqueeze(1) - (n_max - 1) + torch.arange(n_max, device=positions.device)
-    slots = paged_slots_ref(block_tables, req, vpos, block_size)
-    ids = ids_pool[slots.clamp(min=0)].long()
-    return ngram_buckets(torch.where(slots >= 0, ids, pad_id), table_size)
+    return ngram_buckets(paged_id_windows(block_tables, req, positions, ids_pool, n_max, block_size, pad_id),
+                         table_size)
 
 
 def paged_ngram_buckets(block_tables: torch.Tensor, req: torch.Tensor, positions: torch.Tensor,

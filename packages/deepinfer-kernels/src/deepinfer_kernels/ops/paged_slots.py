@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from deepinfer_kernels.ops._checks import INDEX_DTYPES, check_dim, check_same_device, check_tensor
+from deepinfer_kernels.ops.swa_index import window_positions
 from deepinfer_kernels.platform import MAX_GRID_Y, tilelang_launcher
 
 
@@ -31,8 +32,8 @@ def paged_slots_ref(block_tables: torch.Tensor, req: torch.Tensor, vpos: torch.T
     return torch.where(ok, blk * block_size + (v % block_size) // stride, -1)
 
 
-def check_lookup_args(block_tables: torch.Tensor, req: torch.Tensor, rows_name: str, rows: torch.Tensor, rows_dim: int,
-                  block_size: int) -> torch.device:
+def check_lookup_args(block_tables: torch.Tensor, req: torch.Tensor, rows_name: str, rows: torch.Tensor,
+                      rows_dim: int, block_size: int) -> torch.device:
     """The block-table lookup's arguments: tables [R, MB >= 1], req [N], the rows' positions
     (`rows_name`, N first) and block_size >= 1; -> their common device."""
     check_tensor("block_tables", block_tables, 2, INDEX_DTYPES)
@@ -70,20 +71,20 @@ def paged_slots(block_tables: torch.Tensor, req: torch.Tensor, vpos: torch.Tenso
 def window_slots_ref(block_tables: torch.Tensor, req: torch.Tensor, positions: torch.Tensor, lo: torch.Tensor,
                      width: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """-> slots of each row's window, int64 [N, width] and the same as int32 (-1 = none)."""
-    p = positions.long()
-    start = torch.maximum(p - (width - 1), lo.long())
-    length = (p - start + 1).clamp(min=0)
-    k = torch.arange(width, device=p.device)
-    vpos = torch.where(k < length.unsqueeze(1), start.unsqueeze(1) + k, -1)
-    slots = paged_slots_ref(block_tables, req, vpos, block_size)
+    slots = paged_slots_ref(block_tables, req, window_positions(positions.long(), lo.long(), width), block_size)
     return slots, slots.to(torch.int32)
+
+
+def num_far_entries(positions: torch.Tensor, width: int, ratio: int) -> torch.Tensor:
+    """Complete ratio-`ratio` entries entirely before each row's window of `width`: int64 [N]."""
+    return (positions.long() - (width - 1)).clamp(min=0) // ratio
 
 
 def far_entry_slots_ref(block_tables: torch.Tensor, req: torch.Tensor, positions: torch.Tensor, width: int,
                         ratio: int, max_far: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (n_far int64 [N]: entries before the window, clamped to max_far; packed slots of those
     entries int64 [N, max_far] and the same as int32, -1 padded)."""
-    n_far = ((positions.long() - (width - 1)).clamp(min=0) // ratio).clamp(max=max_far)
+    n_far = num_far_entries(positions, width, ratio).clamp(max=max_far)
     j = torch.arange(max_far, device=positions.device)
     vpos = torch.where(j < n_far.unsqueeze(1), j * ratio + (ratio - 1), -1)
     slots = paged_slots_ref(block_tables, req, vpos, block_size, stride=ratio)

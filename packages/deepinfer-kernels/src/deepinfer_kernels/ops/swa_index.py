@@ -45,3 +45,13 @@ def expand_swa_index(pivots: torch.Tensor, width: int) -> torch.Tensor:
             raise ValueError(f"pivots: a row needs {int(lens.max())} columns, width is {width}")
     select_backend("expand_swa_index", pivots.device, has_kernel=False)
     return expand_swa_index_ref(pivots, width)
+
+
+def window_positions(positions: torch.Tensor, lo: torch.Tensor, width: int) -> torch.Tensor:
+    """positions [N], lo [N] (first position that exists for this branch) -> int64 [N, width]
+    virtual positions of each row's window, max(p - width + 1, lo) .. p, -1 padded (one segment)."""
+    start = torch.maximum(positions - width + 1, lo)
+    length = (positions - start + 1).clamp(min=0)
+    zeros = torch.zeros_like(start)
+    pivots = torch.stack([start, length, zeros, zeros], dim=1).to(torch.int32)
+    return expand_swa_index(pivots, width).long()

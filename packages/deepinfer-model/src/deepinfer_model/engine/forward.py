@@ -35,12 +35,11 @@ import torch
 
 from deepinfer_kernels.ops.attention_indices import attention_indices
 from deepinfer_kernels.ops.capture import write_rows
-from deepinfer_kernels.ops.engram import ngram_buckets, paged_ngram_buckets
+from deepinfer_kernels.ops.engram import ngram_buckets, paged_id_windows, paged_ngram_buckets
 from deepinfer_kernels.ops.indexer import indexer_topk_blocks
-from deepinfer_kernels.ops.paged_slots import far_entry_slots, window_slots
+from deepinfer_kernels.ops.paged_slots import far_entry_slots, num_far_entries, window_slots
 from deepinfer_kernels.ops.sparse_mla import sparse_mla_attention
 from deepinfer_model.engine.compressed import update_compressed_source
-from deepinfer_model.engine.indexing import slots_of
 from deepinfer_model.engine.prefill_plan import LOGIT_ROW_OUTSIDE_REPLAY, short_last_chunk_error
 from deepinfer_model.engine.streams import DecodeStreams
 from deepinfer_model.metadata import ForwardMetadata, ForwardOutput, MetadataError
@@ -111,7 +110,7 @@ class _Rows:
         key = ("far", ratio, max_far)
         if key not in self._memo:
             if max_far is None:   # prefill: the batch's widest list, read on the host
-                n_far = (self.positions - (width - 1)).clamp(min=0) // ratio
+                n_far = num_far_entries(self.positions, width, ratio)
                 max_far = int(n_far.max()) if n_far.numel() else 0
             if max_far == 0:
                 self._memo[key] = (torch.zeros_like(self.positions), None, None, 0)
@@ -153,11 +152,8 @@ class _Rows:
 
 
 def engram_windows(model, meta: ForwardMetadata, cache, rows: _Rows) -> torch.Tensor:
-    n_max = model.config.engram_max_ngram_size
-    vpos = rows.positions.unsqueeze(1) - (n_max - 1) + torch.arange(n_max, device=rows.positions.device)
-    s = slots_of(meta.block_tables, rows.req, vpos, meta.block_size)
-    ids = cache.engram_ids[s.clamp(min=0)].long()
-    return torch.where(s >= 0, ids, torch.full_like(ids, PAD_ID))
+    return paged_id_windows(meta.block_tables, rows.req, rows.positions, cache.engram_ids,
+                            model.config.engram_max_ngram_size, meta.block_size, PAD_ID)
 
 
 def static_max_far(meta: ForwardMetadata, width: int, ratio: int) -> int:

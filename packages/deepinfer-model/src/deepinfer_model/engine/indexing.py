@@ -3,7 +3,7 @@
 ```
 virtual position v of request i  ->  slot = block_tables[i, v // bs] * bs + v % bs
 slot s of plane p                 ->  flat row p * num_slots + s   (pools are viewed [planes * slots, rec])
-window of a row at position p     ->  positions max(lo, p - W + 1) .. p      (expand_swa_index, 1 segment)
+window of a row at position p     ->  positions max(lo, p - W + 1) .. p      (swa_index.window_positions)
 far entries of a row              ->  j < n_far = max(0, p - W + 1) // r     entry j at position j*r + r - 1
 entry closing at position v        ->  slot = block_tables[i, v // bs] * bs + (v % bs) // r   (packed)
 ```
@@ -22,7 +22,6 @@ from __future__ import annotations
 import torch
 
 from deepinfer_kernels.ops.paged_slots import paged_slots
-from deepinfer_kernels.ops.swa_index import expand_swa_index
 
 
 def slots_of(block_tables: torch.Tensor, req: torch.Tensor, vpos: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -41,13 +40,3 @@ def entry_slots_of(block_tables: torch.Tensor, req: torch.Tensor, vpos: torch.Te
 def to_flat(slots: torch.Tensor, plane: int, num_slots: int) -> torch.Tensor:
     """slots [...] (-1 = empty) -> flat pool rows int64 of `plane`."""
     return torch.where(slots >= 0, slots + plane * num_slots, -1)
-
-
-def window_positions(positions: torch.Tensor, lo: torch.Tensor, width: int) -> torch.Tensor:
-    """positions [N], lo [N] (first position that exists for this branch) -> int64 [N, W] virtual
-    positions of the window, -1 padded."""
-    start = torch.maximum(positions - width + 1, lo)
-    length = (positions - start + 1).clamp(min=0)
-    zeros = torch.zeros_like(start)
-    pivots = torch.stack([start, length, zeros, zeros], dim=1).to(torch.int32)
-    return expand_swa_index(pivots, width).long()
