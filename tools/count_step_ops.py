@@ -156,8 +156,8 @@ def _public_ops() -> dict:
 
     import deepinfer_kernels.ops as ops_pkg
     found = {}
-    for info in pkgutil.iter_modules(ops_pkg.__path__):
-        module = importlib.import_module(f"deepinfer_kernels.ops.{info.name}")
+    for info in pkgutil.walk_packages(ops_pkg.__path__, "deepinfer_kernels.ops."):   # ops.sampling too
+        module = importlib.import_module(info.name)
         for op in LAUNCHERS:
             fn = getattr(module, op, None)
             if callable(fn) and getattr(fn, "__module__", None) == module.__name__:
