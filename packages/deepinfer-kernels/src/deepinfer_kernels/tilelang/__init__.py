@@ -17,6 +17,7 @@ bucket (the static dims: heads, head dim, ...) and cached for the process
 | ``activation`` | ``silu_mul_tilelang`` |
 | ``moe_route`` | ``moe_route_tilelang`` |
 | ``matvec`` | ``matvec_tilelang`` (the one-row ``linear``) |
+| ``shared_keys`` | ``shared_key_lists_tilelang`` (row pairs' union key lists for the grouped sparse MLA) |
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ LAUNCHERS = {
     "write_rows": "write_rows:write_rows_tilelang",
     "greedy_pick": "greedy:greedy_pick_tilelang",
     "linear": "matvec:matvec_tilelang",
+    "shared_key_lists": "shared_keys:shared_key_lists_tilelang",
 }
 
 

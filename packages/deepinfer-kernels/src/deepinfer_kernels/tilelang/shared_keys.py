@@ -1,0 +1,167 @@
+"""Shared key lists of row pairs in one launch (TileLang, SM90).
+
+Same function as ``deepinfer_kernels.ops.shared_keys.shared_key_lists_ref`` (integer arithmetic:
+equal bit for bit). One CTA per row pair, no sort: each row's valid slots go into a shared-memory
+hash set (open addressing, linear probing, ``atomicCAS`` inserts; a slot found already there marks
+the pair as repeating), then every column of the pair's output order (B's row, then A's; A's then
+B's for a repeating pair) looks its slot up in the other row's set, keeps or drops it and tags it,
+and a block-wide scan of the per-thread counts places the kept entries. ~3 columns per thread at
+the engine's widths: a few microseconds for a 32K-row prefill chunk.
+"""
+
+import torch
+
+from deepinfer_kernels.ops.shared_keys import ROW_BITS_SHIFT, ROWS_PER_GROUP, num_groups
+from deepinfer_kernels.tilelang._common import PDL, compile_cached, pdl_sync, require, require_cuda
+
+# No `from __future__ import annotations` (TileLang evaluates prim_func annotations).
+
+MAX_WIDTH = 2048          # index row width the kernel pairs (hash sets of 4,096 slots)
+HASH_MUL = 0x9E3779B1     # Fibonacci hashing of the slot
+
+
+def _build(table: int):
+    """``table``: hash-set size per row (a power of two >= 2 x the index width)."""
+    import tilelang.language as T
+
+    NT = 256
+    LOGT = table.bit_length() - 1
+    SEQ = table                # output columns walked: 2 W <= table
+    PER = SEQ // NT            # consecutive output columns per thread in the compaction
+    assert ROWS_PER_GROUP == 2 and table >= NT and PER * NT == SEQ
+    R = T.dynamic("R")
+    W = T.dynamic("W")
+    G = T.dynamic("G")
+    W2 = T.dynamic("W2")       # 2 * W
+
+    @T.prim_func
+    def main(
+        Idx: T.Tensor((R, W), T.int32),
+        Keys: T.Tensor((G, W2), T.int32),
+        Counts: T.Tensor((G,), T.int32),
+    ):
+        with T.Kernel(G, threads=NT) as g:
+            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                T.evaluate(pdl_sync())
+            # one buffer for both phases: row j's hash set (valid slots, -1 = free) at [j * table, ...)
+            # and each output column's entry (-1 = dropped) at [2 * table, ...). As two buffers, the
+            # memory planner overlapped them when the column loop has a single iteration (table 256):
+            # the entries overwrote sets that other threads were still probing (H200, 2026-12-01)
+            work = T.alloc_shared((2 * table + SEQ,), T.int32)
+            kept = T.alloc_shared((NT,), T.int32)
+            flags = T.alloc_shared((1,), T.int32)           # 1: a row repeats a slot
+            tx = T.get_thread_binding()
+            v = T.alloc_var(T.int32)
+            h = T.alloc_var(T.int32)
+            old = T.alloc_var(T.int32)
+            busy = T.alloc_var(T.int32)
+            found = T.alloc_var(T.int32)
+            rep = T.alloc_var(T.int32)
+            cnt = T.alloc_var(T.int32)
+            pos = T.alloc_var(T.int32)
+            for i in T.serial(2 * table // NT):
+                work[i * NT + tx] = -1
+            if tx == 0:
+                flags[0] = 0
+            T.sync_threads()
+            # ------------------------------------------------ both rows' slots into their sets
+            for i in T.serial(T.ceildiv(2 * W, NT)):
+                e = i * NT + tx
+                row = e // T.max(W, 1)
+                v = -1
+                if (e < 2 * W) and (g * 2 + row < R):
+                    v = Idx[g * 2 + row, e - row * W]
+                if v >= 0:
+                    h = T.cast((T.cast(v, T.uint32) * T.uint32(HASH_MUL)) >> T.uint32(32 - LOGT), T.int32)
+                    busy = 1
+                    while busy == 1:
+                        old = T.call_extern("int32", "atomicCAS", T.address_of(work[row * table + h]), -1, v)
+                        if old == -1:
+                            busy = 0
+                        elif old == v:
+                            busy = 0
+                            flags[0] = 1
+                        else:
+                            h = (h + 1) & (table - 1)
+            T.sync_threads()
+            rep = flags[0]
+            T.sync_threads()          # every thread has read the flag: its bytes may be reused below
+            # ------------------------------------------------ each output column's entry
+            # column c < W: the first listed row's column c (B's, or A's when repeating); c >= W: the other row's
+            for i in T.serial(SEQ // NT):
+                c = i * NT + tx
+                first = T.if_then_else(rep == 1, 0, 1)
+                row = T.if_then_else(c < W, first, 1 - first)
+                v = -1
+                if (c < 2 * W) and (g * 2 + row < R):
+                    v = Idx[g * 2 + row, T.if_then_else(c < W, c, c - W)]
+                found = 0
+                if (v >= 0) and (rep == 0):                  # is the slot in the other row's set?
+                    h = T.cast((T.cast(v, T.uint32) * T.uint32(HASH_MUL)) >> T.uint32(32 - LOGT), T.int32)
+                    busy = 1
+                    while busy == 1:
+                        old = work[(1 - row) * table + h]
+                        if old == v:
+                            found = 1
+                            busy = 0
+                        elif old == -1:
+                            busy = 0
+                        else:
+                            h = (h + 1) & (table - 1)
+                work[2 * table + c] = -1
+                if v >= 0:
+                    if row == 1:                             # B's slot: bits 2, 3 when A lists it too
+                        work[2 * table + c] = v | ((2 + found) << ROW_BITS_SHIFT)
+                    elif found == 0:                         # A's slot, unless B lists it
+                        work[2 * table + c] = v | (1 << ROW_BITS_SHIFT)
+            T.sync_threads()
+            # ------------------------------------------------ compaction: thread tx owns PER columns
+            cnt = 0
+            for j in T.serial(PER):
+                if work[2 * table + tx * PER + j] >= 0:
+                    cnt = cnt + 1
+            kept[tx] = cnt
+            T.sync_threads()
+            T.cumsum(src=kept, dim=0)
+            T.sync_threads()
+            pos = kept[tx] - cnt
+            for j in T.serial(PER):
+                v = work[2 * table + tx * PER + j]
+                if v >= 0:
+                    Keys[g, pos] = v
+                    pos = pos + 1
+            for j in T.serial(PER):
+                c = tx * PER + j
+                if (c >= kept[NT - 1]) & (c < 2 * W):
+                    Keys[g, c] = -1
+            if tx == 0:
+                Counts[g] = kept[NT - 1]
+
+    return main
+
+
+def _kernel(table: int):
+    # explicit syncs only: the automatic pass put a block barrier inside the divergent probe loops
+    return compile_cached("shared_key_lists", (table,), lambda: _build(table),
+                          pass_configs={"tl.disable_thread_storage_sync": True})
+
+
+def table_size(width: int) -> int:
+    """Hash-set slots per row for index rows of ``width`` columns (a power of two >= 2 x width, >= 256)."""
+    return max(256, 1 << max(0, (2 * width - 1).bit_length()))
+
+
+def shared_key_lists_tilelang(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same arguments and result as ``shared_key_lists_ref``."""
+    require(indices.dim() == 2, f"indices: expected [rows, width], got {tuple(indices.shape)}")
+    device = require_cuda(indices=indices)
+    rows, width = indices.shape
+    require(width <= MAX_WIDTH, f"indices: width {width} > {MAX_WIDTH}, the widest rows the kernel pairs")
+    groups = num_groups(rows)
+    keys = torch.empty(groups, 2 * width, dtype=torch.int32, device=device)
+    counts = torch.empty(groups, dtype=torch.int32, device=device)
+    if groups == 0 or width == 0:
+        counts.zero_()
+        return keys, counts
+    _kernel(table_size(width))(indices.to(torch.int32).contiguous(), keys, counts)
+    return keys, counts
