@@ -50,6 +50,9 @@ def _specs():
     for variant in ("ws", "bulk", "pipelined"):
         for rows, heads, d, width, ns in calls:
             add("sparse_mla", "sparse_mla", sparse_mla.precompile_specs(rows, heads, d, width, variant, ns))
+    for rows, heads, width in ((301, 16, 384), (4096, 16, 384), (300, 4, 200), (263, 8, 1024)):   # shared keys
+        add("sparse_mla", "sparse_mla", sparse_mla.precompile_specs(rows, heads, 512, width, "bulk", None,
+                                                                    shared_keys=True, slots=1 << 20))
 
     # ---- KV store: (fmt, D, input dtype, slot dtype or None for quantize_*, identity)
     for d in (512, 64):

@@ -32,6 +32,8 @@ def _case(name):
         return T.make_engine_decode_case(132, 16, 512, 128, 16, 16, 4, SLOTS, "cuda", pool=pool, seed=5, packed=True)
     if name == "verify_64req_x6_w2048":
         return T.make_verify_case(64, 6, 16, 512, 128, 1920, SLOTS, "cuda", pool=pool, seed=2)
+    if name == "verify_64req_x6_w384":            # 6 verification rows per request, window 128 + 256 far entries
+        return T.make_verify_case(64, 6, 16, 512, 128, 256, SLOTS, "cuda", pool=pool, seed=2)
     if name == "decode_16x16_w2048_splitkv":
         return T.make_sparse_mla_case(16, 16, 512, 2048, SLOTS, "cuda", pool=pool, distinct=True, seed=3)
     if name == "prefill_4096x16_w384":
@@ -86,3 +88,31 @@ def test_bench_sparse_mla_small_batch_splits(benchmark, rows, num_splits):
     T.record_benchmark(benchmark, lambda: sparse_mla_attention_tilelang(c.q, c.pool, c.indices, c.sm_scale,
                                                                         variant="bulk", num_splits=num_splits),
                        bytes_moved=c.unique_bytes(), extra={"rows": rows, "num_splits": num_splits or 0})
+
+
+@pytest.mark.parametrize("shared", [pytest.param(False, id="per_row"), pytest.param(True, id="shared_keys")])
+@pytest.mark.parametrize("name", ["prefill_16x512_engine_paged128_w384", "prefill_16x512_engine_w384",
+                                  "verify_64req_x6_w384"])
+def test_bench_sparse_mla_shared_keys(benchmark, name, shared):
+    """Row pairs attending their shared key list once (``shared_keys=True``; the time includes
+    building the lists) beside the per-row kernel, same rows, same effective bytes."""
+    from deepinfer_kernels.tilelang.sparse_mla import sparse_mla_attention_tilelang
+
+    c = _case(name)
+    rows, width = c.indices.shape
+    info = T.record_benchmark(
+        benchmark, lambda: sparse_mla_attention_tilelang(c.q, c.pool, c.indices, c.sm_scale, variant="bulk",
+                                                         shared_keys=shared),
+        bytes_moved=c.unique_bytes(), extra={"gathered_bytes": c.gathered_bytes(), "rows": rows, "width": width,
+                                             "shared_keys": shared})
+    benchmark.extra_info["gathered_TB/s"] = c.gathered_bytes() / (info["median_us"] * 1e-6) / 1e12
+
+
+def test_bench_shared_key_lists(benchmark):
+    """The row pairs' shared key lists alone (one launch), `mini`'s 8,192 prefill rows of 384 columns."""
+    from deepinfer_kernels.tilelang.shared_keys import shared_key_lists_tilelang
+
+    c = _case("prefill_16x512_engine_paged128_w384")
+    rows, width = c.indices.shape
+    T.record_benchmark(benchmark, lambda: shared_key_lists_tilelang(c.indices),
+                       bytes_moved=c.indices.numel() * 4 * 2 + (rows + 1) // 2 * 4, extra={"rows": rows, "width": width})

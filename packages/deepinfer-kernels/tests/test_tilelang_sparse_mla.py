@@ -227,3 +227,57 @@ def test_bulk_row_groups_equal_the_one_row_kernel_bit_for_bit(rows, heads, width
     (one_out, one_lse), (grp_out, grp_lse) = outs
     _assert_same_out_lse_to_rounding(grp_out, grp_lse, one_out, one_lse)
     _check(case, grp_out, grp_lse)
+
+
+
+_SLOTS = 120000
+# the shared-key tests' cases: the engine's prefill layout, verification rows, unrelated pairs,
+# holes, empty rows and pairs, duplicates, an odd row count, heads 4 / 8 / 16 (built in the test)
+SHARED_KEY_CASES = {
+    "prefill_paged": lambda: T.make_prefill_case(1024, 16, 512, 128, 16, 16, _SLOTS, "cuda", seed=1, prompt_len=512,
+                                                 paged=64),
+    "prefill_random": lambda: T.make_prefill_case(515, 16, 512, 128, 4, 16, _SLOTS, "cuda", seed=2, prompt_len=200),
+    "verify": lambda: T.make_verify_case(50, 6, 16, 512, 128, 256, _SLOTS, "cuda", seed=3),
+    "unrelated_rows": lambda: T.make_sparse_mla_case(301, 16, 512, 384, _SLOTS, "cuda", seed=4, ragged=True,
+                                                     empty_frac=0.05, empty_rows=(0, 1, 6, 300)),
+    "duplicates_heads8": lambda: T.make_sparse_mla_case(263, 8, 512, 1024, _SLOTS, "cuda", seed=5, duplicates=True,
+                                                        empty_rows=(7,)),
+    "window_only_w128": lambda: T.make_prefill_case(700, 16, 512, 128, 0, 16, _SLOTS, "cuda", seed=7, prompt_len=300,
+                                                    paged=64),   # a window-only layer: hash sets of 256 slots
+    "heads4": lambda: T.make_prefill_case(300, 4, 512, 128, 2, 16, _SLOTS, "cuda", seed=6, prompt_len=150, paged=64),
+}
+
+
+@pytest.mark.parametrize("name", list(SHARED_KEY_CASES))
+def test_shared_key_lists_kernel_equals_reference(name):
+    from deepinfer_kernels.ops.shared_keys import shared_key_lists_ref
+    from deepinfer_kernels.tilelang.shared_keys import shared_key_lists_tilelang
+
+    case = SHARED_KEY_CASES[name]()
+    keys, counts = shared_key_lists_tilelang(case.indices)
+    want_keys, want_counts = shared_key_lists_ref(case.indices)
+    torch.cuda.synchronize()
+    assert torch.equal(counts, want_counts)
+    assert torch.equal(keys, want_keys)
+
+
+@pytest.mark.parametrize("name", list(SHARED_KEY_CASES))
+def test_shared_keys_sparse_mla_matches_reference(name):
+    """Row pairs attending their shared key list (``shared_keys=True`` at prefill sizes) give the
+    reference's result, and the per-row kernel's up to float rounding (the keys come in slot order)."""
+    from deepinfer_kernels.tilelang.sparse_mla import _uses_groups_kernel, plan, sparse_mla_attention_tilelang
+
+    case = SHARED_KEY_CASES[name]()
+    rows, heads, d = case.q.shape
+    width = case.indices.shape[1]
+    assert _uses_groups_kernel("bulk", rows, heads, width, plan(rows, heads, d, width, 132, None, "bulk")["num_splits"],
+                               case.pool.shape[0], True)
+    out, lse = sparse_mla_attention_tilelang(case.q, case.pool, case.indices, case.sm_scale, variant="bulk",
+                                             shared_keys=True)
+    row_out, row_lse = sparse_mla_attention_tilelang(case.q, case.pool, case.indices, case.sm_scale, variant="bulk")
+    torch.cuda.synchronize()
+    _check(case, out, lse)
+    torch.testing.assert_close(out.float(), row_out.float(), atol=1e-2, rtol=1e-2)
+    fin = torch.isfinite(row_lse)
+    assert torch.equal(fin, torch.isfinite(lse))
+    torch.testing.assert_close(lse[fin], row_lse[fin], atol=1e-4, rtol=1e-5)

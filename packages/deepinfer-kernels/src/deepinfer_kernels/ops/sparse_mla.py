@@ -41,6 +41,19 @@ def kernel_variant() -> str:
     return variant
 
 
+SHARED_KEYS_ENV = "DEEPINFER_SPARSE_MLA_SHARED_KEYS"
+
+
+def shared_keys_enabled() -> bool:
+    """``$DEEPINFER_SPARSE_MLA_SHARED_KEYS`` ("0" when unset): whether the model asks for shared keys
+    (``sparse_mla_attention(..., shared_keys=True)``) in its prefill chunks. Off by default until the
+    shared-key path's last fix is verified on the H200 (see docs/benchmarks.md, seventeenth session)."""
+    value = os.environ.get(SHARED_KEYS_ENV, "0").strip().lower() or "0"
+    if value not in ("0", "1"):
+        raise ValueError(f"{SHARED_KEYS_ENV}={value!r}: expected 0 or 1")
+    return value == "1"
+
+
 def sparse_mla_attention_ref(q: torch.Tensor, kv_pool: torch.Tensor, indices: torch.Tensor,
                              sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """q [rows, heads, D], kv_pool uint8 [slots, D + D/32], indices [rows, width]
@@ -59,9 +72,13 @@ def sparse_mla_attention_ref(q: torch.Tensor, kv_pool: torch.Tensor, indices: to
 
 
 def sparse_mla_attention(q: torch.Tensor, kv_pool: torch.Tensor, indices: torch.Tensor,
-                         sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                         sm_scale: float, *, shared_keys: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """q [rows, heads, D], kv_pool uint8 [slots, D + D/32], indices int32 [rows, width] (-1 = empty)
-    -> (out [rows, heads, D], lse float32 [rows, heads])."""
+    -> (out [rows, heads, D], lse float32 [rows, heads]).
+
+    ``shared_keys`` is a hint, not a change of result: rows 2i and 2i + 1 attend nearly the same
+    keys (consecutive positions of a request: prefill chunks, verification rows). The GPU kernel
+    then attends each pair's union once (``ops.shared_keys``); equal up to float rounding."""
     check_tensor("q", q, 3, FLOAT_DTYPES)
     check_tensor("kv_pool", kv_pool, 2, (torch.uint8,))
     check_tensor("indices", indices, 2, INDEX_DTYPES)
@@ -73,5 +90,5 @@ def sparse_mla_attention(q: torch.Tensor, kv_pool: torch.Tensor, indices: torch.
     kernel = tilelang_launcher("sparse_mla_attention", device,
                                supported=q.dtype == torch.bfloat16 and q.shape[2] % 64 == 0)
     if kernel is not None:
-        return kernel(q, kv_pool, indices, sm_scale, variant=kernel_variant())
+        return kernel(q, kv_pool, indices, sm_scale, variant=kernel_variant(), shared_keys=shared_keys)
     return sparse_mla_attention_ref(q, kv_pool, indices, sm_scale)

@@ -21,8 +21,10 @@ import math
 import torch
 
 from deepinfer_kernels.batch_invariant import batch_invariant_enabled
+from deepinfer_kernels.ops.shared_keys import MAX_SHARED_KEY_SLOT
 from deepinfer_kernels.ops.sparse_mla import KERNEL_VARIANTS
 from deepinfer_kernels.tilelang._common import compile_cached, num_sms, require, require_cuda
+from deepinfer_kernels.tilelang.shared_keys import shared_key_lists_tilelang, table_size
 from deepinfer_kernels.tilelang.sparse_mla_builders import (  # noqa: F401  (BLOCK_TOKENS: public)
     BLOCK_TOKENS,
     LOG2E,
@@ -33,6 +35,7 @@ from deepinfer_kernels.tilelang.sparse_mla_builders import (  # noqa: F401  (BLO
 )
 from deepinfer_kernels.tilelang.sparse_mla_bulk import _build_bulk
 from deepinfer_kernels.tilelang.sparse_mla_bulk_rows import MAX_PAIRS, ROWS_PER_CTA, _build_bulk_rows
+from deepinfer_kernels.tilelang.sparse_mla_groups import _build_bulk_groups, group_columns
 from deepinfer_kernels.tilelang.sparse_mla_ws import _build_ws
 
 VARIANTS = KERNEL_VARIANTS
@@ -80,6 +83,22 @@ def get_kernel(heads: int, d: int, variant: str = "ws", split: bool = False, hb:
                           lambda: _build_pipelined(heads, d, hb, split, nblk))
 
 
+def get_groups_kernel(heads: int, d: int):
+    """The shared-key kernel (row pairs attend the union of their index rows once)."""
+    return compile_cached("sparse_mla_groups", (heads, d), lambda: _build_bulk_groups(heads, d),
+                          pass_configs=NO_AUTO_SYNC)
+
+
+def _uses_groups_kernel(variant: str, rows: int, heads: int, width: int, num_splits: int, slots: int,
+                        shared_keys: bool) -> bool:
+    """Row pairs share key lists: asked for by the caller (rows 2i, 2i + 1 attend nearly the same
+    keys), at the rows kernel's sizes, up to 16 heads, pool slots taggable, and not in
+    batch-invariant mode (a row's key blocks would depend on its neighbour)."""
+    return (shared_keys and _uses_rows_kernel(variant, rows, width, num_splits)
+            and group_columns(heads) in (16, 32) and slots <= MAX_SHARED_KEY_SLOT
+            and not batch_invariant_enabled())
+
+
 def get_rows_kernel(heads: int, d: int, hb: int, rpc: int = ROWS_PER_CTA):
     """The row-group "bulk" kernel (prefill: ``rpc`` rows per CTA, one pipeline across them)."""
     return compile_cached("sparse_mla_bulk_rows", (heads, d, hb, rpc), lambda: _build_bulk_rows(heads, d, hb, 2, rpc),
@@ -121,14 +140,22 @@ def plan(rows: int, heads: int, d: int, width: int, sms: int, num_splits: int | 
     return {"hb": hb, "num_splits": ns, "bps": bps}
 
 
+def get_shared_keys_kernel(width: int):
+    from deepinfer_kernels.tilelang.shared_keys import _kernel
+    return _kernel(table_size(width))
+
+
 def precompile_specs(rows: int, heads: int, d: int, width: int, variant: str = "auto",
-                     num_splits: int | None = None, sms: int = 132) -> list[tuple[str, tuple]]:
+                     num_splits: int | None = None, sms: int = 132, shared_keys: bool = False,
+                     slots: int = 0) -> list[tuple[str, tuple]]:
     """(function name in this module, args) of every kernel one call needs (for tools/tilelang_precompile.py)."""
     if rows == 0 or width == 0:
         return []
     variant = resolve_variant(variant, heads, d)
     p = plan(rows, heads, d, width, sms, num_splits, variant)
     split = p["num_splits"] > 1
+    if _uses_groups_kernel(variant, rows, heads, width, p["num_splits"], slots, shared_keys):
+        return [("get_shared_keys_kernel", (width,)), ("get_groups_kernel", (heads, d))]
     if _uses_rows_kernel(variant, rows, width, p["num_splits"]):
         return [("get_rows_kernel", (heads, d, p["hb"]))]
     specs = [("get_kernel", (heads, d, variant, split, p["hb"], p["bps"], _trims(variant, rows)))]
@@ -143,13 +170,16 @@ def _trims(variant: str, rows: int) -> bool:
 
 def sparse_mla_attention_tilelang(q: torch.Tensor, kv_pool: torch.Tensor, indices: torch.Tensor,
                                   sm_scale: float, *, variant: str = "auto",
-                                  num_splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                                  num_splits: int | None = None,
+                                  shared_keys: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """q bf16 [rows, heads, D], kv_pool uint8 [slots, D + D/32], indices int32 [rows, width]
     (-1 = empty) -> (out bf16 [rows, heads, D], lse float32 [rows, heads]).
 
     Same arguments and result as ``sparse_mla_attention_ref``. ``D`` must be a multiple of 64
     (512 in the model); int64 indices are converted to int32. ``num_splits`` overrides the
-    split-KV heuristic.
+    split-KV heuristic. ``shared_keys``: rows 2i and 2i + 1 attend nearly the same keys (prefill,
+    verification rows); at the row-group kernel's sizes each pair then attends the union of its
+    two index rows once (``sparse_mla_groups.py``).
     """
     require(variant in VARIANTS, f"variant={variant!r}: expected one of {VARIANTS}")
     require(q.dim() == 3 and q.dtype == torch.bfloat16, f"q: expected bf16 [rows, heads, D], got {q.dtype} {tuple(q.shape)}")
@@ -183,6 +213,10 @@ def sparse_mla_attention_tilelang(q: torch.Tensor, kv_pool: torch.Tensor, indice
     if ns == 1:
         dummy_o = torch.empty(1, 1, heads, d, dtype=torch.float32, device=device)
         dummy_l = torch.empty(1, 1, heads, dtype=torch.float32, device=device)
+        if _uses_groups_kernel(variant, rows, heads, width, ns, kv_pool.shape[0], shared_keys):
+            keys, counts = shared_key_lists_tilelang(indices)
+            get_groups_kernel(heads, d)(q, kv_pool, keys, counts, out, lse, scale)
+            return out, lse
         if _uses_rows_kernel(variant, rows, width, ns):   # prefill: one pipeline over several rows per CTA
             get_rows_kernel(heads, d, hb)(q, kv_pool, indices, out, lse, dummy_o, dummy_l, scale, bps)
             return out, lse

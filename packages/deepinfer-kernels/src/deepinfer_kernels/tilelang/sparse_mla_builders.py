@@ -63,11 +63,16 @@ def _consumer_sync(T):
     return T.sync_threads(CONSUMER_BARRIER, 128)
 
 
-def _softmax_macros(T, hb: int, d: int, H: int, split: bool, explicit_sync: bool = False):
+def _softmax_macros(T, hb: int, d: int, H: int, split: bool, explicit_sync: bool = False, group_rows: int = 0):
     """Macros shared by every variant (128 "consumer" threads ``t`` in 0..127).
 
     ``explicit_sync``: the kernel is compiled without TileLang's automatic shared-memory syncs
     (``NO_AUTO_SYNC``) and these macros place their own consumer barriers.
+
+    ``group_rows`` > 0: the ``hb`` columns are ``group_rows`` query rows x ``HC = hb / group_rows``
+    columns each (column c is row ``r + c // HC``, head ``c % HC``; heads ``>= H`` are padding)
+    sharing one key list; the mask is per key and row (``vm[stage, key, row]``) and ``finish``
+    writes each column to its row (not split).
 
     Online softmax in a column-per-thread-group layout: the 64 x hb score tile goes through
     shared memory (fp32), thread t owns head column ``t // TPC`` and tokens ``k * TPC + t % TPC``;
@@ -79,19 +84,26 @@ def _softmax_macros(T, hb: int, d: int, H: int, split: bool, explicit_sync: bool
     TPC = 128 // hb           # threads per head column
     TOK = BI // TPC           # tokens per thread
     LOGT = TPC.bit_length() - 1
+    HC = hb // group_rows if group_rows else hb     # columns per row of a group
+    assert not (group_rows and split) and (not group_rows or (HC * group_rows == hb and HC >= H))
+
+    def key_mask(vm, vs, tok, col):
+        # 0 where column ``col`` attends key ``tok`` of stage ``vs``, -inf where not
+        return vm[vs, tok, col // HC] if group_rows else vm[vs, tok]
 
     @T.macro
     def block_softmax(t, S_sm, vm, vs, P_s, alpha_s, st, scale):
         # st: [m_run, l_run, tmp_max, tmp_sum] of column t // TPC
         st[2] = -T.infinity(T.float32)
         for k in T.serial(TOK):
-            st[2] = T.max(st[2], S_sm[k * TPC + t % TPC, t // TPC] + vm[vs, k * TPC + t % TPC])
+            st[2] = T.max(st[2], S_sm[k * TPC + t % TPC, t // TPC] + key_mask(vm, vs, k * TPC + t % TPC, t // TPC))
         for o in T.unroll(LOGT):
             st[2] = T.max(st[2], T.shfl_xor(st[2], 1 << o))
         st[2] = T.max(st[2], st[0])                                   # new running max
         st[3] = 0.0
         for k in T.serial(TOK):
-            pv = T.exp2((S_sm[k * TPC + t % TPC, t // TPC] + vm[vs, k * TPC + t % TPC]) * scale - st[2] * scale)
+            pv = T.exp2((S_sm[k * TPC + t % TPC, t // TPC] + key_mask(vm, vs, k * TPC + t % TPC, t // TPC)) * scale
+                        - st[2] * scale)
             P_s[k * TPC + t % TPC, t // TPC] = T.cast(pv, T.bfloat16)
             st[3] = st[3] + pv
         for o in T.unroll(LOGT):
@@ -100,6 +112,20 @@ def _softmax_macros(T, hb: int, d: int, H: int, split: bool, explicit_sync: bool
             alpha_s[t // TPC] = T.exp2((st[0] - st[2]) * scale)
         st[1] = st[1] * T.exp2((st[0] - st[2]) * scale) + st[3]
         st[0] = st[2]
+
+    @T.macro
+    def finish_group(t, r, st, inv_s, acc_o, Out, Lse, scale):
+        # columns of rows r .. r + group_rows - 1 (rows past the end of Out are skipped)
+        c = t // TPC
+        if t % TPC == 0:
+            inv_s[c] = T.if_then_else(st[1] > 0, 1.0 / st[1], 0.0)
+            if (r + c // HC < Out.shape[0]) and (c % HC < H):
+                Lse[r + c // HC, c % HC] = T.if_then_else(st[1] > 0, (T.log2(st[1]) + st[0] * scale) / LOG2E,
+                                                          -T.infinity(T.float32))
+        _consumer_sync(T)              # inv_s written above, read by every thread below
+        for k, c2 in T.Parallel(d, hb):
+            if (r + c2 // HC < Out.shape[0]) and (c2 % HC < H):
+                Out[r + c2 // HC, c2 % HC, k] = T.cast(acc_o[k, c2] * inv_s[c2], T.bfloat16)
 
     @T.macro
     def finish(t, r, hg, sp, st, inv_s, acc_o, Out, Lse, Opart, Lpart, scale):
@@ -124,6 +150,8 @@ def _softmax_macros(T, hb: int, d: int, H: int, split: bool, explicit_sync: bool
                 if hg * hb + h < H:
                     Out[r, hg * hb + h, k] = T.cast(acc_o[k, h] * inv_s[h], T.bfloat16)
 
+    if group_rows:
+        return block_softmax, finish_group
     return block_softmax, finish
 
 

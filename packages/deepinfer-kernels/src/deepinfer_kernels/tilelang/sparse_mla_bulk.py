@@ -30,6 +30,7 @@ early in a prompt have most of their far entries empty (padding to the widest ro
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations at
 # decoration time against the builder locals.
 
+from deepinfer_kernels.ops.shared_keys import ROW_BITS_SHIFT, SLOT_BITS
 from deepinfer_kernels.tilelang._common import PDL, pdl_sync
 from deepinfer_kernels.tilelang._cuda import BULK_COPY_SRC, DEQUANT_SRC
 from deepinfer_kernels.tilelang.sparse_mla_builders import (
@@ -39,10 +40,14 @@ from deepinfer_kernels.tilelang.sparse_mla_builders import (
 )
 
 
-def _bulk_macros(T, d: int, producers: int):
+def _bulk_macros(T, d: int, producers: int, group_rows: int = 0):
     """The producer side shared by the bulk kernels: ``load_indices`` (a block's slots into
     registers), ``issue_block`` (one warp's bulk copies of a block into an FP8 stage) and
-    ``dequant_block`` (the producers turn an FP8 stage into the bf16 stage and the -inf mask)."""
+    ``dequant_block`` (the producers turn an FP8 stage into a bf16 stage and the -inf mask).
+
+    ``group_rows`` > 0: the index list is a row group's shared key list (``ops.shared_keys``:
+    slot | row bits << 29); the copies strip the bits and the mask is per key and row,
+    ``vm[stage, key, row]``."""
     BI = BLOCK_TOKENS
     REC = _record_bytes(d)
     CH = d // 16                      # 16-byte chunks per record body
@@ -77,13 +82,17 @@ def _bulk_macros(T, d: int, producers: int):
         for k in T.unroll(RPL):
             ix_s[stage, k * 32 + lane] = ib[o + k]
         T.sync_warp()                                   # ix_s writes before the release below
+        if group_rows:
+            for k in T.unroll(RPL):                     # the row bits off: pool slots
+                ib[o + k] = T.if_then_else(ib[o + k] >= 0, ib[o + k] & SLOT_BITS, -1)
         ib[o + RPL] = T.call_extern("int32", "di_issue_record_runs", ib[o], ib[o + 1],
                                     T.access_ptr(Pool[0, 0], "r"), REC,
                                     T.access_ptr(K8[stage, 0, 0], "w"), T.access_ptr(fp8_full[stage], "rw"),
                                     lane)
 
     @T.macro
-    def dequant_block(K8, ix_s, Kb, vm, stage, tp, qv, bv):
+    def dequant_block(K8, ix_s, Kb, vm, stage, tp, qv, bv, dst):
+        # FP8 stage ``stage`` (and its slots in ix_s) -> bf16 stage ``dst`` of Kb and vm
         for k in T.unroll(RPT):
             rec = k * (PT // P) + (tp // 32) * RW + (tp % 32) % RW
             part = (tp % 32) // RW
@@ -98,9 +107,14 @@ def _bulk_macros(T, d: int, producers: int):
                     for v in T.vectorized(16):
                         bv[v] = T.bfloat16(0)
                 for v in T.vectorized(16):
-                    Kb[stage, rec, (part * CPR + jj) * 16 + v] = bv[v]
+                    Kb[dst, rec, (part * CPR + jj) * 16 + v] = bv[v]
             if part == 0:
-                vm[stage, rec] = T.if_then_else(ok, 0.0, -T.infinity(T.float32))
+                if group_rows:
+                    for j in T.unroll(group_rows):
+                        vm[dst, rec, j] = T.if_then_else(ok & ((((ix_s[stage, rec] >> ROW_BITS_SHIFT) >> j) & 1) == 1),
+                                                         0.0, -T.infinity(T.float32))
+                else:
+                    vm[dst, rec] = T.if_then_else(ok, 0.0, -T.infinity(T.float32))
 
     return load_indices, issue_block, dequant_block
 
@@ -198,7 +212,7 @@ def _build_bulk(heads: int, d: int, hb: int, split: bool, producers: int = 1, tr
                     for s in T.unroll(2):
                         T.barrier_wait(fp8_full[s], j & 1)
                         T.barrier_wait(kb_empty[s], (j & 1) ^ 1)
-                        dequant_block(K8, ix_s, Kb, vm, s, tp, qv, bv)
+                        dequant_block(K8, ix_s, Kb, vm, s, tp, qv, bv, s)
                         T.fence_proxy_async()
                         T.barrier_arrive(kb_full[s])
                         T.barrier_arrive(fp8_empty[s])

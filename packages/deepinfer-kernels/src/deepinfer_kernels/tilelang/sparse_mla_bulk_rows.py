@@ -179,7 +179,7 @@ def _build_bulk_rows(heads: int, d: int, hb: int, producers: int = 2, rpc: int =
                     for s in T.unroll(2):
                         T.barrier_wait(fp8_full[s], k & 1)
                         T.barrier_wait(kb_empty[s], (k & 1) ^ 1)
-                        dequant_block(K8, ix_s, Kb, vm, s, tp, qv, bv)
+                        dequant_block(K8, ix_s, Kb, vm, s, tp, qv, bv, s)
                         T.fence_proxy_async()
                         T.barrier_arrive(kb_full[s])
                         T.barrier_arrive(fp8_empty[s])

@@ -28,19 +28,20 @@ def _ref(op_name: str):
 
 @torch.library.custom_op("deepinfer::sparse_mla_attention", mutates_args=())
 def sparse_mla_attention(q: torch.Tensor, kv_pool: torch.Tensor, indices: torch.Tensor, sm_scale: float,
-                         variant: str) -> tuple[torch.Tensor, torch.Tensor]:
-    out, lse = get_launcher("sparse_mla_attention")(q, kv_pool, indices, sm_scale, variant=variant)
+                         variant: str, shared_keys: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    out, lse = get_launcher("sparse_mla_attention")(q, kv_pool, indices, sm_scale, variant=variant,
+                                                    shared_keys=shared_keys)
     return out.contiguous(), lse.contiguous()
 
 
 @sparse_mla_attention.register_kernel("cpu")
-def _(q, kv_pool, indices, sm_scale, variant):
+def _(q, kv_pool, indices, sm_scale, variant, shared_keys=False):
     out, lse = _ref("sparse_mla_attention")(q, kv_pool, indices, sm_scale)
     return out.contiguous(), lse.contiguous()
 
 
 @sparse_mla_attention.register_fake
-def _(q, kv_pool, indices, sm_scale, variant):
+def _(q, kv_pool, indices, sm_scale, variant, shared_keys=False):
     return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
 
 
@@ -124,8 +125,8 @@ def _(x, weights, ids, w13, w2):
     return torch.empty_like(x)
 
 
-def _sparse_mla_launcher(q, kv_pool, indices, sm_scale, variant="auto"):
-    return sparse_mla_attention(q, kv_pool, indices, float(sm_scale), variant)
+def _sparse_mla_launcher(q, kv_pool, indices, sm_scale, variant="auto", shared_keys=False):
+    return sparse_mla_attention(q, kv_pool, indices, float(sm_scale), variant, bool(shared_keys))
 
 
 # reference op name -> a callable with the launcher's signature that goes through the custom op
