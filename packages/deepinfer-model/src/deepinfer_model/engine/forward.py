@@ -38,7 +38,7 @@ from deepinfer_kernels.ops.capture import write_rows
 from deepinfer_kernels.ops.engram import ngram_buckets, paged_id_windows, paged_ngram_buckets
 from deepinfer_kernels.ops.indexer import indexer_topk_blocks
 from deepinfer_kernels.ops.paged_slots import far_entry_slots, num_far_entries, window_slots
-from deepinfer_kernels.ops.sparse_mla import sparse_mla_attention
+from deepinfer_kernels.ops.sparse_mla import shared_keys_enabled, sparse_mla_attention
 from deepinfer_model.engine.compressed import update_compressed_source
 from deepinfer_model.engine.prefill_plan import LOGIT_ROW_OUTSIDE_REPLAY, short_last_chunk_error
 from deepinfer_model.engine.streams import DecodeStreams
@@ -239,13 +239,15 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
     streams.join("query", outputs=(q,))
     streams.join("indexer", outputs=(None if far is None else far.blocks,))
     streams.join_part("rows", "window")   # the window slots
+    # a prefill chunk's rows are consecutive positions: row pairs may attend their shared key list once
+    shared = meta.is_prefill and shared_keys_enabled()
     if far is None:   # window only: attend within the layer's plane
         o, _ = sparse_mla_attention(q, cache.kv[plane], rows.window_slots_int32(meta, cfg.sliding_window),
-                                    attn.sm_scale)
+                                    attn.sm_scale, shared_keys=shared)
     else:             # window + far entries live in two planes: flat rows of the whole pool
         idx = attention_indices(rows.window_slots(meta, cfg.sliding_window), plane * ns, far.blocks, far.n_far,
                                 far.entry_slots, far.base, cfg.index_block_size)
-        o, _ = sparse_mla_attention(q, cache.kv_flat, idx, attn.sm_scale)
+        o, _ = sparse_mla_attention(q, cache.kv_flat, idx, attn.sm_scale, shared_keys=shared)
     x, u = layer.post_attention_layernorm.add_forward(x, attn.output(o))   # the add and the norm: one launch
     if isinstance(layer.mlp, MoE):   # the residual add happens in the routed experts' combine
         return layer.mlp(u, residual=x, streams=streams)
