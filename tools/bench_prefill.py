@@ -8,6 +8,8 @@ import time
 import torch
 from bench_engine import build_engine, free_device_memory, make_prompts
 
+from deepinfer_kernels.ops.sparse_mla import shared_keys_enabled
+
 
 def _allocator_counts() -> dict:
     """CUDA caching-allocator counters (a retry frees cached blocks and syncs the device; a device
@@ -52,7 +54,8 @@ def bench_prefill(args, chunk_tokens: int | None = None) -> dict:
     t, n = sum(times[5:]), sum(tokens[5:])
     row = dict(kind="prefill", engine="deepinfer", model=args.model, batch=args.prefill_batch,
                prompt_len=args.prompt_len, chunk_tokens=chunk, pipelined=False, tokens_per_s=n / t,
-               tokens_per_step=n / len(times[5:]), **_allocator_delta(alloc0 or {}))
+               tokens_per_step=n / len(times[5:]), sparse_mla_shared_keys=shared_keys_enabled(),
+               **_allocator_delta(alloc0 or {}))
     del engine
     free_device_memory()
     return row
@@ -91,7 +94,8 @@ def bench_prefill_pipelined(args, chunk_tokens: int | None = None) -> dict:
         engine.step()
     row = dict(kind="prefill", engine="deepinfer", model=args.model, batch=args.prefill_batch,
                prompt_len=args.prompt_len, chunk_tokens=chunk, pipelined=True, zos=engine.zos,
-               rounds=rounds, tokens_per_s=tokens / elapsed, window_tokens=tokens, **alloc)
+               rounds=rounds, tokens_per_s=tokens / elapsed, window_tokens=tokens,
+               sparse_mla_shared_keys=shared_keys_enabled(), **alloc)
     del engine
     free_device_memory()
     return row
