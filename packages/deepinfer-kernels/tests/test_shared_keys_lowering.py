@@ -1,0 +1,37 @@
+"""The shared-key list kernel lowers to CUDA with its hash sets and column entries in one shared
+buffer that nothing else overlaps (no GPU needed; runs where TileLang is installed).
+
+Session 17 found TileLang's memory planner laying the column entries over the hash sets when the
+column loop had a single iteration (256-slot sets, 128-column rows): other threads were still
+probing the sets, and the lists came out wrong on the H200."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+pytest.importorskip("tilelang")
+
+
+def _lower(table: int) -> str:
+    import tilelang
+    from tilelang import tvm
+
+    from deepinfer_kernels.tilelang.shared_keys import _build
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    with tvm.transform.PassContext(config={"tl.disable_thread_storage_sync": True}), target:
+        return tilelang.lower(_build(table), target=target).kernel_source
+
+
+@pytest.mark.parametrize("table", [256, 1024])
+def test_shared_key_work_buffer_overlaps_nothing(table):
+    src = _lower(table)
+    offsets = {name: int(off) for name, off in re.findall(r"void\* (\w+) = \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\)", src)}
+    assert "work" in offsets, offsets
+    start, end = offsets["work"], offsets["work"] + 3 * table * 4          # 2 hash sets + the column entries
+    for name, off in offsets.items():
+        if name != "work":
+            assert not start <= off < end, f"{name} at byte {off} lies inside work [{start}, {end})"
+    assert src.count("__syncthreads()") >= 5 and "atomicCAS" in src
