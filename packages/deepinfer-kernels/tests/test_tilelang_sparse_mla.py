@@ -264,7 +264,7 @@ def test_shared_key_lists_kernel_equals_reference(name):
 @pytest.mark.parametrize("name", list(SHARED_KEY_CASES))
 def test_shared_keys_sparse_mla_matches_reference(name):
     """Row pairs attending their shared key list (``shared_keys=True`` at prefill sizes) give the
-    reference's result, and the per-row kernel's up to float rounding (the keys come in slot order)."""
+    reference's result, and the per-row kernel's up to float rounding (the keys come in the pair list's order)."""
     from deepinfer_kernels.tilelang.sparse_mla import _uses_groups_kernel, plan, sparse_mla_attention_tilelang
 
     case = SHARED_KEY_CASES[name]()

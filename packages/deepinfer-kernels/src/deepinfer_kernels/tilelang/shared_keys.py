@@ -34,6 +34,10 @@ def _build(table: int):
     G = T.dynamic("G")
     W2 = T.dynamic("W2")       # 2 * W
 
+    def home(slot):
+        # the slot's first probe position in a set
+        return T.cast((T.cast(slot, T.uint32) * T.uint32(HASH_MUL)) >> T.uint32(32 - LOGT), T.int32)
+
     @T.prim_func
     def main(
         Idx: T.Tensor((R, W), T.int32),
@@ -72,7 +76,7 @@ def _build(table: int):
                 if (e < 2 * W) and (g * 2 + row < R):
                     v = Idx[g * 2 + row, e - row * W]
                 if v >= 0:
-                    h = T.cast((T.cast(v, T.uint32) * T.uint32(HASH_MUL)) >> T.uint32(32 - LOGT), T.int32)
+                    h = home(v)
                     busy = 1
                     while busy == 1:
                         old = T.call_extern("int32", "atomicCAS", T.address_of(work[row * table + h]), -1, v)
@@ -97,7 +101,7 @@ def _build(table: int):
                     v = Idx[g * 2 + row, T.if_then_else(c < W, c, c - W)]
                 found = 0
                 if (v >= 0) and (rep == 0):                  # is the slot in the other row's set?
-                    h = T.cast((T.cast(v, T.uint32) * T.uint32(HASH_MUL)) >> T.uint32(32 - LOGT), T.int32)
+                    h = home(v)
                     busy = 1
                     while busy == 1:
                         old = work[(1 - row) * table + h]
@@ -146,6 +150,11 @@ def _kernel(table: int):
                           pass_configs={"tl.disable_thread_storage_sync": True})
 
 
+def get_kernel(width: int):
+    """The compiled kernel for index rows of ``width`` columns."""
+    return _kernel(table_size(width))
+
+
 def table_size(width: int) -> int:
     """Hash-set slots per row for index rows of ``width`` columns (a power of two >= 2 x width, >= 256)."""
     return max(256, 1 << max(0, (2 * width - 1).bit_length()))
@@ -163,5 +172,5 @@ def shared_key_lists_tilelang(indices: torch.Tensor) -> tuple[torch.Tensor, torc
     if groups == 0 or width == 0:
         counts.zero_()
         return keys, counts
-    _kernel(table_size(width))(indices.to(torch.int32).contiguous(), keys, counts)
+    get_kernel(width)(indices.to(torch.int32).contiguous(), keys, counts)
     return keys, counts

@@ -24,7 +24,8 @@ from deepinfer_kernels.batch_invariant import batch_invariant_enabled
 from deepinfer_kernels.ops.shared_keys import MAX_SHARED_KEY_SLOT
 from deepinfer_kernels.ops.sparse_mla import KERNEL_VARIANTS
 from deepinfer_kernels.tilelang._common import compile_cached, num_sms, require, require_cuda
-from deepinfer_kernels.tilelang.shared_keys import shared_key_lists_tilelang, table_size
+from deepinfer_kernels.tilelang.shared_keys import get_kernel as get_shared_keys_kernel  # noqa: F401  (precompile)
+from deepinfer_kernels.tilelang.shared_keys import shared_key_lists_tilelang
 from deepinfer_kernels.tilelang.sparse_mla_builders import (  # noqa: F401  (BLOCK_TOKENS: public)
     BLOCK_TOKENS,
     LOG2E,
@@ -138,11 +139,6 @@ def plan(rows: int, heads: int, d: int, width: int, sms: int, num_splits: int | 
     bps += bps % 2                                   # the ws and bulk loops handle blocks in pairs
     ns = math.ceil(blocks / bps)
     return {"hb": hb, "num_splits": ns, "bps": bps}
-
-
-def get_shared_keys_kernel(width: int):
-    from deepinfer_kernels.tilelang.shared_keys import _kernel
-    return _kernel(table_size(width))
 
 
 def precompile_specs(rows: int, heads: int, d: int, width: int, variant: str = "auto",

@@ -91,6 +91,10 @@ def _softmax_macros(T, hb: int, d: int, H: int, split: bool, explicit_sync: bool
         # 0 where column ``col`` attends key ``tok`` of stage ``vs``, -inf where not
         return vm[vs, tok, col // HC] if group_rows else vm[vs, tok]
 
+    def row_lse(st, scale):
+        # natural-log lse of a column from its running (max, sum); -inf when nothing was attended
+        return T.if_then_else(st[1] > 0, (T.log2(st[1]) + st[0] * scale) / LOG2E, -T.infinity(T.float32))
+
     @T.macro
     def block_softmax(t, S_sm, vm, vs, P_s, alpha_s, st, scale):
         # st: [m_run, l_run, tmp_max, tmp_sum] of column t // TPC
@@ -120,8 +124,7 @@ def _softmax_macros(T, hb: int, d: int, H: int, split: bool, explicit_sync: bool
         if t % TPC == 0:
             inv_s[c] = T.if_then_else(st[1] > 0, 1.0 / st[1], 0.0)
             if (r + c // HC < Out.shape[0]) and (c % HC < H):
-                Lse[r + c // HC, c % HC] = T.if_then_else(st[1] > 0, (T.log2(st[1]) + st[0] * scale) / LOG2E,
-                                                          -T.infinity(T.float32))
+                Lse[r + c // HC, c % HC] = row_lse(st, scale)
         _consumer_sync(T)              # inv_s written above, read by every thread below
         for k, c2 in T.Parallel(d, hb):
             if (r + c2 // HC < Out.shape[0]) and (c2 % HC < H):
@@ -137,8 +140,7 @@ def _softmax_macros(T, hb: int, d: int, H: int, split: bool, explicit_sync: bool
                     Lpart[sp, r, hg * hb + c] = T.if_then_else(st[1] > 0, T.log2(st[1]) + st[0] * scale,
                                                                -T.infinity(T.float32))
                 else:
-                    Lse[r, hg * hb + c] = T.if_then_else(st[1] > 0, (T.log2(st[1]) + st[0] * scale) / LOG2E,
-                                                         -T.infinity(T.float32))
+                    Lse[r, hg * hb + c] = row_lse(st, scale)
         if explicit_sync:
             _consumer_sync(T)          # inv_s written above, read by every thread below
         if split:

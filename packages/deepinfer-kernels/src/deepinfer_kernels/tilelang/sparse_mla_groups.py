@@ -4,8 +4,8 @@ the math).
 
 Why: consecutive rows of one request attend nearly the same keys (their windows differ in one key,
 their far entries mostly coincide), and the one-row kernels read and dequantize every key once per
-row. Here a CTA walks a row *pair*'s shared key list (``ops.shared_keys``: the union, sorted by
-slot, each key tagged with the rows that attend it) once, with both rows' queries on the wgmma's N
+row. Here a CTA walks a row *pair*'s shared key list (``ops.shared_keys``: the union in the rows'
+order, each key tagged with the rows that attend it) once, with both rows' queries on the wgmma's N
 side: ``2 x H`` columns (32 at 16 heads; 8 per row at the least), the per-(key, row) -inf mask applied in the softmax.
 Each block of 64 keys costs one copy and one dequantization for two rows, and the wgmmas run at
 N = 32 instead of 16.
@@ -19,7 +19,7 @@ arguments; the defaults below are the fastest of the measured shapes.
 One CTA walks ``GPC`` pairs (their block pairs as one work list, as in ``sparse_mla_bulk_rows``).
 A pair's list is compacted (its ``counts[g]`` valid entries first), so the CTA walks exactly
 ``ceil(counts[g] / 128)`` block pairs; pairs with no key write 0 / -inf. Results equal the
-reference up to float rounding (the key order is the slot order, not the index list's).
+reference up to float rounding (keys come in the pair list's order and 64-key blocks, not each row's).
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations at
