@@ -41,11 +41,11 @@ from deepinfer_kernels.tilelang.sparse_mla_bulk import _bulk_macros
 GROUPS_PER_CTA = 2
 MAX_GROUP_PAIRS = 16    # block pairs per row pair: shared key lists up to 2,048 wide
 # pipeline shape, from the H200 sweep of 2026-12-01 (8,192 prefill rows of `mini`, KV blocks of 128):
-# 1 FP8 + 2 bf16 stages, one producer warpgroup 494.5 us; 3 FP8 + 1 bf16 704.0 us (the consumer then
-# waits for every dequantization); 2 FP8 + 1 bf16 with two producer warpgroups 647.3 us
+# 1 FP8 + 2 bf16 stages with two producer warpgroups 455.7 us, with one 498.6 us; 3 FP8 + 1 bf16
+# 704.0 us (the consumer then waits for every dequantization); 2 FP8 + 1 bf16, two producers 647.3 us
 FP8_STAGES = 1          # copies in flight ahead of the dequantization
 BF16_STAGES = 2         # dequantized blocks (the consumer works on one while the next is converted)
-PRODUCERS = 1           # dequantizing warpgroups
+PRODUCERS = 2           # dequantizing warpgroups
 CONSUMER_REGS = 240     # register budgets when two producer warpgroups share the SM with the consumer
 PRODUCER_REGS = 96
 
