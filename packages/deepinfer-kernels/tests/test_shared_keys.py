@@ -7,7 +7,7 @@ import torch
 from deepinfer_kernels.ops.kv_fp8 import dequantize_kv_fp8_ref
 from deepinfer_kernels.ops.shared_keys import (
     MAX_SHARED_KEY_SLOT,
-    ROW_BITS_SHIFT,
+    row_bits_shift,
     shared_key_lists,
     shared_key_lists_ref,
     split_shared_keys,
@@ -16,18 +16,24 @@ from deepinfer_kernels.ops.sparse_mla import sparse_mla_attention_ref
 from deepinfer_kernels.tilelang.testing import make_prefill_case, make_sparse_mla_case
 
 
-def _expected(indices: torch.Tensor) -> list[list[int]]:
-    """Brute force of the module docstring's lists."""
+def _expected(indices: torch.Tensor, n: int = 2) -> list[list[int]]:
+    """Brute force of the module docstring's lists, groups of ``n`` rows."""
     rows, width = indices.shape
+    shift = row_bits_shift(n)
     lists = []
-    for g in range((rows + 1) // 2):
-        a = [s for s in indices[2 * g].tolist() if s >= 0]
-        b = [s for s in indices[2 * g + 1].tolist() if s >= 0] if 2 * g + 1 < rows else []
-        one, two, both = 1 << ROW_BITS_SHIFT, 2 << ROW_BITS_SHIFT, 3 << ROW_BITS_SHIFT
-        if len(set(a)) < len(a) or len(set(b)) < len(b):     # a row repeats a slot: both lists whole
-            lists.append([s | one for s in a] + [s | two for s in b])
-        else:
-            lists.append([s | (both if s in a else two) for s in b] + [s | one for s in a if s not in b])
+    for g in range((rows + n - 1) // n):
+        members = [[s for s in indices[n * g + j].tolist() if s >= 0] if n * g + j < rows else [] for j in range(n)]
+        if any(len(set(m)) < len(m) for m in members):     # a row repeats a slot: the lists whole
+            lists.append([s | (1 << j) << shift for j, m in enumerate(members) for s in m])
+            continue
+        out = []
+        for j in reversed(range(n)):
+            for s in members[j]:
+                if any(s in members[k] for k in range(j + 1, n)):
+                    continue
+                bits = (1 << j) | sum(1 << k for k in range(j) if s in members[k])
+                out.append(s | bits << shift)
+        lists.append(out)
     return lists
 
 
@@ -39,12 +45,13 @@ def _expected(indices: torch.Tensor) -> list[list[int]]:
     (2, 16, dict(empty_rows=(0, 1))),                    # a pair with no key
     (8, 20, dict(distinct=True)),                        # rows that share nothing
 ])
-def test_shared_key_lists_ref_is_the_union_with_row_bits(rows, width, kw):
+@pytest.mark.parametrize("n", [2, 4])
+def test_shared_key_lists_ref_is_the_union_with_row_bits(rows, width, kw, n):
     case = make_sparse_mla_case(rows, 4, 64, width, 50, "cpu", seed=rows * 11 + width, **kw)
-    keys, counts = shared_key_lists_ref(case.indices)
-    assert keys.dtype == torch.int32 and keys.shape == ((rows + 1) // 2, 2 * width)
+    keys, counts = shared_key_lists_ref(case.indices, n)
+    assert keys.dtype == torch.int32 and keys.shape == ((rows + n - 1) // n, n * width)
     assert counts.dtype == torch.int32
-    for g, want in enumerate(_expected(case.indices)):
+    for g, want in enumerate(_expected(case.indices, n)):
         assert int(counts[g]) == len(want)
         assert keys[g, : len(want)].tolist() == want
         assert bool((keys[g, len(want):] == -1).all())
@@ -59,21 +66,35 @@ def test_shared_key_lists_dispatch_and_split():
     assert slots[1].tolist() == [7, -1, -1, -1, -1, -1] and bits[1].tolist() == [1, 0, 0, 0, 0, 0]
 
 
+def test_shared_key_lists_of_quads():
+    idx = torch.tensor([[5, 9, -1], [9, 6, 5], [7, -1, -1], [6, 8, -1], [4, -1, -1]], dtype=torch.int64)
+    keys, counts = shared_key_lists(idx, 4)
+    assert keys.shape == (2, 12) and counts.tolist() == [5, 1]
+    slots, bits = split_shared_keys(keys, 4)
+    assert slots[0].tolist() == [6, 8, 7, 9, 5] + [-1] * 7          # row 3's, row 2's, row 1's the later rows lack
+    assert bits[0, :5].tolist() == [0b1010, 0b1000, 0b0100, 0b0011, 0b0011]
+    assert slots[1, 0].item() == 4 and bits[1, 0].item() == 1
+
+
 def test_shared_key_lists_rejects_untaggable_slots():
     with pytest.raises(ValueError, match="2\\^29"):
         shared_key_lists(torch.tensor([[MAX_SHARED_KEY_SLOT]], dtype=torch.int64))
+    with pytest.raises(ValueError, match="2\\^27"):
+        shared_key_lists(torch.tensor([[1 << 27]], dtype=torch.int64), 4)
+    with pytest.raises(ValueError, match="group_rows"):
+        shared_key_lists(torch.tensor([[1]], dtype=torch.int64), 3)
     with pytest.raises(ValueError, match="indices"):
         shared_key_lists(torch.zeros(3, dtype=torch.int64))
 
 
-def _attention_over_shared_keys(case, keys):
-    """The grouped kernel's math in torch: each row attends the pair's entries that carry its bit."""
-    slots, bits = split_shared_keys(keys)
+def _attention_over_shared_keys(case, keys, n=2):
+    """The grouped kernels' math in torch: each row attends the group's entries that carry its bit."""
+    slots, bits = split_shared_keys(keys, n)
     rows, heads, d = case.q.shape
     out = torch.zeros(rows, heads, d)
     lse = torch.full((rows, heads), float("-inf"))
     for r in range(rows):
-        g, j = divmod(r, 2)
+        g, j = divmod(r, n)
         mine = (bits[g] >> j) & 1 == 1
         if not bool(mine.any()):
             continue
@@ -84,20 +105,21 @@ def _attention_over_shared_keys(case, keys):
     return out, lse
 
 
+@pytest.mark.parametrize("n", [2, 4])
 @pytest.mark.parametrize("kind", ["prefill", "duplicates"])
-def test_attention_over_the_shared_keys_equals_the_per_row_attention(kind):
+def test_attention_over_the_shared_keys_equals_the_per_row_attention(kind, n):
     if kind == "prefill":   # the engine's prefill layout: windows slide, far entries shared
         case = make_prefill_case(70, 4, 64, 16, 2, 8, 4096, "cpu", seed=3, prompt_len=40, paged=16)
     else:
         case = make_sparse_mla_case(9, 4, 64, 30, 40, "cpu", seed=5, duplicates=True, empty_rows=(3,))
-    keys, counts = shared_key_lists_ref(case.indices)
+    keys, counts = shared_key_lists_ref(case.indices, n)
     want_o, want_l = sparse_mla_attention_ref(case.q, case.pool, case.indices, case.sm_scale)
-    got_o, got_l = _attention_over_shared_keys(case, keys)
+    got_o, got_l = _attention_over_shared_keys(case, keys, n)
     torch.testing.assert_close(got_o, want_o.float(), atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(got_l, want_l, atol=1e-4, rtol=1e-4)
-    if kind == "prefill":   # the point: a pair reads far fewer keys than its two rows
+    if kind == "prefill":   # the point: a group reads far fewer keys than its rows one by one
         per_rows = (case.indices >= 0).sum().item()
-        assert counts.sum().item() < 0.6 * per_rows
+        assert counts.sum().item() < (0.6 if n == 2 else 0.35) * per_rows
 
 
 def test_shared_keys_only_where_asked_and_sized():
@@ -113,3 +135,24 @@ def test_shared_keys_only_where_asked_and_sized():
     assert not _uses_groups_kernel("bulk", 4096, 16, 384, 1, (1 << 29) + 1, True)
     with batch_invariant_kernels():   # a row's key blocks would depend on its neighbour
         assert not _uses_groups_kernel("bulk", 4096, 16, 384, 1, 1000, True)
+
+
+def test_quads_only_at_16_heads_and_where_the_lists_fit(monkeypatch):
+    from deepinfer_kernels.ops.sparse_mla import GROUP_ROWS_ENV, shared_key_group_rows
+    from deepinfer_kernels.tilelang.sparse_mla import _uses_quads_kernel
+
+    monkeypatch.delenv(GROUP_ROWS_ENV, raising=False)
+    assert shared_key_group_rows() == 2            # pairs unless quads are asked for
+    assert not _uses_quads_kernel("bulk", 4096, 16, 384, 1, 1000, True)
+    monkeypatch.setenv(GROUP_ROWS_ENV, "4")
+    assert _uses_quads_kernel("bulk", 4096, 16, 384, 1, 1 << 27, True)
+    assert not _uses_quads_kernel("bulk", 4096, 16, 384, 1, 1000, False)      # not asked for
+    assert not _uses_quads_kernel("bulk", 4096, 8, 384, 1, 1000, True)        # 8 heads: pairs
+    assert _uses_quads_kernel("bulk", 4096, 16, 480, 1, 1000, True)
+    assert not _uses_quads_kernel("bulk", 4096, 16, 481, 1, 1000, True)       # a quad list over 30 blocks of 64
+    assert not _uses_quads_kernel("bulk", 4096, 16, 384, 1, (1 << 27) + 1, True)   # 27 slot bits
+    monkeypatch.setenv(GROUP_ROWS_ENV, "2")
+    assert not _uses_quads_kernel("bulk", 4096, 16, 384, 1, 1000, True)
+    monkeypatch.setenv(GROUP_ROWS_ENV, "3")
+    with pytest.raises(ValueError, match=GROUP_ROWS_ENV):
+        shared_key_group_rows()

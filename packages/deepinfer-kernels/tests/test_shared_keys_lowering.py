@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("tilelang")
 
 
-def _lower(table: int) -> str:
+def _lower(table: int, rows: int = 2) -> str:
     import tilelang
     from tilelang import tvm
 
@@ -22,15 +22,15 @@ def _lower(table: int) -> str:
 
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
     with tvm.transform.PassContext(config={"tl.disable_thread_storage_sync": True}), target:
-        return tilelang.lower(_build(table), target=target).kernel_source
+        return tilelang.lower(_build(table, rows), target=target).kernel_source
 
 
-@pytest.mark.parametrize("table", [256, 1024])
-def test_shared_key_work_buffer_overlaps_nothing(table):
-    src = _lower(table)
+@pytest.mark.parametrize("table,rows", [(256, 2), (1024, 2), (256, 4), (1024, 4)])
+def test_shared_key_work_buffer_overlaps_nothing(table, rows):
+    src = _lower(table, rows)
     offsets = {name: int(off) for name, off in re.findall(r"void\* (\w+) = \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\)", src)}
     assert "work" in offsets, offsets
-    start, end = offsets["work"], offsets["work"] + 3 * table * 4          # 2 hash sets + the column entries
+    start, end = offsets["work"], offsets["work"] + (rows + rows // 2) * table * 4   # the sets + the column entries
     for name, off in offsets.items():
         if name != "work":
             assert not start <= off < end, f"{name} at byte {off} lies inside work [{start}, {end})"

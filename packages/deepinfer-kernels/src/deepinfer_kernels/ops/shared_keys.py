@@ -1,23 +1,27 @@
-"""Shared key lists of row pairs: the union of two sparse-attention index rows, each key tagged
-with the rows that attend it.
+"""Shared key lists of row groups: the union of 2 or 4 consecutive sparse-attention index rows,
+each key tagged with the rows that attend it.
 
-Rows ``2g`` and ``2g + 1`` of a prefill chunk (or of a request's verification rows) are
-consecutive positions of one request: their windows differ in one key and their far entries
-mostly coincide. A sparse MLA kernel that attends the pair's *union* once, with both rows' queries
-as the wgmma's N side (2 x 16 heads), reads and dequantizes each shared key once instead of twice.
+Rows ``n g .. n g + n - 1`` of a prefill chunk (or of a request's verification rows) are
+consecutive positions of one request: their windows differ in a few keys and their far entries
+mostly coincide. A sparse MLA kernel that attends the group's *union* once, with all its rows'
+queries in one wgmma (n x 16 heads), reads and dequantizes each shared key once instead of n times.
 
-An entry is ``slot | row_bits << 29``; bit j of ``row_bits`` = row ``2g + j`` attends the slot.
-With rows A = ``2g`` and B = ``2g + 1`` (a missing B, odd row count, is empty):
+An entry is ``slot | row_bits << row_bits_shift(n)`` (29 for pairs, 27 for quads: the bits sit
+just below the sign bit); bit j of ``row_bits`` = row ``n g + j`` attends the slot. Rows past the
+end of the chunk are empty. For a group of rows 0 .. n - 1:
 
-    keys[g, :counts[g]]  B's valid slots in B's order (bits 2, or 3 when A also lists the slot),
-                         then A's valid slots that B does not list, in A's order (bits 1)
+    keys[g, :counts[g]]  row n-1's valid slots in its order, then row n-2's valid slots that no
+                         later row lists, ..., then row 0's that no later row lists; an entry
+                         taken from row j carries bit j and the bit of every earlier row (< j)
+                         that lists the slot too
     keys[g, counts[g]:]  -1
 
-The lists keep the rows' own order, so runs of consecutive slots (a KV block of the window, packed
-compressed entries) stay runs for the kernel's bulk copies. A row that lists a slot twice attends
-it twice (``ops.sparse_mla``); such a pair (callers never produce one) gets both rows' lists whole,
-A's entries (bits 1) then B's (bits 2), no entry shared. Slots must be below
-``MAX_SHARED_KEY_SLOT`` (2^29: 283 GB of 528-byte records).
+For pairs (A = row 0, B = row 1): B's slots (bits 2, or 3 when A lists the slot too), then A's
+slots B lacks (bits 1). The lists keep the rows' own order, so runs of consecutive slots (a KV
+block of the window, packed compressed entries) stay runs for the kernel's bulk copies. A row that
+lists a slot twice attends it twice (``ops.sparse_mla``); such a group (callers never produce one)
+gets its rows' lists whole, row 0's entries (bit 0) first, no entry shared. Slots must be below
+``max_shared_key_slot(n)`` (2^29 for pairs: 283 GB of 528-byte records; 2^27 for quads: 70 GB).
 """
 
 from __future__ import annotations
@@ -28,14 +32,26 @@ from deepinfer_kernels.ops._checks import INDEX_DTYPES, check_tensor
 from deepinfer_kernels.ops.capture import host_checks
 from deepinfer_kernels.platform import tilelang_launcher
 
-ROWS_PER_GROUP = 2
-ROW_BITS_SHIFT = 29
+ROWS_PER_GROUP = 2           # the pairs' default
+GROUP_SIZES = (2, 4)
+ROW_BITS_SHIFT = 29          # pairs'
 MAX_SHARED_KEY_SLOT = 1 << ROW_BITS_SHIFT
 SLOT_BITS = MAX_SHARED_KEY_SLOT - 1
 
 
-def num_groups(rows: int) -> int:
-    return (rows + ROWS_PER_GROUP - 1) // ROWS_PER_GROUP
+def row_bits_shift(group_rows: int = ROWS_PER_GROUP) -> int:
+    """Where an entry's row bits start: ``group_rows`` bits just below the sign bit."""
+    if group_rows not in GROUP_SIZES:
+        raise ValueError(f"group_rows: {group_rows}, expected one of {GROUP_SIZES}")
+    return 31 - group_rows
+
+
+def max_shared_key_slot(group_rows: int = ROWS_PER_GROUP) -> int:
+    return 1 << row_bits_shift(group_rows)
+
+
+def num_groups(rows: int, group_rows: int = ROWS_PER_GROUP) -> int:
+    return (rows + group_rows - 1) // group_rows
 
 
 def _has_repeats(rows: torch.Tensor) -> torch.Tensor:
@@ -51,45 +67,60 @@ def _listed_in(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return (values >= 0) & (srt.gather(1, at) == values)
 
 
-def shared_key_lists_ref(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """indices int [R, W] (-1 = empty) -> (keys int32 [ceil(R / 2), 2W], counts int32 [ceil(R / 2)])."""
+def shared_key_lists_ref(indices: torch.Tensor, group_rows: int = ROWS_PER_GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """indices int [R, W] (-1 = empty) -> (keys int32 [ceil(R / n), n W], counts int32 [ceil(R / n)]),
+    n = ``group_rows``."""
+    n = group_rows
+    shift = row_bits_shift(n)
     rows, width = indices.shape
-    groups = num_groups(rows)
+    groups = num_groups(rows, n)
     device = indices.device
-    idx = torch.full((groups * ROWS_PER_GROUP, width), -1, dtype=torch.int64, device=device)
-    idx[:rows] = indices.long()
-    a, b = idx[0::2], idx[1::2]                                                  # [G, W] each
     if width == 0 or groups == 0:
         return torch.full((groups, 0), -1, dtype=torch.int32, device=device), torch.zeros(groups, dtype=torch.int32,
                                                                                           device=device)
-    repeats = (_has_repeats(a) | _has_repeats(b)).unsqueeze(1)                  # [G, 1]
-    b_bits = torch.where(repeats, 2, torch.where(_listed_in(b, a), 3, 2))
-    a_kept = (a >= 0) & (repeats | ~_listed_in(a, b))
-    b_part = torch.where(b >= 0, b | (b_bits << ROW_BITS_SHIFT), -1)
-    a_part = torch.where(a_kept, a | (1 << ROW_BITS_SHIFT), -1)
-    seq = torch.where(repeats, torch.cat([a_part, b_part], 1), torch.cat([b_part, a_part], 1))   # [G, 2W]
+    idx = torch.full((groups * n, width), -1, dtype=torch.int64, device=device)
+    idx[:rows] = indices.long()
+    members = [idx[j::n] for j in range(n)]                                      # row j of every group, [G, W]
+    repeats = torch.zeros(groups, 1, dtype=torch.bool, device=device)
+    for m in members:
+        repeats |= _has_repeats(m).unsqueeze(1)                                  # [G, 1]
+    parts = []
+    for j, m in enumerate(members):
+        later = torch.zeros_like(m, dtype=torch.bool)
+        bits = torch.full_like(m, 1 << j)
+        for k, other in enumerate(members):
+            if k > j:
+                later |= _listed_in(m, other)
+            elif k < j:
+                bits |= _listed_in(m, other).long() << k
+        kept = (m >= 0) & (repeats | ~later)
+        parts.append(torch.where(kept, m | (torch.where(repeats, 1 << j, bits) << shift), -1))
+    seq = torch.where(repeats, torch.cat(parts, 1), torch.cat(parts[::-1], 1))  # [G, n W]
     emit = seq >= 0
-    pos = torch.where(emit, emit.long().cumsum(dim=1) - 1, 2 * width)           # dropped: a spare column
-    out = torch.full((groups, 2 * width + 1), -1, dtype=torch.int64, device=device)
+    pos = torch.where(emit, emit.long().cumsum(dim=1) - 1, n * width)           # dropped: a spare column
+    out = torch.full((groups, n * width + 1), -1, dtype=torch.int64, device=device)
     out.scatter_(1, pos, seq)
     return out[:, :-1].to(torch.int32), emit.sum(dim=1).to(torch.int32)
 
 
-def shared_key_lists(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """indices int32/int64 [R, W] of pool slots < 2^29 (-1 = empty)
-    -> (keys int32 [ceil(R / 2), 2W], counts int32 [ceil(R / 2)]); see the module docstring."""
+def shared_key_lists(indices: torch.Tensor, group_rows: int = ROWS_PER_GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """indices int32/int64 [R, W] of pool slots < ``max_shared_key_slot(group_rows)`` (-1 = empty)
+    -> (keys int32 [ceil(R / n), n W], counts int32 [ceil(R / n)]), n = ``group_rows`` (2 or 4);
+    see the module docstring."""
     check_tensor("indices", indices, 2, INDEX_DTYPES)
-    if host_checks(indices) and indices.numel() and int(indices.max()) >= MAX_SHARED_KEY_SLOT:
-        raise ValueError(f"indices: max slot {int(indices.max())} >= {MAX_SHARED_KEY_SLOT} (2^{ROW_BITS_SHIFT}), "
-                         "the largest a shared key list can tag")
+    limit = max_shared_key_slot(group_rows)
+    if host_checks(indices) and indices.numel() and int(indices.max()) >= limit:
+        raise ValueError(f"indices: max slot {int(indices.max())} >= {limit} (2^{row_bits_shift(group_rows)}), "
+                         f"the largest a shared key list of {group_rows} rows can tag")
     kernel = tilelang_launcher("shared_key_lists", indices.device)
     if kernel is not None:
-        return kernel(indices)
-    return shared_key_lists_ref(indices)
+        return kernel(indices, group_rows)
+    return shared_key_lists_ref(indices, group_rows)
 
 
-def split_shared_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def split_shared_keys(keys: torch.Tensor, group_rows: int = ROWS_PER_GROUP) -> tuple[torch.Tensor, torch.Tensor]:
     """keys int32 [G, K] -> (slots int64 [G, K] (-1 where empty), row bits int64 [G, K] (0 where empty))."""
+    shift = row_bits_shift(group_rows)
     k = keys.long()
     empty = k < 0
-    return torch.where(empty, -1, k & SLOT_BITS), torch.where(empty, 0, k >> ROW_BITS_SHIFT)
+    return torch.where(empty, -1, k & ((1 << shift) - 1)), torch.where(empty, 0, k >> shift)

@@ -30,7 +30,7 @@ early in a prompt have most of their far entries empty (padding to the widest ro
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations at
 # decoration time against the builder locals.
 
-from deepinfer_kernels.ops.shared_keys import ROW_BITS_SHIFT, SLOT_BITS
+from deepinfer_kernels.ops.shared_keys import row_bits_shift
 from deepinfer_kernels.tilelang._common import PDL, pdl_sync
 from deepinfer_kernels.tilelang._cuda import BULK_COPY_SRC, DEQUANT_SRC
 from deepinfer_kernels.tilelang.sparse_mla_builders import (
@@ -40,14 +40,16 @@ from deepinfer_kernels.tilelang.sparse_mla_builders import (
 )
 
 
-def _bulk_macros(T, d: int, producers: int, group_rows: int = 0):
+def _bulk_macros(T, d: int, producers: int, group_rows: int = 0, mask_bits: bool = False, ix_row: int = 0):
     """The producer side shared by the bulk kernels: ``load_indices`` (a block's slots into
     registers), ``issue_block`` (one warp's bulk copies of a block into an FP8 stage) and
     ``dequant_block`` (the producers turn an FP8 stage into a bf16 stage and the -inf mask).
 
     ``group_rows`` > 0: the index list is a row group's shared key list (``ops.shared_keys``:
-    slot | row bits << 29); the copies strip the bits and the mask is per key and row,
-    ``vm[stage, key, row]``."""
+    slot | row bits << row_bits_shift); the copies strip the bits and the mask is per key and row,
+    ``vm[stage, key, row]`` (0 / -inf), or with ``mask_bits`` the key's row bits, ``vm[stage, key]``
+    (int32, 0 for an invalid key). ``ix_row``: FP8 stage s's slots are row ``ix_row + s`` of
+    ``ix_s`` (a kernel short of shared memory keeps them in one buffer with its masks)."""
     BI = BLOCK_TOKENS
     REC = _record_bytes(d)
     CH = d // 16                      # 16-byte chunks per record body
@@ -66,6 +68,8 @@ def _bulk_macros(T, d: int, producers: int, group_rows: int = 0):
     RW = 32 // P
     SB = CPR // 2                     # scale bytes per thread-part (CPR chunks = CPR/2 groups)
     assert RPT * CPR == NCH and P * CPR == CH and RW * P == 32 and SB >= 1
+    SHIFT = row_bits_shift(group_rows) if group_rows else 0
+    SLOT_MASK = (1 << SHIFT) - 1
 
     @T.macro
     def load_indices(Idx, r, W, blk, ok_blk, lane, ib, o):
@@ -80,11 +84,11 @@ def _bulk_macros(T, d: int, producers: int, group_rows: int = 0):
         # lanes 0..31 of producer warp 0: block's slots to ix_s (the dequantizers' validity), then
         # one bulk copy per run of consecutive slots into fp8[stage] (``di_issue_record_runs``)
         for k in T.unroll(RPL):
-            ix_s[stage, k * 32 + lane] = ib[o + k]
+            ix_s[ix_row + stage, k * 32 + lane] = ib[o + k]
         T.sync_warp()                                   # ix_s writes before the release below
         if group_rows:
             for k in T.unroll(RPL):                     # the row bits off: pool slots
-                ib[o + k] = T.if_then_else(ib[o + k] >= 0, ib[o + k] & SLOT_BITS, -1)
+                ib[o + k] = T.if_then_else(ib[o + k] >= 0, ib[o + k] & SLOT_MASK, -1)
         ib[o + RPL] = T.call_extern("int32", "di_issue_record_runs", ib[o], ib[o + 1],
                                     T.access_ptr(Pool[0, 0], "r"), REC,
                                     T.access_ptr(K8[stage, 0, 0], "w"), T.access_ptr(fp8_full[stage], "rw"),
@@ -96,7 +100,7 @@ def _bulk_macros(T, d: int, producers: int, group_rows: int = 0):
         for k in T.unroll(RPT):
             rec = k * (PT // P) + (tp // 32) * RW + (tp % 32) % RW
             part = (tp % 32) // RW
-            ok = ix_s[stage, rec] >= 0
+            ok = ix_s[ix_row + stage, rec] >= 0
             for jj in T.unroll(CPR):
                 if ok:
                     for v in T.vectorized(16):
@@ -109,9 +113,11 @@ def _bulk_macros(T, d: int, producers: int, group_rows: int = 0):
                 for v in T.vectorized(16):
                     Kb[dst, rec, (part * CPR + jj) * 16 + v] = bv[v]
             if part == 0:
-                if group_rows:
+                if mask_bits:
+                    vm[dst, rec] = T.if_then_else(ok, (ix_s[ix_row + stage, rec] >> SHIFT) & ((1 << group_rows) - 1), 0)
+                elif group_rows:
                     for j in T.unroll(group_rows):
-                        vm[dst, rec, j] = T.if_then_else(ok & ((((ix_s[stage, rec] >> ROW_BITS_SHIFT) >> j) & 1) == 1),
+                        vm[dst, rec, j] = T.if_then_else(ok & ((((ix_s[ix_row + stage, rec] >> SHIFT) >> j) & 1) == 1),
                                                          0.0, -T.infinity(T.float32))
                 else:
                     vm[dst, rec] = T.if_then_else(ok, 0.0, -T.infinity(T.float32))
