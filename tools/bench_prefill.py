@@ -8,7 +8,7 @@ import time
 import torch
 from bench_engine import build_engine, free_device_memory, make_prompts
 
-from deepinfer_kernels.ops.sparse_mla import shared_keys_enabled
+from deepinfer_kernels.ops.sparse_mla import shared_key_group_rows, shared_keys_enabled
 
 
 def _allocator_counts() -> dict:
@@ -55,6 +55,7 @@ def bench_prefill(args, chunk_tokens: int | None = None) -> dict:
     row = dict(kind="prefill", engine="deepinfer", model=args.model, batch=args.prefill_batch,
                prompt_len=args.prompt_len, chunk_tokens=chunk, pipelined=False, tokens_per_s=n / t,
                tokens_per_step=n / len(times[5:]), sparse_mla_shared_keys=shared_keys_enabled(),
+               sparse_mla_group_rows=shared_key_group_rows(),
                **_allocator_delta(alloc0 or {}))
     del engine
     free_device_memory()
@@ -95,7 +96,8 @@ def bench_prefill_pipelined(args, chunk_tokens: int | None = None) -> dict:
     row = dict(kind="prefill", engine="deepinfer", model=args.model, batch=args.prefill_batch,
                prompt_len=args.prompt_len, chunk_tokens=chunk, pipelined=True, zos=engine.zos,
                rounds=rounds, tokens_per_s=tokens / elapsed, window_tokens=tokens,
-               sparse_mla_shared_keys=shared_keys_enabled(), **alloc)
+               sparse_mla_shared_keys=shared_keys_enabled(), sparse_mla_group_rows=shared_key_group_rows(),
+               **alloc)
     del engine
     free_device_memory()
     return row

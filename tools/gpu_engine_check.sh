@@ -21,9 +21,9 @@
 #              chunks of 8K / 16K / 32K rows
 #   ops        tools/profile_ops.py on `mini` decode, batch 1 and 64: device time per TileLang op and
 #              per other kernel (not yet run on the H200)
-#   sharedkeys the shared-key sparse MLA: its kernel GPU tests and the `mini` prefill test (every call
-#              against the per-row kernels) in parallel with warm-ups, then `mini` prefill 64 x 512 with
-#              DEEPINFER_SPARSE_MLA_SHARED_KEYS=1 and =0 alternately, the HF peer in the first run
+#   sharedkeys the shared-key sparse MLA: its kernel GPU tests (pairs and quads) and the `mini` prefill
+#              test (every call against the per-row kernels) in parallel with warm-ups, then `mini`
+#              prefill 64 x 512 with quads, pairs and per-row kernels alternately, the HF peer first
 #
 # Uses the installed packages (pip install -e the four of them first). Structured output needs
 # xgrammar >= 0.2.9 (0.2.8 builds speculative-step masks ~4x slower): when the device bundle is
@@ -93,20 +93,22 @@ case "$MODE" in
     stage mini 560 "${BENCH[@]}" --model preset:mini --decode-batch-sizes 1,64 --prompt-len 512 --prefill-batch 64 \
       --prefill-chunk-sizes 8192,16384,32768 --peer --zos-compare --warmup-steps 30 --steps 40 > "$OUT/mini.log" 2>&1 ;;
   sharedkeys)
-    T=("$PY" -m pytest -p no:cacheprovider --benchmark-skip -v -rf -m gpu)
+    T=("$PY" -m pytest -p no:cacheprovider --benchmark-skip -v -rf -m gpu -o faulthandler_timeout=150)
     PF=("$PY" tools/benchmark.py --device cuda --model preset:mini --prompt-len 512 --decode-batch-sizes "" \
-        --prefill-batch 64 --prefill-chunk-sizes 32768)
-    stage shared_kernels 330 "${T[@]}" packages/deepinfer-kernels/tests/test_tilelang_sparse_mla.py -k shared \
+        --prefill-batch 64 --prefill-chunk-sizes 32768 --prefill-pipelined)
+    stage shared_kernels 200 "${T[@]}" packages/deepinfer-kernels/tests/test_tilelang_sparse_mla.py -k shared \
       > "$OUT/shared_kernels.log" 2>&1 &
-    stage shared_model 330 "${T[@]}" packages/deepinfer-model/tests/test_prefill_shared_keys.py > "$OUT/shared_model.log" 2>&1 &
-    stage warm_on 260 env DEEPINFER_SPARSE_MLA_SHARED_KEYS=1 "${PF[@]}" > "$OUT/warm_on.log" 2>&1 &
-    stage warm_off 260 env DEEPINFER_SPARSE_MLA_SHARED_KEYS=0 "${PF[@]}" > "$OUT/warm_off.log" 2>&1 &
+    stage shared_model 200 "${T[@]}" packages/deepinfer-model/tests/test_prefill_shared_keys.py > "$OUT/shared_model.log" 2>&1 &
+    stage warm_quads 200 env DEEPINFER_SPARSE_MLA_GROUP_ROWS=4 "${PF[@]}" > "$OUT/warm_quads.log" 2>&1 &
+    stage warm_pairs 200 env DEEPINFER_SPARSE_MLA_GROUP_ROWS=2 "${PF[@]}" > "$OUT/warm_pairs.log" 2>&1 &
     wait
-    stage prefill_on1 120 env DEEPINFER_SPARSE_MLA_SHARED_KEYS=1 "${PF[@]}" --prefill-pipelined --peer \
-      --result-jsonl "$OUT/bench.jsonl" > "$OUT/prefill_on1.log" 2>&1
-    for run in off1 on2 off2; do
-      stage "prefill_$run" 90 env DEEPINFER_SPARSE_MLA_SHARED_KEYS=$([[ $run == on* ]] && echo 1 || echo 0) "${PF[@]}" \
-        --prefill-pipelined --result-jsonl "$OUT/bench.jsonl" > "$OUT/prefill_$run.log" 2>&1
+    # quads / pairs / off alternately (groups of 4 rows, of 2, per-row kernels), the peer in the first run
+    stage prefill_quads1 120 env DEEPINFER_SPARSE_MLA_GROUP_ROWS=4 "${PF[@]}" --peer --result-jsonl "$OUT/bench.jsonl" \
+      > "$OUT/prefill_quads1.log" 2>&1
+    for run in pairs1 off1 quads2 pairs2 off2; do
+      case $run in quads*) env=(DEEPINFER_SPARSE_MLA_GROUP_ROWS=4) ;; pairs*) env=(DEEPINFER_SPARSE_MLA_GROUP_ROWS=2) ;;
+                   *) env=(DEEPINFER_SPARSE_MLA_SHARED_KEYS=0) ;; esac
+      stage "prefill_$run" 90 env "${env[@]}" "${PF[@]}" --result-jsonl "$OUT/bench.jsonl" > "$OUT/prefill_$run.log" 2>&1
     done ;;
   *) echo "usage: $0 tests|quick|dspark|batch64|flashslice|mini|ops|sharedkeys" >&2; exit 2 ;;
 esac

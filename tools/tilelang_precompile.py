@@ -53,6 +53,9 @@ def _specs():
     for rows, heads, width in ((301, 16, 384), (4096, 16, 384), (300, 4, 200), (263, 8, 1024)):   # shared keys
         add("sparse_mla", "sparse_mla", sparse_mla.precompile_specs(rows, heads, 512, width, "bulk", None,
                                                                     shared_keys=True, slots=1 << 20))
+    for width in (128, 384, 1024):   # pairs at 16 heads too (DEEPINFER_SPARSE_MLA_GROUP_ROWS=2, the tests' pairs)
+        add("sparse_mla", "sparse_mla", [("get_shared_keys_kernel", (width,)), ("get_groups_kernel", (16, 512))])
+    add("sparse_mla", "sparse_mla", [("get_shared_keys_kernel", (128, 4))])   # quads of window-only rows
 
     # ---- KV store: (fmt, D, input dtype, slot dtype or None for quantize_*, identity)
     for d in (512, 64):

@@ -90,29 +90,34 @@ def test_bench_sparse_mla_small_batch_splits(benchmark, rows, num_splits):
                        bytes_moved=c.unique_bytes(), extra={"rows": rows, "num_splits": num_splits or 0})
 
 
-@pytest.mark.parametrize("shared", [pytest.param(False, id="per_row"), pytest.param(True, id="shared_keys")])
+@pytest.mark.parametrize("group_rows", [pytest.param(0, id="per_row"), pytest.param(2, id="pairs"),
+                                        pytest.param(4, id="quads")])
 @pytest.mark.parametrize("name", ["prefill_16x512_engine_paged128_w384", "prefill_16x512_engine_w384",
                                   "verify_64req_x6_w384"])
-def test_bench_sparse_mla_shared_keys(benchmark, name, shared):
-    """Row pairs attending their shared key list once (``shared_keys=True``; the time includes
-    building the lists) beside the per-row kernel, same rows, same effective bytes."""
+def test_bench_sparse_mla_shared_keys(benchmark, name, group_rows, monkeypatch):
+    """Row pairs / quads attending their shared key list once (``shared_keys=True``; the time
+    includes building the lists) beside the per-row kernel, same rows, same effective bytes."""
+    from deepinfer_kernels.ops.sparse_mla import GROUP_ROWS_ENV
     from deepinfer_kernels.tilelang.sparse_mla import sparse_mla_attention_tilelang
 
+    monkeypatch.setenv(GROUP_ROWS_ENV, str(group_rows or 2))
     c = _case(name)
     rows, width = c.indices.shape
     info = T.record_benchmark(
         benchmark, lambda: sparse_mla_attention_tilelang(c.q, c.pool, c.indices, c.sm_scale, variant="bulk",
-                                                         shared_keys=shared),
+                                                         shared_keys=group_rows > 0),
         bytes_moved=c.unique_bytes(), extra={"gathered_bytes": c.gathered_bytes(), "rows": rows, "width": width,
-                                             "shared_keys": shared})
+                                             "group_rows": group_rows})
     benchmark.extra_info["gathered_TB/s"] = c.gathered_bytes() / (info["median_us"] * 1e-6) / 1e12
 
 
-def test_bench_shared_key_lists(benchmark):
-    """The row pairs' shared key lists alone (one launch), `mini`'s 8,192 prefill rows of 384 columns."""
+@pytest.mark.parametrize("group_rows", [2, 4])
+def test_bench_shared_key_lists(benchmark, group_rows):
+    """The row groups' shared key lists alone (one launch), `mini`'s 8,192 prefill rows of 384 columns."""
     from deepinfer_kernels.tilelang.shared_keys import shared_key_lists_tilelang
 
     c = _case("prefill_16x512_engine_paged128_w384")
     rows, width = c.indices.shape
-    T.record_benchmark(benchmark, lambda: shared_key_lists_tilelang(c.indices),
-                       bytes_moved=c.indices.numel() * 4 * 2 + (rows + 1) // 2 * 4, extra={"rows": rows, "width": width})
+    T.record_benchmark(benchmark, lambda: shared_key_lists_tilelang(c.indices, group_rows),
+                       bytes_moved=c.indices.numel() * 4 * 2 + (rows + 1) // 2 * 4,
+                       extra={"rows": rows, "width": width, "group_rows": group_rows})

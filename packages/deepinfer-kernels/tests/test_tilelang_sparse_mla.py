@@ -248,30 +248,75 @@ SHARED_KEY_CASES = {
 }
 
 
+@pytest.mark.parametrize("name", ["prefill_paged", "verify", "duplicates_heads8", "window_only_w128"])
+def test_shared_keys_kernel_pipeline_shapes_agree(name):
+    """The grouped kernel with one dequantizing warpgroup (the earlier default) and with the default
+    two: the same dequantization and consumer code, only the producer split differs, so the outputs
+    agree to rounding and both match the reference."""
+    from deepinfer_kernels.tilelang._common import compile_cached
+    from deepinfer_kernels.tilelang.shared_keys import shared_key_lists_tilelang
+    from deepinfer_kernels.tilelang.sparse_mla import LOG2E, get_groups_kernel
+    from deepinfer_kernels.tilelang.sparse_mla_builders import NO_AUTO_SYNC
+    from deepinfer_kernels.tilelang.sparse_mla_groups import PRODUCERS, _build_bulk_groups
+
+    assert PRODUCERS == 2
+    case = SHARED_KEY_CASES[name]()
+    rows, heads, d = case.q.shape
+    keys, counts = shared_key_lists_tilelang(case.indices)
+    one_producer = compile_cached("sparse_mla_groups_test", (heads, d, 1),
+                                  lambda: _build_bulk_groups(heads, d, producers=1), pass_configs=NO_AUTO_SYNC)
+    outs = []
+    for kernel in (one_producer, get_groups_kernel(heads, d)):
+        out = torch.empty_like(case.q)
+        lse = torch.empty(rows, heads, dtype=torch.float32, device="cuda")
+        kernel(case.q, case.pool, keys, counts, out, lse, case.sm_scale * LOG2E)
+        outs.append((out, lse))
+    torch.cuda.synchronize()
+    for out, lse in outs:
+        _check(case, out, lse)
+    (one_out, one_lse), (two_out, two_lse) = outs
+    torch.testing.assert_close(two_out.float(), one_out.float(), atol=1e-2, rtol=1e-2)
+    fin = torch.isfinite(one_lse)
+    assert torch.equal(fin, torch.isfinite(two_lse))
+    torch.testing.assert_close(two_lse[fin], one_lse[fin], atol=1e-5, rtol=1e-6)
+
+
+@pytest.mark.parametrize("group_rows", [2, 4])
 @pytest.mark.parametrize("name", list(SHARED_KEY_CASES))
-def test_shared_key_lists_kernel_equals_reference(name):
+def test_shared_key_lists_kernel_equals_reference(name, group_rows):
     from deepinfer_kernels.ops.shared_keys import shared_key_lists_ref
     from deepinfer_kernels.tilelang.shared_keys import shared_key_lists_tilelang
 
     case = SHARED_KEY_CASES[name]()
-    keys, counts = shared_key_lists_tilelang(case.indices)
-    want_keys, want_counts = shared_key_lists_ref(case.indices)
+    keys, counts = shared_key_lists_tilelang(case.indices, group_rows)
+    want_keys, want_counts = shared_key_lists_ref(case.indices, group_rows)
     torch.cuda.synchronize()
     assert torch.equal(counts, want_counts)
     assert torch.equal(keys, want_keys)
 
 
+@pytest.mark.parametrize("group_rows", [2, 4])
 @pytest.mark.parametrize("name", list(SHARED_KEY_CASES))
-def test_shared_keys_sparse_mla_matches_reference(name):
-    """Row pairs attending their shared key list (``shared_keys=True`` at prefill sizes) give the
-    reference's result, and the per-row kernel's up to float rounding (the keys come in the pair list's order)."""
-    from deepinfer_kernels.tilelang.sparse_mla import _uses_groups_kernel, plan, sparse_mla_attention_tilelang
+def test_shared_keys_sparse_mla_matches_reference(name, group_rows, monkeypatch):
+    """Row pairs / quads attending their shared key list (``shared_keys=True`` at prefill sizes)
+    give the reference's result, and the per-row kernel's up to float rounding (the keys come in
+    the group list's order). Quads where 16 heads allow them, pairs otherwise."""
+    from deepinfer_kernels.ops.sparse_mla import GROUP_ROWS_ENV
+    from deepinfer_kernels.tilelang.sparse_mla import (
+        _uses_groups_kernel,
+        _uses_quads_kernel,
+        plan,
+        sparse_mla_attention_tilelang,
+    )
 
+    monkeypatch.setenv(GROUP_ROWS_ENV, str(group_rows))
     case = SHARED_KEY_CASES[name]()
     rows, heads, d = case.q.shape
     width = case.indices.shape[1]
-    assert _uses_groups_kernel("bulk", rows, heads, width, plan(rows, heads, d, width, 132, None, "bulk")["num_splits"],
-                               case.pool.shape[0], True)
+    ns = plan(rows, heads, d, width, 132, None, "bulk")["num_splits"]
+    assert _uses_groups_kernel("bulk", rows, heads, width, ns, case.pool.shape[0], True)
+    assert _uses_quads_kernel("bulk", rows, heads, width, ns, case.pool.shape[0], True) == (
+        group_rows == 4 and heads == 16 and width <= 512)
     out, lse = sparse_mla_attention_tilelang(case.q, case.pool, case.indices, case.sm_scale, variant="bulk",
                                              shared_keys=True)
     row_out, row_lse = sparse_mla_attention_tilelang(case.q, case.pool, case.indices, case.sm_scale, variant="bulk")

@@ -1,6 +1,6 @@
 """A prefill chunk's row pairs attending their shared key lists (``sparse_mla_attention(...,
-shared_keys=True)``, the grouped kernel), asked for by the model under
-``DEEPINFER_SPARSE_MLA_SHARED_KEYS=1``. CPU: the request is made (prefill only) or not, as the
+shared_keys=True)``, the quad or pair kernel), asked for by the model unless
+``DEEPINFER_SPARSE_MLA_SHARED_KEYS=0``. CPU: the request is made (prefill only) or not, as the
 variable says. GPU: on the model's real index lists (window-only and window + far-entry layers)
 every call equals the per-row kernels' result on the same inputs."""
 
@@ -12,7 +12,7 @@ from deepinfer_model.presets import mini, tiny
 from deepinfer_model.testing import Driver, Seq
 
 
-@pytest.mark.parametrize("env,want", [(None, False), ("0", False), ("1", True)])
+@pytest.mark.parametrize("env,want", [(None, True), ("0", False), ("1", True)])
 @torch.no_grad()
 def test_prefill_asks_for_shared_keys_as_the_environment_says(monkeypatch, env, want):
     from deepinfer_model.engine import forward
@@ -50,8 +50,9 @@ def test_shared_keys_environment_value_is_checked(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("group_rows", [4, 2])
 @torch.no_grad()
-def test_prefill_row_pairs_share_keys_and_match_the_per_row_kernels(monkeypatch):
+def test_prefill_row_groups_share_keys_and_match_the_per_row_kernels(monkeypatch, group_rows):
     from deepinfer_kernels.platform import current_platform
     from deepinfer_kernels.tilelang import sparse_mla as sparse_mla_tl
     from deepinfer_model.engine import forward
@@ -59,13 +60,15 @@ def test_prefill_row_pairs_share_keys_and_match_the_per_row_kernels(monkeypatch)
     if not current_platform().is_sm90:
         pytest.skip("the TileLang kernels run on SM90")
     monkeypatch.setenv("DEEPINFER_SPARSE_MLA_SHARED_KEYS", "1")
+    monkeypatch.setenv("DEEPINFER_SPARSE_MLA_GROUP_ROWS", str(group_rows))
     model = V41ForCausalLM(mini(), device=torch.device("cuda")).init_random_weights(0).eval()      # bf16
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(4, 32000, (n,), generator=g).tolist() for n in (300, 257, 130)]   # 687 rows
 
     built = []
     real_lists = sparse_mla_tl.shared_key_lists_tilelang
-    monkeypatch.setattr(sparse_mla_tl, "shared_key_lists_tilelang", lambda idx: built.append(idx.shape) or real_lists(idx))
+    monkeypatch.setattr(sparse_mla_tl, "shared_key_lists_tilelang",
+                        lambda idx, n=2: built.append((idx.shape, n)) or real_lists(idx, n))
     real = forward.sparse_mla_attention
     calls = []
 
@@ -87,6 +90,7 @@ def test_prefill_row_pairs_share_keys_and_match_the_per_row_kernels(monkeypatch)
 
     assert calls and all(shared for shared, *_ in calls), "the prefill forward asks for shared keys"
     assert len(built) == len(calls), "every sparse MLA call of the chunk took the shared-key kernel"
+    assert all(n == group_rows for _, n in built), "quads at 16 heads when asked for, pairs otherwise"
     assert len({shape[1] for _, shape, *_ in calls}) >= 2, "window-only and window + far-entry layers"
     for _, shape, diff, scale, detail in calls:
         assert not detail, f"rows whose lse is finite in one kernel only (row, keys, q finite, lse, per-row lse): {detail}"

@@ -44,11 +44,26 @@ def kernel_variant() -> str:
 SHARED_KEYS_ENV = "DEEPINFER_SPARSE_MLA_SHARED_KEYS"
 
 
+GROUP_ROWS_ENV = "DEEPINFER_SPARSE_MLA_GROUP_ROWS"
+
+
+def shared_key_group_rows() -> int:
+    """``$DEEPINFER_SPARSE_MLA_GROUP_ROWS`` ("2" when unset): how many consecutive rows share a key
+    list when shared keys are asked for. 2: pairs (``tilelang/sparse_mla_groups.py``). 4: quads
+    of 16 heads (the queries fill the wgmma's M of 64, ``tilelang/sparse_mla_quads.py``), pairs
+    where a quad does not apply. Quads are experimental: not yet verified on the H200 (their
+    lists are; the kernel's last fix, a register budget, has not run; docs/benchmarks.md)."""
+    value = os.environ.get(GROUP_ROWS_ENV, "2").strip() or "2"
+    if value not in ("2", "4"):
+        raise ValueError(f"{GROUP_ROWS_ENV}={value!r}: expected 2 or 4")
+    return int(value)
+
+
 def shared_keys_enabled() -> bool:
-    """``$DEEPINFER_SPARSE_MLA_SHARED_KEYS`` ("0" when unset): whether the model asks for shared keys
-    (``sparse_mla_attention(..., shared_keys=True)``) in its prefill chunks. Off by default until the
-    shared-key path's last fix is verified on the H200 (see docs/benchmarks.md, seventeenth session)."""
-    value = os.environ.get(SHARED_KEYS_ENV, "0").strip().lower() or "0"
+    """``$DEEPINFER_SPARSE_MLA_SHARED_KEYS`` ("1" when unset): whether the model asks for shared keys
+    (``sparse_mla_attention(..., shared_keys=True)``) in its prefill chunks. "0" keeps every row on
+    the per-row kernels (the A/B switch of ``tools/gpu_engine_check.sh sharedkeys``)."""
+    value = os.environ.get(SHARED_KEYS_ENV, "1").strip().lower() or "1"
     if value not in ("0", "1"):
         raise ValueError(f"{SHARED_KEYS_ENV}={value!r}: expected 0 or 1")
     return value == "1"

@@ -21,8 +21,8 @@ import math
 import torch
 
 from deepinfer_kernels.batch_invariant import batch_invariant_enabled
-from deepinfer_kernels.ops.shared_keys import MAX_SHARED_KEY_SLOT
-from deepinfer_kernels.ops.sparse_mla import KERNEL_VARIANTS
+from deepinfer_kernels.ops.shared_keys import MAX_SHARED_KEY_SLOT, max_shared_key_slot
+from deepinfer_kernels.ops.sparse_mla import KERNEL_VARIANTS, shared_key_group_rows
 from deepinfer_kernels.tilelang._common import compile_cached, num_sms, require, require_cuda
 from deepinfer_kernels.tilelang.shared_keys import get_kernel as get_shared_keys_kernel  # noqa: F401  (precompile)
 from deepinfer_kernels.tilelang.shared_keys import shared_key_lists_tilelang
@@ -37,6 +37,7 @@ from deepinfer_kernels.tilelang.sparse_mla_builders import (  # noqa: F401  (BLO
 from deepinfer_kernels.tilelang.sparse_mla_bulk import _build_bulk
 from deepinfer_kernels.tilelang.sparse_mla_bulk_rows import MAX_PAIRS, ROWS_PER_CTA, _build_bulk_rows
 from deepinfer_kernels.tilelang.sparse_mla_groups import _build_bulk_groups, group_columns
+from deepinfer_kernels.tilelang.sparse_mla_quads import MAX_QUAD_BLOCKS, QUAD_HEADS, QUAD_ROWS, _build_quads
 from deepinfer_kernels.tilelang.sparse_mla_ws import _build_ws
 
 VARIANTS = KERNEL_VARIANTS
@@ -100,6 +101,20 @@ def _uses_groups_kernel(variant: str, rows: int, heads: int, width: int, num_spl
             and not batch_invariant_enabled())
 
 
+def get_quads_kernel(d: int):
+    """The quad shared-key kernel (4 rows x 16 heads on the wgmma's M; ``sparse_mla_quads.py``)."""
+    return compile_cached("sparse_mla_quads", (d,), lambda: _build_quads(d), pass_configs=NO_AUTO_SYNC)
+
+
+def _uses_quads_kernel(variant: str, rows: int, heads: int, width: int, num_splits: int, slots: int,
+                       shared_keys: bool) -> bool:
+    """Quads instead of pairs: asked for (``shared_key_group_rows() == 4``), exactly 16 heads (the
+    4 rows fill M = 64), the quad's list within the kernel's blocks, pool slots taggable in 27 bits."""
+    return (_uses_groups_kernel(variant, rows, heads, width, num_splits, slots, shared_keys)
+            and heads == QUAD_HEADS and QUAD_ROWS * width <= MAX_QUAD_BLOCKS * BLOCK_TOKENS
+            and slots <= max_shared_key_slot(QUAD_ROWS) and shared_key_group_rows() == QUAD_ROWS)
+
+
 def get_rows_kernel(heads: int, d: int, hb: int, rpc: int = ROWS_PER_CTA):
     """The row-group "bulk" kernel (prefill: ``rpc`` rows per CTA, one pipeline across them)."""
     return compile_cached("sparse_mla_bulk_rows", (heads, d, hb, rpc), lambda: _build_bulk_rows(heads, d, hb, 2, rpc),
@@ -150,6 +165,8 @@ def precompile_specs(rows: int, heads: int, d: int, width: int, variant: str = "
     variant = resolve_variant(variant, heads, d)
     p = plan(rows, heads, d, width, sms, num_splits, variant)
     split = p["num_splits"] > 1
+    if _uses_quads_kernel(variant, rows, heads, width, p["num_splits"], slots, shared_keys):
+        return [("get_shared_keys_kernel", (width, QUAD_ROWS)), ("get_quads_kernel", (d,))]
     if _uses_groups_kernel(variant, rows, heads, width, p["num_splits"], slots, shared_keys):
         return [("get_shared_keys_kernel", (width,)), ("get_groups_kernel", (heads, d))]
     if _uses_rows_kernel(variant, rows, width, p["num_splits"]):
@@ -173,9 +190,10 @@ def sparse_mla_attention_tilelang(q: torch.Tensor, kv_pool: torch.Tensor, indice
 
     Same arguments and result as ``sparse_mla_attention_ref``. ``D`` must be a multiple of 64
     (512 in the model); int64 indices are converted to int32. ``num_splits`` overrides the
-    split-KV heuristic. ``shared_keys``: rows 2i and 2i + 1 attend nearly the same keys (prefill,
-    verification rows); at the row-group kernel's sizes each pair then attends the union of its
-    two index rows once (``sparse_mla_groups.py``).
+    split-KV heuristic. ``shared_keys``: consecutive rows attend nearly the same keys (prefill,
+    verification rows); at the row-group kernel's sizes each quad (16 heads,
+    ``sparse_mla_quads.py``) or pair (``sparse_mla_groups.py``) then attends the union of its
+    index rows once.
     """
     require(variant in VARIANTS, f"variant={variant!r}: expected one of {VARIANTS}")
     require(q.dim() == 3 and q.dtype == torch.bfloat16, f"q: expected bf16 [rows, heads, D], got {q.dtype} {tuple(q.shape)}")
@@ -209,6 +227,10 @@ def sparse_mla_attention_tilelang(q: torch.Tensor, kv_pool: torch.Tensor, indice
     if ns == 1:
         dummy_o = torch.empty(1, 1, heads, d, dtype=torch.float32, device=device)
         dummy_l = torch.empty(1, 1, heads, dtype=torch.float32, device=device)
+        if _uses_quads_kernel(variant, rows, heads, width, ns, kv_pool.shape[0], shared_keys):
+            keys, counts = shared_key_lists_tilelang(indices, QUAD_ROWS)
+            get_quads_kernel(d)(q, kv_pool, keys, counts, out, lse, scale)
+            return out, lse
         if _uses_groups_kernel(variant, rows, heads, width, ns, kv_pool.shape[0], shared_keys):
             keys, counts = shared_key_lists_tilelang(indices)
             get_groups_kernel(heads, d)(q, kv_pool, keys, counts, out, lse, scale)
