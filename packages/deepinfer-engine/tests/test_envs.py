@@ -50,3 +50,13 @@ def test_engine_sets_decode_streams_from_the_environment_unless_configured(clean
     clean_env.setenv("DEEPINFER_DECODE_STREAMS", "0")
     assert LLM(**kw).engine.model.decode_streams is False
     assert LLM(decode_streams=True, **kw).engine.model.decode_streams is True
+
+
+def test_a_bad_kernel_knob_fails_at_engine_start(clean_env):
+    """The kernels package's knobs are checked with the engine's: a typo fails when the engine is
+    built, naming the variable, instead of in the first prefill step that reads it."""
+    clean_env.setenv("DEEPINFER_SPARSE_MLA_GROUP_ROWS", "3")
+    with pytest.raises(ValueError, match="DEEPINFER_SPARSE_MLA_GROUP_ROWS='3'"):
+        LLM(device="cpu", max_num_seqs=2, max_model_len=256)
+    clean_env.setenv("DEEPINFER_SPARSE_MLA_GROUP_ROWS", "4")
+    assert LLM(device="cpu", max_num_seqs=2, max_model_len=256).engine.envs.kernels.sparse_mla_group_rows == 4

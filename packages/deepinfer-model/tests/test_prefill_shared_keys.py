@@ -44,7 +44,7 @@ def test_prefill_asks_for_shared_keys_as_the_environment_says(monkeypatch, env, 
 def test_shared_keys_environment_value_is_checked(monkeypatch):
     from deepinfer_kernels.ops.sparse_mla import shared_keys_enabled
 
-    monkeypatch.setenv("DEEPINFER_SPARSE_MLA_SHARED_KEYS", "yes")
+    monkeypatch.setenv("DEEPINFER_SPARSE_MLA_SHARED_KEYS", "2")
     with pytest.raises(ValueError, match="DEEPINFER_SPARSE_MLA_SHARED_KEYS"):
         shared_keys_enabled()
 

@@ -1,12 +1,15 @@
 """DEEPINFER_* environment knobs, parsed in one place with their defaults (SPEC §4).
 
-Read through `Envs.from_environ()` once per engine; nothing else reads os.environ.
+Read through `Envs.from_environ()` once per engine; nothing else here reads os.environ. The
+kernels package's own knobs are checked there too (`Envs.kernels`).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, fields
+
+from deepinfer_kernels.envs import KernelEnvs, env_flag
 
 
 def _int(name: str, default: int, minimum: int | None = None) -> int:
@@ -23,14 +26,7 @@ def _int(name: str, default: int, minimum: int | None = None) -> int:
 
 
 def _bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    if raw.lower() in ("1", "true", "yes", "on"):
-        return True
-    if raw.lower() in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{name}={raw!r}: expected 0/1")
+    return env_flag(name, default)      # 1 / true / yes / on, 0 / false / no / off
 
 
 def _floats(name: str) -> tuple[float, ...] | None:
@@ -59,6 +55,8 @@ class Envs:
     prefill_attempt_interval: int          # DEEPINFER_PREFILL_ATTEMPT_INTERVAL (DP vote, ALL points)
     prefill_any_attempt_interval: int      # DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL (DP vote, ANY points)
     logging_interval_step: int             # DEEPINFER_LOGGING_INTERVAL_STEP (0 = off)
+    kernels: KernelEnvs                    # the kernels package's knobs (deepinfer_kernels/envs.py), checked
+                                           #   here so a bad value fails at engine start
 
     @classmethod
     def from_environ(cls) -> Envs:
@@ -77,6 +75,7 @@ class Envs:
             prefill_attempt_interval=_int("DEEPINFER_PREFILL_ATTEMPT_INTERVAL", 70, minimum=1),
             prefill_any_attempt_interval=_int("DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL", 100, minimum=1),
             logging_interval_step=_int("DEEPINFER_LOGGING_INTERVAL_STEP", 0, minimum=0),
+            kernels=KernelEnvs.from_environ(),
         )
 
     def describe(self) -> str:

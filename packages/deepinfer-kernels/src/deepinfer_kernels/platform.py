@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import enum
 import importlib.util
-import os
 from dataclasses import dataclass
 
 import torch
@@ -90,14 +89,10 @@ def detect_platform() -> Platform:
 
 
 def forced_backend() -> Backend | None:
-    value = os.environ.get("DEEPINFER_KERNEL_BACKEND", "").strip().lower()
-    if not value:
-        return None
-    try:
-        return Backend(value)
-    except ValueError:
-        choices = ", ".join(b.value for b in Backend)
-        raise ValueError(f"DEEPINFER_KERNEL_BACKEND={value!r}: expected one of {choices}") from None
+    from deepinfer_kernels.envs import KERNEL_BACKEND_ENV, env_choice
+
+    value = env_choice(KERNEL_BACKEND_ENV, "", ("",) + tuple(b.value for b in Backend))
+    return Backend(value) if value else None
 
 
 # ops whose TileLang kernel is wrapped as a torch custom op (tilelang/torch_ops.py): the only ones

@@ -10,16 +10,15 @@ Everything else, and batch-invariant mode, autograd, ``torch.compile`` and ``DEE
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
 from deepinfer_kernels.batch_invariant import batch_invariant_enabled
+from deepinfer_kernels.envs import MATVEC_ENV, env_flag
 from deepinfer_kernels.platform import tilelang_launcher
 from deepinfer_kernels.tilelang.matvec import pick_tiles
 
-MATVEC_ENABLED = os.environ.get("DEEPINFER_MATVEC", "1") != "0"
+MATVEC_ENABLED = env_flag(MATVEC_ENV, True)   # read once per process
 MATVEC_MAX_WEIGHT_BYTES = 32 << 20   # the lm_head's 65 MB streams at ~83% of copy in cuBLAS already
 
 

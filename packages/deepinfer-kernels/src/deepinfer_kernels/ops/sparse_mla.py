@@ -14,10 +14,15 @@ dtype of `q`. Duplicate indices count twice (callers never produce them).
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from deepinfer_kernels.envs import (
+    SPARSE_MLA_GROUP_ROWS_ENV,
+    SPARSE_MLA_SHARED_KEYS_ENV,
+    SPARSE_MLA_VARIANT_ENV,
+    env_choice,
+    env_flag,
+)
 from deepinfer_kernels.ops._checks import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
@@ -29,22 +34,15 @@ from deepinfer_kernels.ops.capture import host_checks
 from deepinfer_kernels.ops.kv_fp8 import dequantize_kv_fp8_ref, fp8_record_bytes
 from deepinfer_kernels.platform import tilelang_launcher
 
-VARIANT_ENV = "DEEPINFER_SPARSE_MLA_VARIANT"
+VARIANT_ENV = SPARSE_MLA_VARIANT_ENV
 KERNEL_VARIANTS = ("auto", "ws", "bulk", "pipelined")
+SHARED_KEYS_ENV = SPARSE_MLA_SHARED_KEYS_ENV
+GROUP_ROWS_ENV = SPARSE_MLA_GROUP_ROWS_ENV
 
 
 def kernel_variant() -> str:
     """The TileLang kernel ``$DEEPINFER_SPARSE_MLA_VARIANT`` asks for ("auto" when unset)."""
-    variant = os.environ.get(VARIANT_ENV, "auto").strip().lower() or "auto"
-    if variant not in KERNEL_VARIANTS:
-        raise ValueError(f"{VARIANT_ENV}={variant!r}: expected one of {', '.join(KERNEL_VARIANTS)}")
-    return variant
-
-
-SHARED_KEYS_ENV = "DEEPINFER_SPARSE_MLA_SHARED_KEYS"
-
-
-GROUP_ROWS_ENV = "DEEPINFER_SPARSE_MLA_GROUP_ROWS"
+    return env_choice(VARIANT_ENV, "auto", KERNEL_VARIANTS)
 
 
 def shared_key_group_rows() -> int:
@@ -53,20 +51,14 @@ def shared_key_group_rows() -> int:
     of 16 heads (the queries fill the wgmma's M of 64, ``tilelang/sparse_mla_quads.py``), pairs
     where a quad does not apply. Quads are experimental: not yet verified on the H200 (their
     lists are; the kernel's last fix, a register budget, has not run; docs/benchmarks.md)."""
-    value = os.environ.get(GROUP_ROWS_ENV, "2").strip() or "2"
-    if value not in ("2", "4"):
-        raise ValueError(f"{GROUP_ROWS_ENV}={value!r}: expected 2 or 4")
-    return int(value)
+    return int(env_choice(GROUP_ROWS_ENV, "2", ("2", "4")))
 
 
 def shared_keys_enabled() -> bool:
     """``$DEEPINFER_SPARSE_MLA_SHARED_KEYS`` ("1" when unset): whether the model asks for shared keys
     (``sparse_mla_attention(..., shared_keys=True)``) in its prefill chunks. "0" keeps every row on
     the per-row kernels (the A/B switch of ``tools/gpu_engine_check.sh sharedkeys``)."""
-    value = os.environ.get(SHARED_KEYS_ENV, "1").strip().lower() or "1"
-    if value not in ("0", "1"):
-        raise ValueError(f"{SHARED_KEYS_ENV}={value!r}: expected 0 or 1")
-    return value == "1"
+    return env_flag(SHARED_KEYS_ENV, True)
 
 
 def sparse_mla_attention_ref(q: torch.Tensor, kv_pool: torch.Tensor, indices: torch.Tensor,

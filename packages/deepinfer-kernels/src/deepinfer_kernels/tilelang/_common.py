@@ -6,13 +6,14 @@ Nothing here imports TileLang at module import time.
 from __future__ import annotations
 
 import importlib.util
-import os
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from deepinfer_kernels.envs import TILELANG_PDL_ENV, env_flag
 
 # A plain "sm_90" target fails on warpgroup register reconfiguration; wgmma needs sm_90a.
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
@@ -22,7 +23,7 @@ TARGET = {"kind": "cuda", "arch": "sm_90a"}
 # global memory, and TileLang then launches it with the programmatic-stream-serialization
 # attribute, so its launch and CTA scheduling overlap the end of the kernel before it (a
 # programmatic edge in a captured CUDA graph). Batch-1 decode is ~500 kernels of a few us each.
-PDL = os.environ.get("DEEPINFER_TILELANG_PDL", "0") == "1"
+PDL = env_flag(TILELANG_PDL_ENV, False)
 
 
 def pdl_sync() -> Any:

@@ -18,12 +18,12 @@ the schedule, permutation and combine kernels in ``moe_schedule_builders.py``; t
 the tile configuration, compiles once per shape bucket, launches.
 """
 
-import os
 from collections.abc import Callable
 
 import torch
 
 from deepinfer_kernels.batch_invariant import batch_invariant_enabled
+from deepinfer_kernels.envs import MOE_GATEUP_WS_ENV, env_flag
 from deepinfer_kernels.ops.moe import grouped_mm_order, permute_by_expert
 from deepinfer_kernels.tilelang._common import compile_cached, require, require_cuda
 from deepinfer_kernels.tilelang.activation import silu_mul_tilelang
@@ -85,7 +85,7 @@ def pick_config(rows: int, num_experts: int, swiglu: bool, k: int = 0, nout: int
     if not swiglu:
         return PREFILL
     ws = PREFILL_SWIGLU
-    if os.environ.get("DEEPINFER_MOE_GATEUP_WS") == "1" and k % (ws["bk"] * ws["stages"]) == 0:
+    if env_flag(MOE_GATEUP_WS_ENV, False) and k % (ws["bk"] * ws["stages"]) == 0:
         return ws
     return PREFILL_SWIGLU_PIPELINED
 
