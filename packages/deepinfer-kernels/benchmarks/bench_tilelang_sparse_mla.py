@@ -97,7 +97,7 @@ def test_bench_sparse_mla_small_batch_splits(benchmark, rows, num_splits):
 def test_bench_sparse_mla_shared_keys(benchmark, name, group_rows, monkeypatch):
     """Row pairs / quads attending their shared key list once (``shared_keys=True``; the time
     includes building the lists) beside the per-row kernel, same rows, same effective bytes."""
-    from deepinfer_kernels.ops.sparse_mla import GROUP_ROWS_ENV
+    from deepinfer_kernels.envs import SPARSE_MLA_GROUP_ROWS_ENV as GROUP_ROWS_ENV
     from deepinfer_kernels.tilelang.sparse_mla import sparse_mla_attention_tilelang
 
     monkeypatch.setenv(GROUP_ROWS_ENV, str(group_rows or 2))

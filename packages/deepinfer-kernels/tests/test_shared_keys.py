@@ -138,7 +138,8 @@ def test_shared_keys_only_where_asked_and_sized():
 
 
 def test_quads_only_at_16_heads_and_where_the_lists_fit(monkeypatch):
-    from deepinfer_kernels.ops.sparse_mla import GROUP_ROWS_ENV, shared_key_group_rows
+    from deepinfer_kernels.envs import SPARSE_MLA_GROUP_ROWS_ENV as GROUP_ROWS_ENV
+    from deepinfer_kernels.ops.sparse_mla import shared_key_group_rows
     from deepinfer_kernels.tilelang.sparse_mla import _uses_quads_kernel
 
     monkeypatch.delenv(GROUP_ROWS_ENV, raising=False)

@@ -301,7 +301,7 @@ def test_shared_keys_sparse_mla_matches_reference(name, group_rows, monkeypatch)
     """Row pairs / quads attending their shared key list (``shared_keys=True`` at prefill sizes)
     give the reference's result, and the per-row kernel's up to float rounding (the keys come in
     the group list's order). Quads where 16 heads allow them, pairs otherwise."""
-    from deepinfer_kernels.ops.sparse_mla import GROUP_ROWS_ENV
+    from deepinfer_kernels.envs import SPARSE_MLA_GROUP_ROWS_ENV as GROUP_ROWS_ENV
     from deepinfer_kernels.tilelang.sparse_mla import (
         _uses_groups_kernel,
         _uses_quads_kernel,

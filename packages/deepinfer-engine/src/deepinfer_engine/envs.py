@@ -25,10 +25,6 @@ def _int(name: str, default: int, minimum: int | None = None) -> int:
     return value
 
 
-def _bool(name: str, default: bool) -> bool:
-    return env_flag(name, default)      # 1 / true / yes / on, 0 / false / no / off
-
-
 def _floats(name: str) -> tuple[float, ...] | None:
     raw = os.environ.get(name)
     if not raw:
@@ -63,14 +59,14 @@ class Envs:
         nextn = _int("DEEPINFER_USE_NEXTN_DECODE", 5, minimum=0)
         return cls(
             use_nextn_decode=nextn,
-            enable_mtp_varlen=_bool("DEEPINFER_ENABLE_MTP_VARLEN", False),
+            enable_mtp_varlen=env_flag("DEEPINFER_ENABLE_MTP_VARLEN", False),
             max_backtracking_tokens=max(_int("DEEPINFER_MAX_BACKTRACKING_TOKENS", nextn + 1, 0), nextn + 1),
-            zero_overhead_scheduling=_bool("DEEPINFER_ZERO_OVERHEAD_SCHEDULING", True),
+            zero_overhead_scheduling=env_flag("DEEPINFER_ZERO_OVERHEAD_SCHEDULING", True),
             cudagraph_batch_size_interval=_int("DEEPINFER_CUDAGRAPH_BATCH_SIZE_INTERVAL", 8, minimum=1),
-            compile_decode=_bool("DEEPINFER_COMPILE_DECODE", False),
-            compile_speculation=_bool("DEEPINFER_COMPILE_SPECULATION", False),
-            batch_invariant=_bool("DEEPINFER_BATCH_INVARIANT", False),
-            decode_streams=_bool("DEEPINFER_DECODE_STREAMS", True),
+            compile_decode=env_flag("DEEPINFER_COMPILE_DECODE", False),
+            compile_speculation=env_flag("DEEPINFER_COMPILE_SPECULATION", False),
+            batch_invariant=env_flag("DEEPINFER_BATCH_INVARIANT", False),
+            decode_streams=env_flag("DEEPINFER_DECODE_STREAMS", True),
             confidence_head_temperature=_floats("DEEPINFER_DFLASH_CONFIDENCE_HEAD_TEMPERATURE"),
             prefill_attempt_interval=_int("DEEPINFER_PREFILL_ATTEMPT_INTERVAL", 70, minimum=1),
             prefill_any_attempt_interval=_int("DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL", 100, minimum=1),

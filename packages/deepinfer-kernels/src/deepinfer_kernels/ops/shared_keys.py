@@ -34,9 +34,6 @@ from deepinfer_kernels.platform import tilelang_launcher
 
 ROWS_PER_GROUP = 2           # the pairs' default
 GROUP_SIZES = (2, 4)
-ROW_BITS_SHIFT = 29          # pairs'
-MAX_SHARED_KEY_SLOT = 1 << ROW_BITS_SHIFT
-SLOT_BITS = MAX_SHARED_KEY_SLOT - 1
 
 
 def row_bits_shift(group_rows: int = ROWS_PER_GROUP) -> int:
@@ -48,6 +45,9 @@ def row_bits_shift(group_rows: int = ROWS_PER_GROUP) -> int:
 
 def max_shared_key_slot(group_rows: int = ROWS_PER_GROUP) -> int:
     return 1 << row_bits_shift(group_rows)
+
+
+MAX_SHARED_KEY_SLOT = max_shared_key_slot()   # pairs': 2^29
 
 
 def num_groups(rows: int, group_rows: int = ROWS_PER_GROUP) -> int:

@@ -37,7 +37,6 @@ from deepinfer_kernels.platform import tilelang_launcher
 VARIANT_ENV = SPARSE_MLA_VARIANT_ENV
 KERNEL_VARIANTS = ("auto", "ws", "bulk", "pipelined")
 SHARED_KEYS_ENV = SPARSE_MLA_SHARED_KEYS_ENV
-GROUP_ROWS_ENV = SPARSE_MLA_GROUP_ROWS_ENV
 
 
 def kernel_variant() -> str:
@@ -51,7 +50,7 @@ def shared_key_group_rows() -> int:
     of 16 heads (the queries fill the wgmma's M of 64, ``tilelang/sparse_mla_quads.py``), pairs
     where a quad does not apply. Quads are experimental: not yet verified on the H200 (their
     lists are; the kernel's last fix, a register budget, has not run; docs/benchmarks.md)."""
-    return int(env_choice(GROUP_ROWS_ENV, "2", ("2", "4")))
+    return int(env_choice(SPARSE_MLA_GROUP_ROWS_ENV, "2", ("2", "4")))
 
 
 def shared_keys_enabled() -> bool:

@@ -86,8 +86,8 @@ def _build_quads(d: int, qpc: int = QUADS_PER_CTA, max_blocks: int = MAX_QUAD_BL
         load_indices(Keys, g0 + itb // max_blocks, W, itb % max_blocks, ok, lane, ib, 0)
 
     @T.macro
-    def consume(half, tc, g0, nitems, Q, Q_s, Kb, meta, kb_full, kb_empty, Out, Lse, scale):
-        # consumer warpgroup ``half`` (thread tc in 0..127): every block's S and softmax, PV and the
+    def consume(half, g0, nitems, Q, Q_s, Kb, meta, kb_full, kb_empty, Out, Lse, scale):
+        # consumer warpgroup ``half``: every block's S and softmax, PV and the
         # output on D columns [half * DH, (half + 1) * DH)
         acc_s = T.alloc_fragment((M, BI), T.float32)
         p_f = T.alloc_fragment((M, BI), T.bfloat16)
@@ -206,10 +206,10 @@ def _build_quads(d: int, qpc: int = QUADS_PER_CTA, max_blocks: int = MAX_QUAD_BL
 
             if tx < 128:
                 T.inc_max_nreg(CONSUMER_REGS)
-                consume(0, tx, g0, nitems, Q, Q_s, Kb, meta, kb_full, kb_empty, Out, Lse, scale)
+                consume(0, g0, nitems, Q, Q_s, Kb, meta, kb_full, kb_empty, Out, Lse, scale)
             elif tx < 256:
                 T.inc_max_nreg(CONSUMER_REGS)
-                consume(1, tx - 128, g0, nitems, Q, Q_s, Kb, meta, kb_full, kb_empty, Out, Lse, scale)
+                consume(1, g0, nitems, Q, Q_s, Kb, meta, kb_full, kb_empty, Out, Lse, scale)
             else:
                 # ---------------------------------------------------------------- producer
                 # warp 0 keeps one block in flight; ib holds the slots of the next block to issue
