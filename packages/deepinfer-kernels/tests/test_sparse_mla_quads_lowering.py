@@ -46,3 +46,19 @@ def test_register_budgets_fit_the_launch_allocation(lowered):
     lowered_to = [int(n) for n in re.findall(r"warpgroup_reg_dealloc<(\d+)>", src)]   # the producer warpgroup
     assert threads == 384 and len(raised) == 2 and len(lowered_to) == 1
     assert sum(raised) + sum(lowered_to) <= 3 * per_thread, (raised, lowered_to, per_thread)
+
+
+def test_both_warpgroups_load_q_in_16_byte_vectors(lowered):
+    """Each consumer warpgroup loads its half of the quad's queries with 16-byte loads. Written as a
+    T.Parallel with the half inside the index, the second warpgroup's became 2-byte loads: with
+    the output's divisions (below) they took half of the kernel's time (H200, 2026-12-01)."""
+    src, _ = lowered
+    assert src.count("(uint4*)(Q + ") == 2
+
+
+def test_the_output_divides_once_per_query_column(lowered):
+    """The output multiplies by one reciprocal per column: a division per element compiles to an
+    IEEE division call each (128 a thread)."""
+    src, _ = lowered
+    assert not re.search(r"\.[xy]/", src)                  # no element-wise division of acc_o pairs
+    assert len(re.findall(r"/ l_i", src)) == 2             # 1 / l, once in each consumer warpgroup

@@ -59,6 +59,8 @@ def _build_quads(d: int, qpc: int = QUADS_PER_CTA, max_blocks: int = MAX_QUAD_BL
     REC = _record_bytes(d)
     H = QUAD_HEADS
     M = QUAD_ROWS * H
+    HALF_ROWS = QUAD_ROWS // 2     # rows whose queries each consumer warpgroup loads
+    QCHUNKS = (M // 2) * d // 8 // 128   # 16-byte chunks of them per consumer thread
     DH = d // 2
     MAXI = qpc * max_blocks
     assert d % 128 == 0
@@ -86,9 +88,9 @@ def _build_quads(d: int, qpc: int = QUADS_PER_CTA, max_blocks: int = MAX_QUAD_BL
         load_indices(Keys, g0 + itb // max_blocks, W, itb % max_blocks, ok, lane, ib, 0)
 
     @T.macro
-    def consume(half, g0, nitems, Q, Q_s, Kb, meta, kb_full, kb_empty, Out, Lse, scale):
-        # consumer warpgroup ``half``: every block's S and softmax, PV and the
-        # output on D columns [half * DH, (half + 1) * DH)
+    def consume(half, tq, g0, nitems, Q, Q_s, Kb, meta, kb_full, kb_empty, Out, Lse, scale):
+        # consumer warpgroup ``half`` (``tq``: its thread 0..127): every block's S and softmax, PV
+        # and the output on D columns [half * DH, (half + 1) * DH)
         acc_s = T.alloc_fragment((M, BI), T.float32)
         p_f = T.alloc_fragment((M, BI), T.bfloat16)
         acc_o = T.alloc_fragment((M, DH), T.float32)
@@ -97,6 +99,7 @@ def _build_quads(d: int, qpc: int = QUADS_PER_CTA, max_blocks: int = MAX_QUAD_BL
         alpha = T.alloc_fragment((M,), T.float32)
         l_i = T.alloc_fragment((M,), T.float32)
         l_blk = T.alloc_fragment((M,), T.float32)
+        l_inv = T.alloc_fragment((M,), T.float32)
         nbv = T.alloc_var(T.int32)
         itv = T.alloc_var(T.int32)
         # quads without a key: out 0, lse -inf (no item touches them)
@@ -119,11 +122,18 @@ def _build_quads(d: int, qpc: int = QUADS_PER_CTA, max_blocks: int = MAX_QUAD_BL
             s = k % 2
             if blk == 0:                  # a quad starts: its queries (each warpgroup half the columns)
                 T.sync_threads(Q_BARRIER, 256)     # both warpgroups are past the previous quad's QKs
-                for c, kk in T.Parallel(M // 2, d):
-                    Q_s[half * (M // 2) + c, kk] = T.if_then_else(
-                        r0 + (half * (M // 2) + c) // H < R,
-                        Q[T.min(r0 + (half * (M // 2) + c) // H, R - 1), (half * (M // 2) + c) % H, kk],
-                        T.bfloat16(0))
+                # this warpgroup's 32 query columns (rows r0 + half * 2, + 1), 16 bytes a thread per
+                # step: column half * 32 + c is head c % 16 of row r0 + half * 2 + c // 16. Written
+                # with the thread index explicit: as a T.Parallel the second warpgroup's copy lost its
+                # vectorization (2-byte loads and stores)
+                for it in T.serial(QCHUNKS):
+                    flat = it * 128 + tq
+                    c = flat // (d // 8)
+                    ch = flat % (d // 8)
+                    qr = r0 + half * HALF_ROWS + c // H
+                    for v in T.vectorized(8):
+                        Q_s[half * (M // 2) + c, ch * 8 + v] = T.if_then_else(
+                            qr < R, Q[T.min(qr, R - 1), c % H, ch * 8 + v], T.bfloat16(0))
                 T.fence_proxy_async()              # generic-proxy writes before the wgmma reads
                 T.sync_threads(Q_BARRIER, 256)
                 T.fill(acc_o, 0)
@@ -149,10 +159,13 @@ def _build_quads(d: int, qpc: int = QUADS_PER_CTA, max_blocks: int = MAX_QUAD_BL
             T.gemm(p_f, Kb[s, :, half * DH:(half + 1) * DH], acc_o)
             T.barrier_arrive(kb_empty[s])
             if blk == nbv - 1:            # the quad's last block: its four rows' output
+                # one reciprocal per query column, then products: a division per element compiled to
+                # an IEEE division call each (128 a thread) and cost more than the quad's blocks
+                for i in T.Parallel(M):
+                    l_inv[i] = T.if_then_else(l_i[i] > 0, 1.0 / l_i[i], 0.0)
                 for i, kk in T.Parallel(M, DH):
                     if r0 + i // H < R:
-                        Out[r0 + i // H, i % H, half * DH + kk] = T.cast(
-                            T.if_then_else(l_i[i] > 0, acc_o[i, kk] / l_i[i], 0.0), T.bfloat16)
+                        Out[r0 + i // H, i % H, half * DH + kk] = T.cast(acc_o[i, kk] * l_inv[i], T.bfloat16)
                 if half == 0:
                     for i in T.Parallel(M):
                         if r0 + i // H < R:
@@ -206,10 +219,10 @@ def _build_quads(d: int, qpc: int = QUADS_PER_CTA, max_blocks: int = MAX_QUAD_BL
 
             if tx < 128:
                 T.inc_max_nreg(CONSUMER_REGS)
-                consume(0, g0, nitems, Q, Q_s, Kb, meta, kb_full, kb_empty, Out, Lse, scale)
+                consume(0, tx, g0, nitems, Q, Q_s, Kb, meta, kb_full, kb_empty, Out, Lse, scale)
             elif tx < 256:
                 T.inc_max_nreg(CONSUMER_REGS)
-                consume(1, g0, nitems, Q, Q_s, Kb, meta, kb_full, kb_empty, Out, Lse, scale)
+                consume(1, tx - 128, g0, nitems, Q, Q_s, Kb, meta, kb_full, kb_empty, Out, Lse, scale)
             else:
                 # ---------------------------------------------------------------- producer
                 # warp 0 keeps one block in flight; ib holds the slots of the next block to issue
