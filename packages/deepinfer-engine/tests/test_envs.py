@@ -58,5 +58,5 @@ def test_a_bad_kernel_knob_fails_at_engine_start(clean_env):
     clean_env.setenv("DEEPINFER_SPARSE_MLA_GROUP_ROWS", "3")
     with pytest.raises(ValueError, match="DEEPINFER_SPARSE_MLA_GROUP_ROWS='3'"):
         LLM(device="cpu", max_num_seqs=2, max_model_len=256)
-    clean_env.setenv("DEEPINFER_SPARSE_MLA_GROUP_ROWS", "4")
-    assert LLM(device="cpu", max_num_seqs=2, max_model_len=256).engine.envs.kernels.sparse_mla_group_rows == 4
+    clean_env.setenv("DEEPINFER_SPARSE_MLA_GROUP_ROWS", "2")
+    assert LLM(device="cpu", max_num_seqs=2, max_model_len=256).engine.envs.kernels.sparse_mla_group_rows == 2

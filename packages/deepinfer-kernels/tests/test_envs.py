@@ -27,18 +27,18 @@ def clean_env(monkeypatch):
 
 def test_defaults(clean_env):
     assert KernelEnvs.from_environ() == KernelEnvs(kernel_backend="", sparse_mla_variant="auto",
-                                                   sparse_mla_shared_keys=True, sparse_mla_group_rows=2,
+                                                   sparse_mla_shared_keys=True, sparse_mla_group_rows=4,
                                                    matvec=True, tilelang_pdl=False, moe_gateup_ws=False)
 
 
 def test_values_are_read(clean_env):
     for name, value in ((KERNEL_BACKEND_ENV, "Torch"), (SPARSE_MLA_VARIANT_ENV, "bulk"),
-                        (SPARSE_MLA_SHARED_KEYS_ENV, "off"), (SPARSE_MLA_GROUP_ROWS_ENV, "4"), (MATVEC_ENV, "0"),
+                        (SPARSE_MLA_SHARED_KEYS_ENV, "off"), (SPARSE_MLA_GROUP_ROWS_ENV, "2"), (MATVEC_ENV, "0"),
                         (TILELANG_PDL_ENV, "yes"), (MOE_GATEUP_WS_ENV, "true")):
         clean_env.setenv(name, value)
     e = KernelEnvs.from_environ()
     assert (e.kernel_backend, e.sparse_mla_variant, e.sparse_mla_shared_keys, e.sparse_mla_group_rows) == (
-        "torch", "bulk", False, 4)
+        "torch", "bulk", False, 2)
     assert (e.matvec, e.tilelang_pdl, e.moe_gateup_ws) == (False, True, True)
 
 

@@ -143,8 +143,8 @@ def test_quads_only_at_16_heads_and_where_the_lists_fit(monkeypatch):
     from deepinfer_kernels.tilelang.sparse_mla import _uses_quads_kernel
 
     monkeypatch.delenv(GROUP_ROWS_ENV, raising=False)
-    assert shared_key_group_rows() == 2            # pairs unless quads are asked for
-    assert not _uses_quads_kernel("bulk", 4096, 16, 384, 1, 1000, True)
+    assert shared_key_group_rows() == 4            # quads unless pairs are asked for
+    assert _uses_quads_kernel("bulk", 4096, 16, 384, 1, 1000, True)
     monkeypatch.setenv(GROUP_ROWS_ENV, "4")
     assert _uses_quads_kernel("bulk", 4096, 16, 384, 1, 1 << 27, True)
     assert not _uses_quads_kernel("bulk", 4096, 16, 384, 1, 1000, False)      # not asked for

@@ -44,7 +44,7 @@ class KernelEnvs:
     kernel_backend: str            # DEEPINFER_KERNEL_BACKEND: "" (per device) | "tilelang" | "torch"
     sparse_mla_variant: str        # DEEPINFER_SPARSE_MLA_VARIANT: auto | ws | bulk | pipelined
     sparse_mla_shared_keys: bool   # DEEPINFER_SPARSE_MLA_SHARED_KEYS: prefill row groups share key lists (1)
-    sparse_mla_group_rows: int     # DEEPINFER_SPARSE_MLA_GROUP_ROWS: 2 (pairs) | 4 (quads, experimental)
+    sparse_mla_group_rows: int     # DEEPINFER_SPARSE_MLA_GROUP_ROWS: 4 (quads, the default) | 2 (pairs)
     matvec: bool                   # DEEPINFER_MATVEC: one-row projections as matrix-vector kernels (1)
     tilelang_pdl: bool             # DEEPINFER_TILELANG_PDL: programmatic dependent launch (0)
     moe_gateup_ws: bool            # DEEPINFER_MOE_GATEUP_WS: warp-specialized prefill gate/up tiles (0)

@@ -45,12 +45,12 @@ def kernel_variant() -> str:
 
 
 def shared_key_group_rows() -> int:
-    """``$DEEPINFER_SPARSE_MLA_GROUP_ROWS`` ("2" when unset): how many consecutive rows share a key
-    list when shared keys are asked for. 2: pairs (``tilelang/sparse_mla_groups.py``). 4: quads
-    of 16 heads (the queries fill the wgmma's M of 64, ``tilelang/sparse_mla_quads.py``), pairs
-    where a quad does not apply. Quads are experimental: not yet verified on the H200 (their
-    lists are; the kernel's last fix, a register budget, has not run; docs/benchmarks.md)."""
-    return int(env_choice(SPARSE_MLA_GROUP_ROWS_ENV, "2", ("2", "4")))
+    """``$DEEPINFER_SPARSE_MLA_GROUP_ROWS`` ("4" when unset): how many consecutive rows share a key
+    list when shared keys are asked for. 4: quads of 16 heads (the queries fill the wgmma's M of 64,
+    ``tilelang/sparse_mla_quads.py``; 1.3x the pairs on `mini`'s prefill rows, H200 2026-12-01),
+    pairs where a quad does not apply (other head counts, rows wider than 480 columns). 2: pairs
+    only (``tilelang/sparse_mla_groups.py``)."""
+    return int(env_choice(SPARSE_MLA_GROUP_ROWS_ENV, "4", ("2", "4")))
 
 
 def shared_keys_enabled() -> bool:
