@@ -4,6 +4,11 @@ Same function as ``deepinfer_kernels.ops.activation.silu_mul_ref``, with its rou
 float32 rounded to the activations' dtype, then the product in float32 rounded again (torch's
 ``F.silu(gate) * up`` for bf16 / fp16). gate and up are read with their own row strides (column
 slices of the fused gate/up GEMM's output), 8 values per thread, up to 256 threads along a row per CTA.
+
+The row strides are compile-time constants (a kernel per stride pair; the engine has one or two):
+with a dynamic stride TileLang cannot prove a row's 8 values 16-byte aligned and loads them 2 bytes
+at a time (16 ``LDG.E.U16`` a thread, found by ``tools/tilelang_precompile.py --sass``). Inputs
+whose strides or start are not 16-byte aligned are copied first.
 """
 
 import torch
@@ -16,17 +21,19 @@ PER = 8
 _DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
-def _build(inter: int, dtype: str, round_silu: bool = True):
+def _build(inter: int, dtype: str, round_silu: bool = True, gate_stride: int = 0, up_stride: int = 0):
     """``round_silu``: silu rounded to dtype before the product (torch's ``F.silu(g) * u`` in dtype);
-    False: one rounding at the end (``(F.silu(g.float()) * u.float()).to(dtype)``, the MoE prefill's)."""
+    False: one rounding at the end (``(F.silu(g.float()) * u.float()).to(dtype)``, the MoE prefill's).
+    ``gate_stride`` / ``up_stride``: the inputs' row strides in elements, multiples of 8 (0: ``inter``)."""
     import tilelang.language as T
 
     NTR = inter // PER                    # threads per row
     TCOL = min(NTR, 256)                  # threads along a row per CTA (wide rows: several CTAs)
     ROWS = max(1, 256 // NTR)             # rows per CTA
     N = T.dynamic("N")
-    SG = T.dynamic("SG")
-    SU = T.dynamic("SU")
+    SG = gate_stride or inter
+    SU = up_stride or inter
+    assert SG % PER == 0 and SU % PER == 0 and SG >= inter and SU >= inter
 
     @T.prim_func
     def main(
@@ -62,9 +69,15 @@ def _build(inter: int, dtype: str, round_silu: bool = True):
     return main
 
 
-def _kernel(inter: int, dtype: torch.dtype, round_silu: bool = True):
-    return compile_cached("silu_mul", (inter, _DTYPES[dtype], round_silu),
-                          lambda: _build(inter, _DTYPES[dtype], round_silu))
+def _kernel(inter: int, dtype: torch.dtype, round_silu: bool = True, gate_stride: int = 0, up_stride: int = 0):
+    sg, su = gate_stride or inter, up_stride or inter
+    return compile_cached("silu_mul", (inter, _DTYPES[dtype], round_silu, sg, su),
+                          lambda: _build(inter, _DTYPES[dtype], round_silu, sg, su))
+
+
+def _aligned(x: torch.Tensor) -> bool:
+    """Rows start on 16 bytes: the kernel's vector loads (8 bf16 / fp16 values)."""
+    return x.stride(0) % PER == 0 and x.data_ptr() % 16 == 0
 
 
 def silu_mul_tilelang(gate: torch.Tensor, up: torch.Tensor, round_silu: bool = True) -> torch.Tensor:
@@ -76,6 +89,11 @@ def silu_mul_tilelang(gate: torch.Tensor, up: torch.Tensor, round_silu: bool = T
             f"I={gate.shape[1]}: a multiple of {PER}, rows contiguous")
     require_cuda(gate=gate, up=up)
     out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-    if gate.shape[0]:
-        _kernel(gate.shape[1], gate.dtype, round_silu)(gate, up, out)
+    rows, inter = gate.shape
+    if rows:
+        # a copy with fresh strides (`.contiguous()` keeps a one-row slice's stride and start)
+        gate = gate if _aligned(gate) else gate.clone(memory_format=torch.contiguous_format)
+        up = up if _aligned(up) else up.clone(memory_format=torch.contiguous_format)
+        sg, su = gate.stride(0), up.stride(0)
+        _kernel(inter, gate.dtype, round_silu, sg, su)(gate, up, out)
     return out
