@@ -7,7 +7,10 @@ each kernel in ~0.1 s instead of compiling it.
 
     python tools/tilelang_precompile.py [--jobs N] [--ptxas] [--json out.json] [--only sparse_mla,moe]
 
---ptxas also runs ptxas -v on every generated kernel and reports registers / spills.
+--ptxas also runs ptxas -v on every generated kernel and reports registers / spills; with --sass
+it also counts, in the kernel's SASS, the instructions behind this project's code-generation faults
+(TILELANG.md, pitfalls): CALL (an IEEE division or sqrt slow path per element), 1- and 2-byte
+global loads and shared stores (a copy that lost its vectorization), LDL / STL (local memory).
 Exit status 1 when any bucket fails to compile.
 """
 
@@ -77,10 +80,12 @@ def _specs():
         for dt in (bf16, f16) if (n, k) != (1024, 3072) else (bf16,):
             add("matvec", "matvec", [("_kernel", (n, k, dt))])
 
-    # ---- SwiGLU activation (dense FFN 2816, shared expert 512, default model 48 / 192)
+    # ---- SwiGLU activation (dense FFN 2816, shared expert 512, default model 48 / 192), a kernel per
+    # row-stride pair: halves of the fused gate/up output (the model's), contiguous, the tests' slices
     for inter in (2816, 512, 48, 192):
-        add("activation", "activation", [("_kernel", (inter, bf16))])
-    add("activation", "activation", [("_kernel", (512, bf16, False))])   # the MoE prefill's single rounding
+        for stride in (2 * inter, inter, 64 + 2 * inter):
+            add("activation", "activation", [("_kernel", (inter, bf16, True, stride, stride))])
+    add("activation", "activation", [("_kernel", (512, bf16, False, 1024, 1024))])   # the MoE prefill's single rounding
 
     # ---- indexer
     for h, di in ((8, 128), (64, 128), (2, 32), (8, 64)):
@@ -151,29 +156,71 @@ def _specs():
     return uniq
 
 
-def _ptxas(src: str) -> str:
+# SASS opcodes that flag a fault when a kernel has many of them (``--sass``)
+SASS_FLAGS = ("CALL.REL", "LDG.E.U16", "LDG.E.U8", "STS.U16", "STS.U8", "LDL", "STL", "MUFU.RCP")
+
+
+def _cuobjdump() -> str | None:
+    """cuobjdump from the CUDA toolkit, else the copy triton ships (the device machine has no toolkit)."""
+    import shutil
+
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    try:
+        import triton
+    except ImportError:
+        return None
+    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return str(bundled) if bundled.exists() else None
+
+
+def sass_counts(sass: str) -> dict[str, int]:
+    """How many instructions of ``sass`` (cuobjdump -sass text) start with each of SASS_FLAGS."""
+    counts = dict.fromkeys(SASS_FLAGS, 0)
+    for line in sass.splitlines():
+        parts = line.split("*/", 1)
+        if len(parts) < 2 or "/*" not in parts[0]:
+            continue
+        words = parts[1].split()
+        op = words[1] if words and words[0].startswith("@") and len(words) > 1 else (words[0] if words else "")
+        for flag in SASS_FLAGS:
+            if op == flag or op.startswith(flag + "."):
+                counts[flag] += 1
+    return counts
+
+
+def _ptxas(src: str, sass: bool = False) -> str:
     import tilelang
 
     tl = Path(tilelang.__file__).parent
     with tempfile.TemporaryDirectory() as td:
         cu = Path(td) / "k.cu"
+        cubin = Path(td) / "k.cubin"
         cu.write_text(src)
         cmd = ["nvcc", "--cubin", "-O3", "-arch=sm_90a", "-std=c++20", f"-I{tl / 'src'}",
-               f"-I{tl / '3rdparty' / 'cutlass' / 'include'}", "-Xptxas", "-v", "-o", str(Path(td) / "k.cubin"), str(cu)]
+               f"-I{tl / '3rdparty' / 'cutlass' / 'include'}", "-Xptxas", "-v", "-o", str(cubin), str(cu)]
         res = subprocess.run(cmd, capture_output=True, text=True)
-    lines = [ln.strip() for ln in (res.stdout + res.stderr).splitlines() if "registers" in ln or "spill" in ln]
+        lines = [ln.strip() for ln in (res.stdout + res.stderr).splitlines() if "registers" in ln or "spill" in ln]
+        tool = _cuobjdump() if sass and cubin.exists() else None
+        if tool:
+            dump = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True).stdout
+            flagged = {k: v for k, v in sass_counts(dump).items() if v}
+            lines.append("sass " + (" ".join(f"{k}={v}" for k, v in flagged.items()) or "clean"))
+        elif sass:
+            lines.append("sass: no cuobjdump")
     return " | ".join(lines)
 
 
 def _work(job):
-    group, module, fn, args, want_ptxas = job
+    group, module, fn, args, want_ptxas, want_sass = job
     t0 = time.perf_counter()
     try:
         mod = importlib.import_module(MOD + module)
         kernel = getattr(mod, fn)(*args)
         res = {"ok": True, "seconds": round(time.perf_counter() - t0, 2)}
         if want_ptxas:
-            res["ptxas"] = _ptxas(kernel.get_kernel_source())
+            res["ptxas"] = _ptxas(kernel.get_kernel_source(), want_sass)
     except Exception as exc:  # report and keep going
         res = {"ok": False, "seconds": round(time.perf_counter() - t0, 2), "error": f"{type(exc).__name__}: {exc}"[-2000:]}
     res.update({"group": group, "kernel": f"{module}.{fn}{args!r}"})
@@ -184,6 +231,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
     ap.add_argument("--ptxas", action="store_true")
+    ap.add_argument("--sass", action="store_true", help="with --ptxas: count flagged SASS instructions")
     ap.add_argument("--json", type=str, default="")
     ap.add_argument("--only", type=str, default="")
     args = ap.parse_args()
@@ -191,7 +239,7 @@ def main() -> int:
     if args.only:
         groups = set(args.only.split(","))
         specs = [s for s in specs if s[0] in groups]
-    jobs = [(*s, args.ptxas) for s in specs]
+    jobs = [(*s, args.ptxas or args.sass, args.sass) for s in specs]
     print(f"compiling {len(jobs)} kernel buckets with {args.jobs} processes", flush=True)
     t0 = time.perf_counter()
     ctx = mp.get_context("spawn")
