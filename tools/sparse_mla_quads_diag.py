@@ -38,6 +38,7 @@ VARIANTS: dict[str, tuple[list, dict]] = {
     "no_dequant": ([("dequant_block(K8, meta, Kb, meta, 0, tp, qv, bv, kst)", "pass")], {}),
     # the copies' barrier completes by one plain arrive instead of the bulk copies' bytes
     "no_copy": ([(ISSUE, r"\1if tp == 0:\n\1    T.barrier_arrive(fp8_full[0])")], {}),
+    "half_stages": ([], {"half_stages": True}),      # the experimental producer
 }
 
 

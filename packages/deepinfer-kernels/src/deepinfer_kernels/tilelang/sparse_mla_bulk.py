@@ -40,7 +40,8 @@ from deepinfer_kernels.tilelang.sparse_mla_builders import (
 )
 
 
-def _bulk_macros(T, d: int, producers: int, group_rows: int = 0, mask_bits: bool = False, ix_row: int = 0):
+def _bulk_macros(T, d: int, producers: int, group_rows: int = 0, mask_bits: bool = False, ix_row: int = 0,
+                 half_blocks: bool = False):
     """The producer side shared by the bulk kernels: ``load_indices`` (a block's slots into
     registers), ``issue_block`` (one warp's bulk copies of a block into an FP8 stage) and
     ``dequant_block`` (the producers turn an FP8 stage into a bf16 stage and the -inf mask).
@@ -49,7 +50,9 @@ def _bulk_macros(T, d: int, producers: int, group_rows: int = 0, mask_bits: bool
     slot | row bits << row_bits_shift); the copies strip the bits and the mask is per key and row,
     ``vm[stage, key, row]`` (0 / -inf), or with ``mask_bits`` the key's row bits, ``vm[stage, key]``
     (int32, 0 for an invalid key). ``ix_row``: FP8 stage s's slots are row ``ix_row + s`` of
-    ``ix_s`` (a kernel short of shared memory keeps them in one buffer with its masks)."""
+    ``ix_s`` (a kernel short of shared memory keeps them in one buffer with its masks).
+    ``half_blocks``: also return ``issue_half`` (and ``dequant_block(..., half=h)`` works on one
+    half): a kernel with one FP8 stage overlaps a half's copy with the other half's dequantization."""
     BI = BLOCK_TOKENS
     REC = _record_bytes(d)
     CH = d // 16                      # 16-byte chunks per record body
@@ -95,10 +98,26 @@ def _bulk_macros(T, d: int, producers: int, group_rows: int = 0, mask_bits: bool
                                     lane)
 
     @T.macro
-    def dequant_block(K8, ix_s, Kb, vm, stage, tp, qv, bv, dst):
-        # FP8 stage ``stage`` (and its slots in ix_s) -> bf16 stage ``dst`` of Kb and vm
-        for k in T.unroll(RPT):
-            rec = k * (PT // P) + (tp // 32) * RW + (tp % 32) % RW
+    def issue_half(Pool, K8, ix_s, fp8_full, stage, half, lane, ib, o):
+        # issue_block for records half * 32 .. + 31 only, on barrier fp8_full[half] (a stage's two
+        # halves each complete their own barrier: the dequantizers start on one while the other's
+        # copies are in flight). ``half``: a Python constant, 0 or 1
+        ix_s[ix_row + stage, half * 32 + lane] = ib[o + half]
+        T.sync_warp()
+        if group_rows:
+            ib[o + half] = T.if_then_else(ib[o + half] >= 0, ib[o + half] & SLOT_MASK, -1)
+        ib[o + RPL] = T.call_extern("int32", "di_issue_record_runs", ib[o] if half == 0 else -1,
+                                    ib[o + 1] if half == 1 else -1, T.access_ptr(Pool[0, 0], "r"), REC,
+                                    T.access_ptr(K8[stage, 0, 0], "w"), T.access_ptr(fp8_full[half], "rw"),
+                                    lane)
+
+    @T.macro
+    def dequant_block(K8, ix_s, Kb, vm, stage, tp, qv, bv, dst, half=-1):
+        # FP8 stage ``stage`` (and its slots in ix_s) -> bf16 stage ``dst`` of Kb and vm; ``half``
+        # 0 / 1 (a Python constant): records half * 32 .. + 31 only (each thread's k-th record is
+        # in half k when RPT == 2, PT // P == 32)
+        for k in T.unroll(RPT if half < 0 else 1):
+            rec = (k if half < 0 else half) * (PT // P) + (tp // 32) * RW + (tp % 32) % RW
             part = (tp % 32) // RW
             ok = ix_s[ix_row + stage, rec] >= 0
             for jj in T.unroll(CPR):
@@ -122,6 +141,9 @@ def _bulk_macros(T, d: int, producers: int, group_rows: int = 0, mask_bits: bool
                 else:
                     vm[dst, rec] = T.if_then_else(ok, 0.0, -T.infinity(T.float32))
 
+    if half_blocks:
+        assert RPT == 2 and PT // P == 32 and RPL == 2, "half blocks: each thread's k-th record in half k"
+        return load_indices, issue_block, dequant_block, issue_half
     return load_indices, issue_block, dequant_block
 
 
