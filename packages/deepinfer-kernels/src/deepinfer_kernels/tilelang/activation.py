@@ -21,18 +21,17 @@ PER = 8
 _DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
-def _build(inter: int, dtype: str, round_silu: bool = True, gate_stride: int = 0, up_stride: int = 0):
+def _build(inter: int, dtype: str, round_silu: bool, gate_stride: int, up_stride: int):
     """``round_silu``: silu rounded to dtype before the product (torch's ``F.silu(g) * u`` in dtype);
     False: one rounding at the end (``(F.silu(g.float()) * u.float()).to(dtype)``, the MoE prefill's).
-    ``gate_stride`` / ``up_stride``: the inputs' row strides in elements, multiples of 8 (0: ``inter``)."""
+    ``gate_stride`` / ``up_stride``: the inputs' row strides in elements, multiples of 8."""
     import tilelang.language as T
 
     NTR = inter // PER                    # threads per row
     TCOL = min(NTR, 256)                  # threads along a row per CTA (wide rows: several CTAs)
     ROWS = max(1, 256 // NTR)             # rows per CTA
     N = T.dynamic("N")
-    SG = gate_stride or inter
-    SU = up_stride or inter
+    SG, SU = gate_stride, up_stride
     assert SG % PER == 0 and SU % PER == 0 and SG >= inter and SU >= inter
 
     @T.prim_func
@@ -69,10 +68,9 @@ def _build(inter: int, dtype: str, round_silu: bool = True, gate_stride: int = 0
     return main
 
 
-def _kernel(inter: int, dtype: torch.dtype, round_silu: bool = True, gate_stride: int = 0, up_stride: int = 0):
-    sg, su = gate_stride or inter, up_stride or inter
-    return compile_cached("silu_mul", (inter, _DTYPES[dtype], round_silu, sg, su),
-                          lambda: _build(inter, _DTYPES[dtype], round_silu, sg, su))
+def _kernel(inter: int, dtype: torch.dtype, round_silu: bool, gate_stride: int, up_stride: int):
+    return compile_cached("silu_mul", (inter, _DTYPES[dtype], round_silu, gate_stride, up_stride),
+                          lambda: _build(inter, _DTYPES[dtype], round_silu, gate_stride, up_stride))
 
 
 def _aligned(x: torch.Tensor) -> bool:
@@ -94,6 +92,5 @@ def silu_mul_tilelang(gate: torch.Tensor, up: torch.Tensor, round_silu: bool = T
         # a copy with fresh strides (`.contiguous()` keeps a one-row slice's stride and start)
         gate = gate if _aligned(gate) else gate.clone(memory_format=torch.contiguous_format)
         up = up if _aligned(up) else up.clone(memory_format=torch.contiguous_format)
-        sg, su = gate.stride(0), up.stride(0)
-        _kernel(inter, gate.dtype, round_silu, sg, su)(gate, up, out)
+        _kernel(inter, gate.dtype, round_silu, gate.stride(0), up.stride(0))(gate, up, out)
     return out

@@ -51,8 +51,8 @@ def _bulk_macros(T, d: int, producers: int, group_rows: int = 0, mask_bits: bool
     ``vm[stage, key, row]`` (0 / -inf), or with ``mask_bits`` the key's row bits, ``vm[stage, key]``
     (int32, 0 for an invalid key). ``ix_row``: FP8 stage s's slots are row ``ix_row + s`` of
     ``ix_s`` (a kernel short of shared memory keeps them in one buffer with its masks).
-    ``half_blocks``: also return ``issue_half`` (and ``dequant_block(..., half=h)`` works on one
-    half): a kernel with one FP8 stage overlaps a half's copy with the other half's dequantization."""
+    ``half_blocks``: checks that ``issue_block`` / ``dequant_block(..., half=h)`` can work on one
+    half: a kernel with one FP8 stage overlaps a half's copy with the other half's dequantization."""
     BI = BLOCK_TOKENS
     REC = _record_bytes(d)
     CH = d // 16                      # 16-byte chunks per record body
@@ -83,33 +83,24 @@ def _bulk_macros(T, d: int, producers: int, group_rows: int = 0, mask_bits: bool
             ib[o + k] = T.if_then_else(ok_blk & (col < W), Idx[r, T.min(col, W - 1)], -1)
 
     @T.macro
-    def issue_block(Pool, K8, ix_s, fp8_full, stage, lane, ib, o):
+    def issue_block(Pool, K8, ix_s, fp8_full, stage, lane, ib, o, half=-1):
         # lanes 0..31 of producer warp 0: block's slots to ix_s (the dequantizers' validity), then
-        # one bulk copy per run of consecutive slots into fp8[stage] (``di_issue_record_runs``)
-        for k in T.unroll(RPL):
-            ix_s[ix_row + stage, k * 32 + lane] = ib[o + k]
+        # one bulk copy per run of consecutive slots into fp8[stage] (``di_issue_record_runs``),
+        # completing barrier fp8_full[stage]. ``half`` 0 / 1 (a Python constant): records
+        # half * 32 .. + 31 only, on barrier fp8_full[half] (a stage's two halves each complete
+        # their own barrier: the dequantizers start on one while the other's copies are in flight)
+        for k in T.unroll(RPL if half < 0 else 1):
+            r = k if half < 0 else half                 # the record half (lane's record r * 32 + lane)
+            ix_s[ix_row + stage, r * 32 + lane] = ib[o + r]
         T.sync_warp()                                   # ix_s writes before the release below
         if group_rows:
-            for k in T.unroll(RPL):                     # the row bits off: pool slots
-                ib[o + k] = T.if_then_else(ib[o + k] >= 0, ib[o + k] & SLOT_MASK, -1)
-        ib[o + RPL] = T.call_extern("int32", "di_issue_record_runs", ib[o], ib[o + 1],
-                                    T.access_ptr(Pool[0, 0], "r"), REC,
-                                    T.access_ptr(K8[stage, 0, 0], "w"), T.access_ptr(fp8_full[stage], "rw"),
-                                    lane)
-
-    @T.macro
-    def issue_half(Pool, K8, ix_s, fp8_full, stage, half, lane, ib, o):
-        # issue_block for records half * 32 .. + 31 only, on barrier fp8_full[half] (a stage's two
-        # halves each complete their own barrier: the dequantizers start on one while the other's
-        # copies are in flight). ``half``: a Python constant, 0 or 1
-        ix_s[ix_row + stage, half * 32 + lane] = ib[o + half]
-        T.sync_warp()
-        if group_rows:
-            ib[o + half] = T.if_then_else(ib[o + half] >= 0, ib[o + half] & SLOT_MASK, -1)
-        ib[o + RPL] = T.call_extern("int32", "di_issue_record_runs", ib[o] if half == 0 else -1,
-                                    ib[o + 1] if half == 1 else -1, T.access_ptr(Pool[0, 0], "r"), REC,
-                                    T.access_ptr(K8[stage, 0, 0], "w"), T.access_ptr(fp8_full[half], "rw"),
-                                    lane)
+            for k in T.unroll(RPL if half < 0 else 1):  # the row bits off: pool slots
+                r = k if half < 0 else half
+                ib[o + r] = T.if_then_else(ib[o + r] >= 0, ib[o + r] & SLOT_MASK, -1)
+        ib[o + RPL] = T.call_extern("int32", "di_issue_record_runs", ib[o] if half <= 0 else -1,
+                                    ib[o + 1] if half != 0 else -1, T.access_ptr(Pool[0, 0], "r"), REC,
+                                    T.access_ptr(K8[stage, 0, 0], "w"),
+                                    T.access_ptr(fp8_full[stage if half < 0 else half], "rw"), lane)
 
     @T.macro
     def dequant_block(K8, ix_s, Kb, vm, stage, tp, qv, bv, dst, half=-1):
@@ -141,9 +132,7 @@ def _bulk_macros(T, d: int, producers: int, group_rows: int = 0, mask_bits: bool
                 else:
                     vm[dst, rec] = T.if_then_else(ok, 0.0, -T.infinity(T.float32))
 
-    if half_blocks:
-        assert RPT == 2 and PT // P == 32 and RPL == 2, "half blocks: each thread's k-th record in half k"
-        return load_indices, issue_block, dequant_block, issue_half
+    assert not half_blocks or (RPT == 2 and PT // P == 32 and RPL == 2), "half blocks: each thread's k-th record in half k"
     return load_indices, issue_block, dequant_block
 
 

@@ -80,7 +80,7 @@ def _build_quads(d: int, qpc: int = QUADS_PER_CTA, max_blocks: int = MAX_QUAD_BL
     NITEMS = MAXI              # its count
     NBLK = MAXI + 1            # quad i's block count at NBLK + i
     assert MAXI + 1 + qpc <= META
-    load_indices, issue_block, dequant_block, issue_half = _bulk_macros(
+    load_indices, issue_block, dequant_block = _bulk_macros(
         T, d, 1, group_rows=QUAD_ROWS, mask_bits=True, ix_row=2, half_blocks=True)
     HALVES = 2 if half_stages else 1     # barriers of the one FP8 stage
 
@@ -104,7 +104,7 @@ def _build_quads(d: int, qpc: int = QUADS_PER_CTA, max_blocks: int = MAX_QUAD_BL
         T.barrier_arrive(fp8_empty[h])
         if (tp < 32) and (b + 1 < nitems):
             T.barrier_wait(fp8_empty[h], b & 1)
-            issue_half(Pool, K8, meta, fp8_full, 0, h, tp, ib, 0)
+            issue_block(Pool, K8, meta, fp8_full, 0, tp, ib, 0, h)
 
     @T.macro
     def consume(half, tq, g0, nitems, Q, Q_s, Kb, meta, kb_full, kb_empty, Out, Lse, scale):
@@ -254,8 +254,8 @@ def _build_quads(d: int, qpc: int = QUADS_PER_CTA, max_blocks: int = MAX_QUAD_BL
                     if tp < 32:
                         if nitems > 0:
                             load_block(Keys, g0, meta, 0, True, tp, ib)
-                            issue_half(Pool, K8, meta, fp8_full, 0, 0, tp, ib, 0)
-                            issue_half(Pool, K8, meta, fp8_full, 0, 1, tp, ib, 0)
+                            issue_block(Pool, K8, meta, fp8_full, 0, tp, ib, 0, 0)
+                            issue_block(Pool, K8, meta, fp8_full, 0, tp, ib, 0, 1)
                         load_block(Keys, g0, meta, 1, 1 < nitems, tp, ib)
                     for b in T.serial(nitems):
                         kst = b % 2
