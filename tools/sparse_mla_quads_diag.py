@@ -14,6 +14,7 @@ Found the session-19 pitfalls (TILELANG.md): without the query load or the outpu
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import multiprocessing as mp
 import re
@@ -55,6 +56,7 @@ def variant_source(name: str) -> str:
     return src
 
 
+@functools.cache        # each variant is timed on both cases: compile once
 def build(name: str):
     import tilelang
 
