@@ -18,6 +18,13 @@ def test_each_variant_changes_the_source_it_names(name):
     assert (src == diag.SOURCE.read_text()) == (not diag.VARIANTS[name][0])
 
 
+@pytest.mark.parametrize("name", sorted(diag.VARIANTS))
+def test_each_variant_builds_a_prim_func(name):
+    pytest.importorskip("tilelang")
+    func = diag.variant_prim_func(name)     # the step that failed on the H200 with a NameError
+    assert "Pool" in {b.name for b in func.buffer_map.values()}
+
+
 def test_a_stale_substitution_fails_loudly(monkeypatch):
     monkeypatch.setitem(diag.VARIANTS, "stale", ([("T.gemm(no such call)", "pass")], {}))
     with pytest.raises(ValueError, match="stale"):

@@ -56,6 +56,18 @@ def variant_source(name: str) -> str:
     return src
 
 
+def variant_prim_func(name: str):
+    """The variant's TileLang prim_func (no GPU needed). Its source is compiled without this file's
+    ``from __future__ import annotations``: TileLang evaluates the annotations, which name the
+    builder's locals (``R``), so postponed ones fail with a NameError."""
+    path = Path(f"/tmp/sparse_mla_quads_{name}.py")      # TileLang reads the source for its errors
+    path.write_text(variant_source(name))
+    module = types.ModuleType(path.stem)
+    module.__file__ = str(path)
+    exec(compile(path.read_text(), str(path), "exec", dont_inherit=True), module.__dict__)  # noqa: S102 (our own source)
+    return module._build_quads(512, **VARIANTS[name][1])
+
+
 @functools.cache        # each variant is timed on both cases: compile once
 def build(name: str):
     import tilelang
@@ -63,12 +75,7 @@ def build(name: str):
     from deepinfer_kernels.tilelang._common import TARGET
     from deepinfer_kernels.tilelang.sparse_mla_builders import NO_AUTO_SYNC
 
-    path = Path(f"/tmp/sparse_mla_quads_{name}.py")      # TileLang reads the source for its errors
-    path.write_text(variant_source(name))
-    module = types.ModuleType(path.stem)
-    module.__file__ = str(path)
-    exec(compile(path.read_text(), str(path), "exec"), module.__dict__)  # noqa: S102 (our own source)
-    return tilelang.compile(module._build_quads(512, **VARIANTS[name][1]), target=TARGET, pass_configs=NO_AUTO_SYNC)
+    return tilelang.compile(variant_prim_func(name), target=TARGET, pass_configs=NO_AUTO_SYNC)
 
 
 def warm(name: str) -> tuple[str, float | None, str | None]:
