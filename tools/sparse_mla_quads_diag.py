@@ -40,6 +40,8 @@ VARIANTS: dict[str, tuple[list, dict]] = {
     # the copies' barrier completes by one plain arrive instead of the bulk copies' bytes
     "no_copy": ([(ISSUE, r"\1if tp == 0:\n\1    T.barrier_arrive(fp8_full[0])")], {}),
     "half_stages": ([], {"half_stages": True}),      # the experimental producer
+    "chunkwise": ([], {"load_batch": 0}),            # the dequantization chunk by chunk (before session 20)
+    "batch8": ([], {"load_batch": 8}),
 }
 
 

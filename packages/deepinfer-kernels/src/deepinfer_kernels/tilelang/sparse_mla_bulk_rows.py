@@ -31,7 +31,7 @@ from deepinfer_kernels.tilelang.sparse_mla_builders import (
     _record_bytes,
     _softmax_macros,
 )
-from deepinfer_kernels.tilelang.sparse_mla_bulk import _bulk_macros
+from deepinfer_kernels.tilelang.sparse_mla_bulk import LOAD_BATCH, _bulk_macros, dequant_scratch_bytes
 
 ROWS_PER_CTA = 4
 MAX_PAIRS = 8          # pairs of 64-key blocks per row: index lists up to 1,024 wide
@@ -163,7 +163,7 @@ def _build_bulk_rows(heads: int, d: int, hb: int, producers: int = 2, rpc: int =
             else:
                 # ---------------------------------------------------------------- producer
                 tp = tx - 128
-                qv = T.alloc_local((16,), T.uint8)
+                qv = T.alloc_local((dequant_scratch_bytes(LOAD_BATCH),), T.uint8)
                 bv = T.alloc_local((16,), T.bfloat16)
                 ib = T.alloc_local((2 * (RPL + 1),), T.int32)   # slots + count, per stage
                 if (tp < 32) and (nitems > 0):

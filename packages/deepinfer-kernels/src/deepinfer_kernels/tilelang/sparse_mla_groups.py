@@ -36,7 +36,7 @@ from deepinfer_kernels.tilelang.sparse_mla_builders import (
     _record_bytes,
     _softmax_macros,
 )
-from deepinfer_kernels.tilelang.sparse_mla_bulk import _bulk_macros
+from deepinfer_kernels.tilelang.sparse_mla_bulk import LOAD_BATCH, _bulk_macros, dequant_scratch_bytes
 
 GROUPS_PER_CTA = 2
 MAX_GROUP_PAIRS = 16    # block pairs per row pair: shared key lists up to 2,048 wide
@@ -190,7 +190,7 @@ def _build_bulk_groups(heads: int, d: int, gpc: int = GROUPS_PER_CTA, max_pairs:
                 if producers > 1:
                     T.dec_max_nreg(PRODUCER_REGS)
                 tp = tx - 128
-                qv = T.alloc_local((16,), T.uint8)
+                qv = T.alloc_local((dequant_scratch_bytes(LOAD_BATCH),), T.uint8)
                 bv = T.alloc_local((16,), T.bfloat16)
                 ib = T.alloc_local((RPL + 1,), T.int32)
                 if tp < 32:

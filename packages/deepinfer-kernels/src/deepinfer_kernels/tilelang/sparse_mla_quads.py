@@ -30,7 +30,7 @@ Results equal the reference up to float rounding (keys come in the quad list's o
 from deepinfer_kernels.tilelang._common import PDL, pdl_sync
 from deepinfer_kernels.tilelang._cuda import BULK_COPY_SRC, DEQUANT_SRC
 from deepinfer_kernels.tilelang.sparse_mla_builders import BLOCK_TOKENS, LOG2E, NEG_INIT, _record_bytes
-from deepinfer_kernels.tilelang.sparse_mla_bulk import _bulk_macros
+from deepinfer_kernels.tilelang.sparse_mla_bulk import _bulk_macros, dequant_scratch_bytes
 
 QUAD_ROWS = 4
 QUAD_HEADS = 16            # 4 rows x 16 heads = the wgmma's M of 64
@@ -43,11 +43,13 @@ MAX_QUAD_BLOCKS = 30       # 64-key blocks per quad list: lists up to 1,920 keys
 LAUNCH_REGS = 168
 CONSUMER_REGS = 216        # each consumer warpgroup (acc_o 64 x 256 fp32 = 128 registers a thread)
 PRODUCER_REGS = 72
+QUAD_LOAD_BATCH = 4         # _bulk_macros' load_batch within the producers' 72 registers (8 spills)
 assert 2 * CONSUMER_REGS + PRODUCER_REGS <= 3 * LAUNCH_REGS
 Q_BARRIER = 2              # named barrier of the 256 consumer threads (Q reloads)
 
 
-def _build_quads(d: int, qpc: int = QUADS_PER_CTA, max_blocks: int = MAX_QUAD_BLOCKS, half_stages: bool = False):
+def _build_quads(d: int, qpc: int = QUADS_PER_CTA, max_blocks: int = MAX_QUAD_BLOCKS, half_stages: bool = False,
+                 load_batch: int = QUAD_LOAD_BATCH):
     """Q bf16 [R, 16, D], Pool uint8 [S, REC], Keys int32 [G, W] (``shared_key_lists(..., 4)``),
     Counts int32 [G] -> Out bf16 [R, 16, D], Lse float32 [R, 16]; ``G = ceil(R / 4)``.
 
@@ -81,7 +83,7 @@ def _build_quads(d: int, qpc: int = QUADS_PER_CTA, max_blocks: int = MAX_QUAD_BL
     NBLK = MAXI + 1            # quad i's block count at NBLK + i
     assert MAXI + 1 + qpc <= META
     load_indices, issue_block, dequant_block = _bulk_macros(
-        T, d, 1, group_rows=QUAD_ROWS, mask_bits=True, ix_row=2, half_blocks=True)
+        T, d, 1, group_rows=QUAD_ROWS, mask_bits=True, ix_row=2, half_blocks=True, load_batch=load_batch)
     HALVES = 2 if half_stages else 1     # barriers of the one FP8 stage
 
     R = T.dynamic("R")
@@ -234,20 +236,24 @@ def _build_quads(d: int, qpc: int = QUADS_PER_CTA, max_blocks: int = MAX_QUAD_BL
                         nitems = nitems + 1
                 meta[ITEMS, NITEMS] = nitems
             T.sync_threads()
-            nitems = meta[ITEMS, NITEMS]
+            # each warpgroup reads the count after its register budget changes: read once before,
+            # it is live across the change and nvcc spills it to local memory
 
             if tx < 128:
                 T.inc_max_nreg(CONSUMER_REGS)
+                nitems = meta[ITEMS, NITEMS]
                 consume(0, tx, g0, nitems, Q, Q_s, Kb, meta, kb_full, kb_empty, Out, Lse, scale)
             elif tx < 256:
                 T.inc_max_nreg(CONSUMER_REGS)
+                nitems = meta[ITEMS, NITEMS]
                 consume(1, tx - 128, g0, nitems, Q, Q_s, Kb, meta, kb_full, kb_empty, Out, Lse, scale)
             else:
                 # ---------------------------------------------------------------- producer
                 # warp 0 keeps one block in flight; ib holds the slots of the next block to issue
                 T.dec_max_nreg(PRODUCER_REGS)
+                nitems = meta[ITEMS, NITEMS]
                 tp = tx - 256
-                qv = T.alloc_local((16,), T.uint8)
+                qv = T.alloc_local((dequant_scratch_bytes(load_batch),), T.uint8)
                 bv = T.alloc_local((16,), T.bfloat16)
                 ib = T.alloc_local((BI // 32 + 1,), T.int32)
                 if half_stages:
