@@ -39,9 +39,8 @@ VARIANTS: dict[str, tuple[list, dict]] = {
     "no_dequant": ([("dequant_block(K8, meta, Kb, meta, 0, tp, qv, bv, kst)", "pass")], {}),
     # the copies' barrier completes by one plain arrive instead of the bulk copies' bytes
     "no_copy": ([(ISSUE, r"\1if tp == 0:\n\1    T.barrier_arrive(fp8_full[0])")], {}),
-    "half_stages": ([], {"half_stages": True}),      # the experimental producer
-    "chunkwise": ([], {"load_batch": 0}),            # the dequantization chunk by chunk (before session 20)
-    "batch8": ([], {"load_batch": 8}),
+    "batch1": ([], {"load_batch": 1}),               # the dequantization's loads about chunk by chunk
+    "batch8": ([], {"load_batch": 8}),               # spills in the producers' 72 registers
 }
 
 

@@ -59,7 +59,6 @@ def _specs():
     for width in (128, 384, 1024):   # pairs at 16 heads too (DEEPINFER_SPARSE_MLA_GROUP_ROWS=2, the tests' pairs)
         add("sparse_mla", "sparse_mla", [("get_shared_keys_kernel", (width,)), ("get_groups_kernel", (16, 512))])
     add("sparse_mla", "sparse_mla", [("get_shared_keys_kernel", (128, 4))])   # quads of window-only rows
-    add("sparse_mla", "sparse_mla", [("get_quads_kernel", (512, True))])   # the experimental half-stage producer
 
     # ---- KV store: (fmt, D, input dtype, slot dtype or None for quantize_*, identity)
     for d in (512, 64):

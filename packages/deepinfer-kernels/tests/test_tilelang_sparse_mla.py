@@ -326,30 +326,3 @@ def test_shared_keys_sparse_mla_matches_reference(name, group_rows, monkeypatch)
     fin = torch.isfinite(row_lse)
     assert torch.equal(fin, torch.isfinite(lse))
     torch.testing.assert_close(lse[fin], row_lse[fin], atol=1e-4, rtol=1e-5)
-
-
-@pytest.mark.parametrize("name", ["prefill_paged", "prefill_random", "unrelated_rows", "window_only_w128"])
-def test_quad_kernel_with_half_stages_matches_the_quad_kernel(name):
-    """The quad kernel's experimental producer (the FP8 stage's halves on their own barriers, each
-    next half issued as soon as this one is dequantized) walks the same lists in the same order:
-    the same output as the default producer, and the reference's."""
-    from deepinfer_kernels.tilelang.shared_keys import shared_key_lists_tilelang
-    from deepinfer_kernels.tilelang.sparse_mla import get_quads_kernel
-    from deepinfer_kernels.tilelang.sparse_mla_builders import LOG2E
-
-    case = SHARED_KEY_CASES[name]()
-    rows, heads, d = case.q.shape
-    assert heads == 16
-    keys, counts = shared_key_lists_tilelang(case.indices, 4)
-    outs = []
-    for half_stages in (False, True):
-        out = torch.empty(rows, heads, d, dtype=torch.bfloat16, device="cuda")
-        lse = torch.empty(rows, heads, dtype=torch.float32, device="cuda")
-        get_quads_kernel(d, half_stages)(case.q, case.pool, keys, counts, out, lse, float(case.sm_scale) * LOG2E)
-        outs.append((out, lse))
-    torch.cuda.synchronize()
-    (out, lse), (half_out, half_lse) = outs
-    assert torch.equal(half_out, out)
-    assert torch.equal(torch.isfinite(half_lse), torch.isfinite(lse))
-    assert torch.equal(half_lse[torch.isfinite(lse)], lse[torch.isfinite(lse)])
-    _check(case, half_out, half_lse)

@@ -101,11 +101,9 @@ def _uses_groups_kernel(variant: str, rows: int, heads: int, width: int, num_spl
             and not batch_invariant_enabled())
 
 
-def get_quads_kernel(d: int, half_stages: bool = False):
-    """The quad shared-key kernel (4 rows x 16 heads on the wgmma's M; ``sparse_mla_quads.py``).
-    ``half_stages``: its experimental producer (not dispatched; see ``_build_quads``)."""
-    key = (d, True) if half_stages else (d,)
-    return compile_cached("sparse_mla_quads", key, lambda: _build_quads(d, half_stages=half_stages),
+def get_quads_kernel(d: int):
+    """The quad shared-key kernel (4 rows x 16 heads on the wgmma's M; ``sparse_mla_quads.py``)."""
+    return compile_cached("sparse_mla_quads", (d,), lambda: _build_quads(d),
                           pass_configs=NO_AUTO_SYNC)
 
 

@@ -44,12 +44,12 @@ LOAD_BATCH = 8   # FP8 chunks a dequantizing thread loads before it converts any
 
 def dequant_scratch_bytes(load_batch: int) -> int:
     """Bytes of the dequantizers' ``qv`` scratch for ``_bulk_macros(..., load_batch=load_batch)``:
-    the batch's FP8 chunks and the part's 4 scale bytes, or one chunk."""
-    return load_batch * 16 + 4 if load_batch else 16
+    the batch's FP8 chunks and the record part's 4 scale bytes."""
+    return load_batch * 16 + 4
 
 
 def _bulk_macros(T, d: int, producers: int, group_rows: int = 0, mask_bits: bool = False, ix_row: int = 0,
-                 half_blocks: bool = False, load_batch: int = LOAD_BATCH):
+                 load_batch: int = LOAD_BATCH):
     """The producer side shared by the bulk kernels: ``load_indices`` (a block's slots into
     registers), ``issue_block`` (one warp's bulk copies of a block into an FP8 stage) and
     ``dequant_block`` (the producers turn an FP8 stage into a bf16 stage and the -inf mask).
@@ -59,16 +59,13 @@ def _bulk_macros(T, d: int, producers: int, group_rows: int = 0, mask_bits: bool
     ``vm[stage, key, row]`` (0 / -inf), or with ``mask_bits`` the key's row bits, ``vm[stage, key]``
     (int32, 0 for an invalid key). ``ix_row``: FP8 stage s's slots are row ``ix_row + s`` of
     ``ix_s`` (a kernel short of shared memory keeps them in one buffer with its masks).
-    ``half_blocks``: checks that ``issue_block`` / ``dequant_block(..., half=h)`` can work on one
-    half: a kernel with one FP8 stage overlaps a half's copy with the other half's dequantization.
-    ``load_batch`` > 0: ``dequant_block`` reads that many of a record part's FP8 chunks (and the
-    part's scales, first) before it converts and stores any (``qv`` holds ``load_batch * 16 + 4``
-    bytes). Chunk by chunk (0), nvcc cannot move
-    the next chunk's shared load above this chunk's shared stores (they may alias), so every load's
-    latency is exposed, and with the consumers' wgmmas streaming shared memory that latency is
-    long. H200, 2026-12-01, bit-identical outputs: decode over KV blocks 86.3 -> 74.7 us (8 chunks;
-    4: 74.5), the quad kernel 329.5 -> 318.9 us on `mini`'s prefill rows (4 chunks: its producers'
-    72 registers)."""
+    ``load_batch``: ``dequant_block`` reads that many of a record part's FP8 chunks (and the part's
+    scales, first) before it converts and stores any (``qv`` holds ``dequant_scratch_bytes``).
+    Chunk by chunk, nvcc cannot move the next chunk's shared load above this chunk's shared stores
+    (they may alias), so every load's latency is exposed, and with the consumers' wgmmas streaming
+    shared memory that latency is long. H200, 2026-12-01, bit-identical outputs: decode over KV
+    blocks 86.3 -> 74.7 us (8 chunks; 4: 74.5), the quad kernel 329.5 -> 318.9 us on `mini`'s
+    prefill rows (4 chunks: its producers' 72 registers)."""
     BI = BLOCK_TOKENS
     REC = _record_bytes(d)
     CH = d // 16                      # 16-byte chunks per record body
@@ -88,7 +85,7 @@ def _bulk_macros(T, d: int, producers: int, group_rows: int = 0, mask_bits: bool
     SB = CPR // 2                     # scale bytes per thread-part (CPR chunks = CPR/2 groups)
     assert RPT * CPR == NCH and P * CPR == CH and RW * P == 32 and SB >= 1
     LB = load_batch
-    assert LB == 0 or (CPR % LB == 0 and SB == 4), "load_batch: whole batches of a part, 4 scale bytes"
+    assert LB >= 1 and CPR % LB == 0 and SB == 4, "load_batch: whole batches of a part, 4 scale bytes"
     SHIFT = row_bits_shift(group_rows) if group_rows else 0
     SLOT_MASK = (1 << SHIFT) - 1
 
@@ -101,63 +98,43 @@ def _bulk_macros(T, d: int, producers: int, group_rows: int = 0, mask_bits: bool
             ib[o + k] = T.if_then_else(ok_blk & (col < W), Idx[r, T.min(col, W - 1)], -1)
 
     @T.macro
-    def issue_block(Pool, K8, ix_s, fp8_full, stage, lane, ib, o, half=-1):
+    def issue_block(Pool, K8, ix_s, fp8_full, stage, lane, ib, o):
         # lanes 0..31 of producer warp 0: block's slots to ix_s (the dequantizers' validity), then
-        # one bulk copy per run of consecutive slots into fp8[stage] (``di_issue_record_runs``),
-        # completing barrier fp8_full[stage]. ``half`` 0 / 1 (a Python constant): records
-        # half * 32 .. + 31 only, on barrier fp8_full[half] (a stage's two halves each complete
-        # their own barrier: the dequantizers start on one while the other's copies are in flight)
-        for k in T.unroll(RPL if half < 0 else 1):
-            r = k if half < 0 else half                 # the record half (lane's record r * 32 + lane)
-            ix_s[ix_row + stage, r * 32 + lane] = ib[o + r]
+        # one bulk copy per run of consecutive slots into fp8[stage] (``di_issue_record_runs``)
+        for k in T.unroll(RPL):
+            ix_s[ix_row + stage, k * 32 + lane] = ib[o + k]
         T.sync_warp()                                   # ix_s writes before the release below
         if group_rows:
-            for k in T.unroll(RPL if half < 0 else 1):  # the row bits off: pool slots
-                r = k if half < 0 else half
-                ib[o + r] = T.if_then_else(ib[o + r] >= 0, ib[o + r] & SLOT_MASK, -1)
-        ib[o + RPL] = T.call_extern("int32", "di_issue_record_runs", ib[o] if half <= 0 else -1,
-                                    ib[o + 1] if half != 0 else -1, T.access_ptr(Pool[0, 0], "r"), REC,
-                                    T.access_ptr(K8[stage, 0, 0], "w"),
-                                    T.access_ptr(fp8_full[stage if half < 0 else half], "rw"), lane)
+            for k in T.unroll(RPL):                     # the row bits off: pool slots
+                ib[o + k] = T.if_then_else(ib[o + k] >= 0, ib[o + k] & SLOT_MASK, -1)
+        ib[o + RPL] = T.call_extern("int32", "di_issue_record_runs", ib[o], ib[o + 1],
+                                    T.access_ptr(Pool[0, 0], "r"), REC,
+                                    T.access_ptr(K8[stage, 0, 0], "w"), T.access_ptr(fp8_full[stage], "rw"),
+                                    lane)
 
     @T.macro
-    def dequant_block(K8, ix_s, Kb, vm, stage, tp, qv, bv, dst, half=-1):
-        # FP8 stage ``stage`` (and its slots in ix_s) -> bf16 stage ``dst`` of Kb and vm; ``half``
-        # 0 / 1 (a Python constant): records half * 32 .. + 31 only (each thread's k-th record is
-        # in half k when RPT == 2, PT // P == 32)
-        for k in T.unroll(RPT if half < 0 else 1):
-            rec = (k if half < 0 else half) * (PT // P) + (tp // 32) * RW + (tp % 32) % RW
+    def dequant_block(K8, ix_s, Kb, vm, stage, tp, qv, bv, dst):
+        # FP8 stage ``stage`` (and its slots in ix_s) -> bf16 stage ``dst`` of Kb and vm
+        for k in T.unroll(RPT):
+            rec = k * (PT // P) + (tp // 32) * RW + (tp % 32) % RW
             part = (tp % 32) // RW
             ok = ix_s[ix_row + stage, rec] >= 0
-            if load_batch:
-                if ok:
-                    for v in T.vectorized(SB):
-                        qv[LB * 16 + v] = K8[stage, rec, d + part * SB + v]
-                    for bt in T.unroll(CPR // LB):
-                        for c in T.unroll(LB):
-                            for v in T.vectorized(16):
-                                qv[c * 16 + v] = K8[stage, rec, (part * CPR + bt * LB + c) * 16 + v]
-                        for c in T.unroll(LB):
-                            T.call_extern("handle", "di_dequant16", T.access_ptr(qv[c * 16], "r"),
-                                          T.access_ptr(bv, "w"), qv[LB * 16 + (bt * LB + c) // 2])
-                            for v in T.vectorized(16):
-                                Kb[dst, rec, (part * CPR + bt * LB + c) * 16 + v] = bv[v]
-                else:
-                    for jj in T.unroll(CPR):
+            if ok:
+                for v in T.vectorized(SB):
+                    qv[LB * 16 + v] = K8[stage, rec, d + part * SB + v]
+                for bt in T.unroll(CPR // LB):
+                    for c in T.unroll(LB):
                         for v in T.vectorized(16):
-                            Kb[dst, rec, (part * CPR + jj) * 16 + v] = T.bfloat16(0)
+                            qv[c * 16 + v] = K8[stage, rec, (part * CPR + bt * LB + c) * 16 + v]
+                    for c in T.unroll(LB):
+                        T.call_extern("handle", "di_dequant16", T.access_ptr(qv[c * 16], "r"),
+                                      T.access_ptr(bv, "w"), qv[LB * 16 + (bt * LB + c) // 2])
+                        for v in T.vectorized(16):
+                            Kb[dst, rec, (part * CPR + bt * LB + c) * 16 + v] = bv[v]
             else:
                 for jj in T.unroll(CPR):
-                    if ok:
-                        for v in T.vectorized(16):
-                            qv[v] = K8[stage, rec, (part * CPR + jj) * 16 + v]
-                        T.call_extern("handle", "di_dequant16", T.access_ptr(qv, "r"), T.access_ptr(bv, "w"),
-                                      K8[stage, rec, d + part * SB + jj // 2])
-                    else:
-                        for v in T.vectorized(16):
-                            bv[v] = T.bfloat16(0)
                     for v in T.vectorized(16):
-                        Kb[dst, rec, (part * CPR + jj) * 16 + v] = bv[v]
+                        Kb[dst, rec, (part * CPR + jj) * 16 + v] = T.bfloat16(0)
             if part == 0:
                 if mask_bits:
                     vm[dst, rec] = T.if_then_else(ok, (ix_s[ix_row + stage, rec] >> SHIFT) & ((1 << group_rows) - 1), 0)
@@ -168,7 +145,6 @@ def _bulk_macros(T, d: int, producers: int, group_rows: int = 0, mask_bits: bool
                 else:
                     vm[dst, rec] = T.if_then_else(ok, 0.0, -T.infinity(T.float32))
 
-    assert not half_blocks or (RPT == 2 and PT // P == 32 and RPL == 2), "half blocks: each thread's k-th record in half k"
     return load_indices, issue_block, dequant_block
 
 

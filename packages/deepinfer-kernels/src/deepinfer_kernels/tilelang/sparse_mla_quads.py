@@ -48,7 +48,7 @@ assert 2 * CONSUMER_REGS + PRODUCER_REGS <= 3 * LAUNCH_REGS
 Q_BARRIER = 2              # named barrier of the 256 consumer threads (Q reloads)
 
 
-def _build_quads(d: int, qpc: int = QUADS_PER_CTA, max_blocks: int = MAX_QUAD_BLOCKS, half_stages: bool = False,
+def _build_quads(d: int, qpc: int = QUADS_PER_CTA, max_blocks: int = MAX_QUAD_BLOCKS,
                  load_batch: int = QUAD_LOAD_BATCH):
     """Q bf16 [R, 16, D], Pool uint8 [S, REC], Keys int32 [G, W] (``shared_key_lists(..., 4)``),
     Counts int32 [G] -> Out bf16 [R, 16, D], Lse float32 [R, 16]; ``G = ceil(R / 4)``.
@@ -56,11 +56,11 @@ def _build_quads(d: int, qpc: int = QUADS_PER_CTA, max_blocks: int = MAX_QUAD_BL
     Block b of the CTA's work list goes through the FP8 stage and bf16 stage ``b % 2`` (each
     barrier's phase: how many times its stage was used, mod 2).
 
-    ``half_stages`` (**experimental, not yet run on a GPU**): the FP8 stage's two halves (records
-    0-31, 32-63) each complete their own barrier, and the next block's half is issued as soon as
-    this block's same half is dequantized, so a half's copy overlaps the other half's
-    dequantization (one stage: each block's copy latency is exposed; 4.99 us per block on long
-    lists, H200 2026-12-01, against ~2.3 us of tensor work). Same shared memory."""
+    The one FP8 stage's copy is exposed per block (it is issued once the block before is
+    dequantized). A producer with the stage's two halves on their own barriers, each next half
+    copied as soon as this half was dequantized, was correct and slower (H200, 2026-12-01: 339.1
+    vs 318.9 us on `mini`'s prefill rows, no gain end to end) and was removed; what the time
+    goes to is ``tools/sparse_mla_quads_diag.py``'s question."""
     import tilelang.language as T
 
     BI = BLOCK_TOKENS
@@ -83,8 +83,7 @@ def _build_quads(d: int, qpc: int = QUADS_PER_CTA, max_blocks: int = MAX_QUAD_BL
     NBLK = MAXI + 1            # quad i's block count at NBLK + i
     assert MAXI + 1 + qpc <= META
     load_indices, issue_block, dequant_block = _bulk_macros(
-        T, d, 1, group_rows=QUAD_ROWS, mask_bits=True, ix_row=2, half_blocks=True, load_batch=load_batch)
-    HALVES = 2 if half_stages else 1     # barriers of the one FP8 stage
+        T, d, 1, group_rows=QUAD_ROWS, mask_bits=True, ix_row=2, load_batch=load_batch)
 
     R = T.dynamic("R")
     G = T.dynamic("G")
@@ -96,17 +95,6 @@ def _build_quads(d: int, qpc: int = QUADS_PER_CTA, max_blocks: int = MAX_QUAD_BL
         # the slots of the CTA's block b (a quad's block) into ib
         itb = meta[ITEMS, T.min(b, MAXI - 1)]
         load_indices(Keys, g0 + itb // max_blocks, W, itb % max_blocks, ok, lane, ib, 0)
-
-    @T.macro
-    def produce_half(h, b, kst, nitems, tp, qv, bv, ib, Pool, K8, Kb, meta, fp8_full, fp8_empty):
-        # ``half_stages``: block b's half h (a Python constant) dequantized into bf16 stage kst, then
-        # block b + 1's half h copied into the freed half while the other half is dequantized
-        T.barrier_wait(fp8_full[h], b & 1)
-        dequant_block(K8, meta, Kb, meta, 0, tp, qv, bv, kst, h)
-        T.barrier_arrive(fp8_empty[h])
-        if (tp < 32) and (b + 1 < nitems):
-            T.barrier_wait(fp8_empty[h], b & 1)
-            issue_block(Pool, K8, meta, fp8_full, 0, tp, ib, 0, h)
 
     @T.macro
     def consume(half, tq, g0, nitems, Q, Q_s, Kb, meta, kb_full, kb_empty, Out, Lse, scale):
@@ -214,8 +202,8 @@ def _build_quads(d: int, qpc: int = QUADS_PER_CTA, max_blocks: int = MAX_QUAD_BL
             # one buffer also keeps the planner from laying a buffer over another that slow threads
             # still read (TILELANG.md, pitfalls)
             meta = T.alloc_shared((4, META), T.int32)
-            fp8_full = T.alloc_barrier(arrive_count=[1] * HALVES)
-            fp8_empty = T.alloc_barrier(arrive_count=[128] * HALVES)
+            fp8_full = T.alloc_barrier(arrive_count=[1])
+            fp8_empty = T.alloc_barrier(arrive_count=[128])
             kb_full = T.alloc_barrier(arrive_count=[128, 128])
             kb_empty = T.alloc_barrier(arrive_count=[256, 256])
             tx = T.get_thread_binding()
@@ -256,39 +244,22 @@ def _build_quads(d: int, qpc: int = QUADS_PER_CTA, max_blocks: int = MAX_QUAD_BL
                 qv = T.alloc_local((dequant_scratch_bytes(load_batch),), T.uint8)
                 bv = T.alloc_local((16,), T.bfloat16)
                 ib = T.alloc_local((BI // 32 + 1,), T.int32)
-                if half_stages:
-                    if tp < 32:
-                        if nitems > 0:
-                            load_block(Keys, g0, meta, 0, True, tp, ib)
-                            issue_block(Pool, K8, meta, fp8_full, 0, tp, ib, 0, 0)
-                            issue_block(Pool, K8, meta, fp8_full, 0, tp, ib, 0, 1)
-                        load_block(Keys, g0, meta, 1, 1 < nitems, tp, ib)
-                    for b in T.serial(nitems):
-                        kst = b % 2
-                        T.barrier_wait(kb_empty[kst], ((b // 2) & 1) ^ 1)
-                        produce_half(0, b, kst, nitems, tp, qv, bv, ib, Pool, K8, Kb, meta, fp8_full, fp8_empty)
-                        produce_half(1, b, kst, nitems, tp, qv, bv, ib, Pool, K8, Kb, meta, fp8_full, fp8_empty)
-                        T.fence_proxy_async()
-                        T.barrier_arrive(kb_full[kst])
-                        if (tp < 32) and (b + 1 < nitems):
-                            load_block(Keys, g0, meta, b + 2, b + 2 < nitems, tp, ib)
-                else:
-                    if tp < 32:
-                        if nitems > 0:
-                            load_block(Keys, g0, meta, 0, True, tp, ib)
-                            issue_block(Pool, K8, meta, fp8_full, 0, tp, ib, 0)
-                        load_block(Keys, g0, meta, 1, 1 < nitems, tp, ib)
-                    for b in T.serial(nitems):
-                        kst = b % 2
-                        T.barrier_wait(fp8_full[0], b & 1)
-                        T.barrier_wait(kb_empty[kst], ((b // 2) & 1) ^ 1)
-                        dequant_block(K8, meta, Kb, meta, 0, tp, qv, bv, kst)
-                        T.fence_proxy_async()
-                        T.barrier_arrive(kb_full[kst])
-                        T.barrier_arrive(fp8_empty[0])
-                        if (tp < 32) and (b + 1 < nitems):
-                            T.barrier_wait(fp8_empty[0], b & 1)
-                            issue_block(Pool, K8, meta, fp8_full, 0, tp, ib, 0)
-                            load_block(Keys, g0, meta, b + 2, b + 2 < nitems, tp, ib)
+                if tp < 32:
+                    if nitems > 0:
+                        load_block(Keys, g0, meta, 0, True, tp, ib)
+                        issue_block(Pool, K8, meta, fp8_full, 0, tp, ib, 0)
+                    load_block(Keys, g0, meta, 1, 1 < nitems, tp, ib)
+                for b in T.serial(nitems):
+                    kst = b % 2
+                    T.barrier_wait(fp8_full[0], b & 1)
+                    T.barrier_wait(kb_empty[kst], ((b // 2) & 1) ^ 1)
+                    dequant_block(K8, meta, Kb, meta, 0, tp, qv, bv, kst)
+                    T.fence_proxy_async()
+                    T.barrier_arrive(kb_full[kst])
+                    T.barrier_arrive(fp8_empty[0])
+                    if (tp < 32) and (b + 1 < nitems):
+                        T.barrier_wait(fp8_empty[0], b & 1)
+                        issue_block(Pool, K8, meta, fp8_full, 0, tp, ib, 0)
+                        load_block(Keys, g0, meta, b + 2, b + 2 < nitems, tp, ib)
 
     return main
