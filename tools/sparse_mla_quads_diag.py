@@ -18,11 +18,14 @@ import functools
 import math
 import multiprocessing as mp
 import re
+import sys
 import time
-import types
 from pathlib import Path
 
-SOURCE = Path(__file__).resolve().parents[1] / "packages/deepinfer-kernels/src/deepinfer_kernels/tilelang/sparse_mla_quads.py"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from kernel_variants import ModuleEdit, edited_source, load_variant, median_us  # noqa: E402
+
 QK = "T.gemm(Q_s, Kb[s, :, :], acc_s, transpose_B=True)"
 PV = "T.gemm(p_f, Kb[s, :, half * DH:(half + 1) * DH], acc_o)"
 ISSUE = re.compile(r"^( *)issue_block\(Pool, K8, meta, fp8_full, 0, tp, ib, 0\)$", re.M)
@@ -44,29 +47,17 @@ VARIANTS: dict[str, tuple[list, dict]] = {
 }
 
 
+def edits(name: str) -> list[ModuleEdit]:
+    return [ModuleEdit("sparse_mla_quads", tuple(VARIANTS[name][0]))]
+
+
 def variant_source(name: str) -> str:
-    src = SOURCE.read_text()
-    for old, new in VARIANTS[name][0]:
-        if isinstance(old, re.Pattern):
-            src, n = old.subn(new, src)
-        else:
-            n = src.count(old)
-            src = src.replace(old, new)
-        if n == 0:
-            raise ValueError(f"variant {name}: {old!r} is no longer in {SOURCE.name}")
-    return src
+    return edited_source(edits(name)[0], name)
 
 
 def variant_prim_func(name: str):
-    """The variant's TileLang prim_func (no GPU needed). Its source is compiled without this file's
-    ``from __future__ import annotations``: TileLang evaluates the annotations, which name the
-    builder's locals (``R``), so postponed ones fail with a NameError."""
-    path = Path(f"/tmp/sparse_mla_quads_{name}.py")      # TileLang reads the source for its errors
-    path.write_text(variant_source(name))
-    module = types.ModuleType(path.stem)
-    module.__file__ = str(path)
-    exec(compile(path.read_text(), str(path), "exec", dont_inherit=True), module.__dict__)  # noqa: S102 (our own source)
-    return module._build_quads(512, **VARIANTS[name][1])
+    """The variant's TileLang prim_func (no GPU needed)."""
+    return load_variant(edits(name), name)._build_quads(512, **VARIANTS[name][1])
 
 
 @functools.cache        # each variant is timed on both cases: compile once
@@ -87,23 +78,6 @@ def warm(name: str) -> tuple[str, float | None, str | None]:
     except Exception as e:  # noqa: BLE001 (reported, the other variants go on)
         return name, None, repr(e)[:300]
     return name, round(time.perf_counter() - start, 1), None
-
-
-def median_us(fn, runs: int = 20) -> float:
-    import torch
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(runs):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return sorted(times)[runs // 2]
 
 
 def cases(pool, slots: int):
