@@ -56,11 +56,12 @@ def _build_quads(d: int, qpc: int = QUADS_PER_CTA, max_blocks: int = MAX_QUAD_BL
     Block b of the CTA's work list goes through the FP8 stage and bf16 stage ``b % 2`` (each
     barrier's phase: how many times its stage was used, mod 2).
 
-    The one FP8 stage's copy is exposed per block (it is issued once the block before is
-    dequantized). A producer with the stage's two halves on their own barriers, each next half
-    copied as soon as this half was dequantized, was correct and slower (H200, 2026-12-01: 339.1
-    vs 318.9 us on `mini`'s prefill rows, no gain end to end) and was removed; what the time
-    goes to is ``tools/sparse_mla_quads_diag.py``'s question."""
+    The one FP8 stage's copy is exposed per block (issued once the block before is dequantized),
+    but costs only ~5%; the producer's dequantization is what the consumers wait for (23-41% of
+    the time goes without it; ``tools/sparse_mla_quads_diag.py``, H200 2026-12-01). A producer with
+    the stage's two halves on their own barriers, each next half copied as soon as this half was
+    dequantized, was correct and slower (339.1 vs 318.9 us on `mini`'s prefill rows) and was
+    removed."""
     import tilelang.language as T
 
     BI = BLOCK_TOKENS
