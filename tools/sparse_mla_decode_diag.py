@@ -48,6 +48,9 @@ VARIANTS: dict[str, tuple[list, list, dict]] = {
     "producers1": ([], [], {"producers": 1}),      # one dequantizing warpgroup instead of two
     "batch1": ([], [], {"load_batch": 1}),         # the dequantization's loads about chunk by chunk
     "batch4": ([], [], {"load_batch": 4}),
+    # two consumer warpgroups on alternate blocks (experimental), their partials merged by the
+    # split-KV combine kernel (timed with it)
+    "consumers2": ([], [], {"consumers": 2}),
 }
 
 
@@ -56,10 +59,15 @@ def edits(name: str) -> list[ModuleEdit]:
     return [ModuleEdit("sparse_mla_builders", tuple(consumer)), ModuleEdit("sparse_mla_bulk", tuple(producer))]
 
 
+def two_consumers(name: str) -> bool:
+    return VARIANTS[name][2].get("consumers", 1) == 2
+
+
 def variant_prim_func(name: str):
-    """The variant's TileLang prim_func (no GPU needed): one row per CTA, no split, no trim."""
+    """The variant's TileLang prim_func (no GPU needed): one row per CTA, no trim, no split (a
+    two-consumer variant writes its two partials as splits)."""
     kwargs = {"producers": 2, **VARIANTS[name][2]}
-    return load_variant(edits(name), name)._build_bulk(HEADS, D, HEADS, False, trim=False, **kwargs)
+    return load_variant(edits(name), name)._build_bulk(HEADS, D, HEADS, two_consumers(name), trim=False, **kwargs)
 
 
 @functools.cache        # each variant is timed on every case: compile once
@@ -92,6 +100,11 @@ def cases(pool):
                                                                 seed=5, packed=True)
 
 
+def run_all(steps) -> None:
+    for step in steps:
+        step()
+
+
 def copy_tb_s() -> float:
     """Device copy bandwidth of this run (read + write of 512 MB), TB/s."""
     import torch
@@ -115,7 +128,7 @@ def main() -> None:
     import torch
 
     from deepinfer_kernels.tilelang import testing
-    from deepinfer_kernels.tilelang.sparse_mla import plan
+    from deepinfer_kernels.tilelang.sparse_mla import get_combine_kernel, plan
     from deepinfer_kernels.tilelang.sparse_mla_builders import LOG2E
 
     pool = testing.make_pool(SLOTS, D, "cuda", seed=0)
@@ -129,12 +142,20 @@ def main() -> None:
         lse = torch.empty(rows, HEADS, dtype=torch.float32, device="cuda")
         dummy_o = torch.empty(1, 1, HEADS, D, dtype=torch.float32, device="cuda")
         dummy_l = torch.empty(1, 1, HEADS, dtype=torch.float32, device="cuda")
+        opart = torch.empty(2, rows, HEADS, D, dtype=torch.float32, device="cuda")    # two consumers' partials
+        lpart = torch.empty(2, rows, HEADS, dtype=torch.float32, device="cuda")
+        combine = get_combine_kernel(HEADS, D)
         scale = float(c.sm_scale) * LOG2E
         reference = None
         for name in names:
             kernel = build(name)
             out.zero_()
-            us = median_us(lambda: kernel(c.q, pool, idx, out, lse, dummy_o, dummy_l, scale, bps))  # noqa: B023
+            if two_consumers(name):
+                steps = (functools.partial(kernel, c.q, pool, idx, out, lse, opart, lpart, scale, bps),
+                         functools.partial(combine, opart, lpart, out, lse))
+            else:
+                steps = (functools.partial(kernel, c.q, pool, idx, out, lse, dummy_o, dummy_l, scale, bps),)
+            us = median_us(functools.partial(run_all, steps))
             if reference is None:
                 reference = out.clone()
             diff = (out.float() - reference.float()).abs().max().item()

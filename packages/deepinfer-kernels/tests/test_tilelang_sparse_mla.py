@@ -230,6 +230,45 @@ def test_bulk_row_groups_equal_the_one_row_kernel_bit_for_bit(rows, heads, width
 
 
 
+@pytest.mark.parametrize("rows,heads,d,width,num_splits,kw", [
+    (5, 16, 512, 256, None, dict(empty_frac=0.1)),
+    (9, 16, 512, 200, None, dict(ragged=True, empty_rows=(0, 4))),   # width not a multiple of 64
+    (6, 8, 512, 130, None, dict(empty_frac=0.2, empty_rows=(5,))),    # heads < 16
+    (3, 64, 512, 128, None, dict(empty_frac=0.05)),                   # two head groups
+    (3, 16, 512, 2048, 3, dict(ragged=True, empty_rows=(1,))),        # split-KV: 6 partials a row
+    (3, 16, 512, 64, None, dict(q_scale=8.0)),                        # one block: the odd consumer has none
+    (2, 16, 512, 1, None, dict()),                                    # width 1
+    (300, 16, 512, 384, None, dict(ragged=True, empty_rows=(0, 299))),  # trimmed rows (> TRIM_MIN_ROWS)
+])
+def test_bulk_with_two_consumer_warpgroups_matches_the_reference(rows, heads, d, width, num_splits, kw):
+    """The experimental two-consumer bulk kernel (``consumers=2``: even and odd blocks in two
+    warpgroups, merged by the split-KV combine) against the reference and the one-consumer kernel."""
+    from deepinfer_kernels.tilelang.sparse_mla import sparse_mla_attention_tilelang
+
+    case = T.make_sparse_mla_case(rows, heads, d, width, 130000, "cuda", seed=rows * 5 + width, **kw)
+    outs = [sparse_mla_attention_tilelang(case.q, case.pool, case.indices, case.sm_scale, variant="bulk",
+                                          num_splits=num_splits, consumers=c) for c in (1, 2)]
+    torch.cuda.synchronize()
+    (one_out, one_lse), (two_out, two_lse) = outs
+    _check(case, two_out, two_lse)
+    torch.testing.assert_close(two_out.float(), one_out.float(), atol=1e-2, rtol=1e-2)
+    fin = torch.isfinite(one_lse)
+    assert torch.equal(fin, torch.isfinite(two_lse))
+    torch.testing.assert_close(two_lse[fin], one_lse[fin], atol=1e-4, rtol=1e-5)
+
+
+def test_two_consumer_warpgroups_are_bulk_only():
+    from deepinfer_kernels.tilelang.sparse_mla import sparse_mla_attention_tilelang
+
+    case = T.make_sparse_mla_case(2, 16, 512, 64, 3000, "cuda", seed=3)
+    with pytest.raises(ValueError, match="consumers=2"):
+        sparse_mla_attention_tilelang(case.q, case.pool, case.indices, case.sm_scale, variant="ws", consumers=2)
+    small_d = T.make_sparse_mla_case(2, 16, 64, 64, 3000, "cuda", seed=3)      # D 64 runs "ws"
+    with pytest.raises(ValueError, match="D a multiple of 512"):
+        sparse_mla_attention_tilelang(small_d.q, small_d.pool, small_d.indices, small_d.sm_scale, variant="bulk",
+                                      consumers=2)
+
+
 _SLOTS = 120000
 # the shared-key tests' cases: the engine's prefill layout, verification rows, unrelated pairs,
 # holes, empty rows and pairs, duplicates, an odd row count, heads 4 / 8 / 16 (built in the test)

@@ -69,14 +69,15 @@ TRIM_MIN_ROWS = 256   # "bulk" calls with more rows (prefill) skip each row's tr
 
 
 def get_kernel(heads: int, d: int, variant: str = "ws", split: bool = False, hb: int | None = None,
-               bps: int = 0, trim: bool = False):
+               bps: int = 0, trim: bool = False, consumers: int = 1):
     """Compiled kernel for one shape bucket: (heads, D, heads per CTA, split) [+ the static block
-    count bucket for the pipelined variant; + trim for "bulk"]."""
+    count bucket for the pipelined variant; + trim and two consumer warpgroups for "bulk"]."""
     hb = hb or _heads_per_cta(heads, variant)
     if variant == "bulk":
         # two dequantizing warpgroups: 1.25x one in the H200 diagnostics (2026-11-30)
-        key = (heads, d, hb, split) + (("trim",) if trim else ())
-        return compile_cached("sparse_mla_bulk", key, lambda: _build_bulk(heads, d, hb, split, 2, trim),
+        key = (heads, d, hb, split) + (("trim",) if trim else ()) + (("consumers", 2) if consumers == 2 else ())
+        return compile_cached("sparse_mla_bulk", key,
+                              lambda: _build_bulk(heads, d, hb, split, 2, trim, consumers=consumers),
                               pass_configs=NO_AUTO_SYNC)
     if variant == "ws":
         return compile_cached("sparse_mla_ws", (heads, d, hb, split), lambda: _build_ws(heads, d, hb, split))
@@ -185,7 +186,7 @@ def _trims(variant: str, rows: int) -> bool:
 def sparse_mla_attention_tilelang(q: torch.Tensor, kv_pool: torch.Tensor, indices: torch.Tensor,
                                   sm_scale: float, *, variant: str = "auto",
                                   num_splits: int | None = None,
-                                  shared_keys: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                                  shared_keys: bool = False, consumers: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """q bf16 [rows, heads, D], kv_pool uint8 [slots, D + D/32], indices int32 [rows, width]
     (-1 = empty) -> (out bf16 [rows, heads, D], lse float32 [rows, heads]).
 
@@ -194,7 +195,9 @@ def sparse_mla_attention_tilelang(q: torch.Tensor, kv_pool: torch.Tensor, indice
     split-KV heuristic. ``shared_keys``: consecutive rows attend nearly the same keys (prefill,
     verification rows); at the row-group kernel's sizes each quad (16 heads,
     ``sparse_mla_quads.py``) or pair (``sparse_mla_groups.py``) then attends the union of its
-    index rows once.
+    index rows once. ``consumers=2`` (**experimental, not yet run on a GPU**, ``variant="bulk"``
+    only): the one-row ``bulk`` kernel with two consumer warpgroups on alternate blocks, merged by
+    the split-KV combine (``_build_bulk``).
     """
     require(variant in VARIANTS, f"variant={variant!r}: expected one of {VARIANTS}")
     require(q.dim() == 3 and q.dtype == torch.bfloat16, f"q: expected bf16 [rows, heads, D], got {q.dtype} {tuple(q.shape)}")
@@ -225,6 +228,16 @@ def sparse_mla_attention_tilelang(q: torch.Tensor, kv_pool: torch.Tensor, indice
     p = plan(rows, heads, d, width, num_sms(device), num_splits, variant)
     hb, ns, bps = p["hb"], p["num_splits"], p["bps"]
     scale = float(sm_scale) * LOG2E
+    require(consumers in (1, 2) and (consumers == 1 or (variant == "bulk" and not shared_keys)),
+            f"consumers={consumers}: 1, or 2 on the bulk kernel (variant 'bulk' or 'auto' resolving to it: "
+            f"D a multiple of 512, got {d}; resolved {variant!r}) without shared_keys")
+    if consumers == 2:     # each CTA writes two partials (its even and odd blocks), merged below
+        opart = torch.empty(2 * ns, rows, heads, d, dtype=torch.float32, device=device)
+        lpart = torch.empty(2 * ns, rows, heads, dtype=torch.float32, device=device)
+        kernel = get_kernel(heads, d, variant, True, hb, bps, _trims(variant, rows), consumers=2)
+        kernel(q, kv_pool, indices, out, lse, opart, lpart, scale, bps)
+        get_combine_kernel(heads, d)(opart, lpart, out, lse)
+        return out, lse
     if ns == 1:
         dummy_o = torch.empty(1, 1, heads, d, dtype=torch.float32, device=device)
         dummy_l = torch.empty(1, 1, heads, dtype=torch.float32, device=device)

@@ -59,15 +59,17 @@ NO_AUTO_SYNC = {"tl.disable_thread_storage_sync": True}
 CONSUMER_BARRIER = 1   # named barrier of the 128 consumer threads (kernels built with explicit syncs)
 
 
-def _consumer_sync(T):
-    return T.sync_threads(CONSUMER_BARRIER, 128)
+def _consumer_sync(T, barrier: int = CONSUMER_BARRIER):
+    return T.sync_threads(barrier, 128)
 
 
-def _softmax_macros(T, hb: int, d: int, H: int, split: bool, explicit_sync: bool = False, group_rows: int = 0):
+def _softmax_macros(T, hb: int, d: int, H: int, split: bool, explicit_sync: bool = False, group_rows: int = 0,
+                    barrier: int = CONSUMER_BARRIER):
     """Macros shared by every variant (128 "consumer" threads ``t`` in 0..127).
 
     ``explicit_sync``: the kernel is compiled without TileLang's automatic shared-memory syncs
-    (``NO_AUTO_SYNC``) and these macros place their own consumer barriers.
+    (``NO_AUTO_SYNC``) and these macros place their own consumer barriers (named ``barrier``:
+    a kernel with two consumer warpgroups gives each its own).
 
     ``group_rows`` > 0: the ``hb`` columns are ``group_rows`` query rows x ``HC = hb / group_rows``
     columns each (column c is row ``r + c // HC``, head ``c % HC``; heads ``>= H`` are padding)
@@ -125,7 +127,7 @@ def _softmax_macros(T, hb: int, d: int, H: int, split: bool, explicit_sync: bool
             inv_s[c] = T.if_then_else(st[1] > 0, 1.0 / st[1], 0.0)
             if (r + c // HC < Out.shape[0]) and (c % HC < H):
                 Lse[r + c // HC, c % HC] = row_lse(st, scale)
-        _consumer_sync(T)              # inv_s written above, read by every thread below
+        _consumer_sync(T, barrier)     # inv_s written above, read by every thread below
         for k, c2 in T.Parallel(d, hb):
             if (r + c2 // HC < Out.shape[0]) and (c2 % HC < H):
                 Out[r + c2 // HC, c2 % HC, k] = T.cast(acc_o[k, c2] * inv_s[c2], T.bfloat16)
@@ -142,7 +144,7 @@ def _softmax_macros(T, hb: int, d: int, H: int, split: bool, explicit_sync: bool
                 else:
                     Lse[r, hg * hb + c] = row_lse(st, scale)
         if explicit_sync:
-            _consumer_sync(T)          # inv_s written above, read by every thread below
+            _consumer_sync(T, barrier)  # inv_s written above, read by every thread below
         if split:
             for k, h in T.Parallel(d, hb):
                 if hg * hb + h < H:
@@ -157,7 +159,7 @@ def _softmax_macros(T, hb: int, d: int, H: int, split: bool, explicit_sync: bool
     return block_softmax, finish
 
 
-def _consume_block_macro(T, hb: int, d: int, block_softmax, explicit_sync: bool):
+def _consume_block_macro(T, hb: int, d: int, block_softmax, explicit_sync: bool, barrier: int = CONSUMER_BARRIER):
     """One 64-token block of the consumer warpgroup: wait for bf16 stage ``s`` (``bar_full[s]``,
     parity ``phase``), QK, the online softmax, PV, then hand the stage back (``bar_empty[s]``).
     Shared by the one-row consumer below and the row-group kernel."""
@@ -169,10 +171,10 @@ def _consume_block_macro(T, hb: int, d: int, block_softmax, explicit_sync: bool)
         T.gemm(Kb[s, :, :], Q_s, acc_s, transpose_B=True)
         T.copy(acc_s, S_sm[:, 0:hb])
         if explicit_sync:
-            _consumer_sync(T)          # S_sm complete; the previous block's readers passed the sync below
+            _consumer_sync(T, barrier)  # S_sm complete; the previous block's readers passed the sync below
         block_softmax(tx, S_sm, vm, s, P_s, alpha_s, st, scale)
         if explicit_sync:
-            _consumer_sync(T)          # P_s and alpha_s complete before the rescale and PV
+            _consumer_sync(T, barrier)  # P_s and alpha_s complete before the rescale and PV
         for k, h in T.Parallel(d, hb):
             acc_o[k, h] *= alpha_s[h]
         T.gemm(Kb[s, :, :], P_s, acc_o, transpose_A=True)
@@ -208,6 +210,42 @@ def _staged_consumer_macro(T, hb: int, d: int, H: int, split: bool, explicit_syn
                 consume_block(tx, s, j & 1, Q_s, Kb, vm, S_sm, P_s, alpha_s, acc_s, acc_o, st, bar_full, bar_empty,
                               scale)
         finish(tx, r, hg, sp, st, inv_s, acc_o, Out, Lse, Opart, Lpart, scale)
+
+    return consume
+
+
+PAIR_BARRIERS = (CONSUMER_BARRIER, 2)   # named barriers of two consumer warpgroups (``_build_bulk(consumers=2)``)
+Q_LOAD_BARRIER = 3                       # both of them: Q_s loaded before the first QK
+
+
+def _alternate_consumer_macro(T, hb: int, d: int, H: int, w: int):
+    """Consumer warpgroup ``w`` of two (``_build_bulk(..., consumers=2)``, experimental): blocks
+    ``2j + w`` only (bf16 stage ``w``), its own online softmax, and its result written as split
+    ``2 * sp + w`` of the partials, which the split-KV combine kernel merges like any two splits.
+    One warpgroup's softmax then overlaps the other's wgmmas (one consumer runs QK, the scores
+    through shared memory, the softmax and PV of every block in turn). Warpgroup 0 loads Q_s;
+    both wait for it on ``Q_LOAD_BARRIER``."""
+    BI = BLOCK_TOKENS
+    block_softmax, finish = _softmax_macros(T, hb, d, H, True, True, barrier=PAIR_BARRIERS[w])
+    consume_block = _consume_block_macro(T, hb, d, block_softmax, True, barrier=PAIR_BARRIERS[w])
+
+    @T.macro
+    def consume(tx, r, hg, sp, nj, Q, Q_s, Kb, vm, S_sm, P_s, alpha_s, inv_s, bar_full, bar_empty,
+                Out, Lse, Opart, Lpart, scale):
+        acc_s = T.alloc_fragment((BI, hb), T.float32)
+        acc_o = T.alloc_fragment((d, hb), T.float32)
+        st = T.alloc_local((4,), T.float32)
+        if w == 0:
+            for h, k in T.Parallel(hb, d):
+                Q_s[h, k] = T.if_then_else(hg * hb + h < H, Q[r, T.min(hg * hb + h, H - 1), k], T.bfloat16(0))
+        T.fill(acc_o, 0)
+        st[0] = NEG_INIT
+        st[1] = 0.0
+        T.sync_threads(Q_LOAD_BARRIER, 256)     # Q_s complete before either warpgroup's first QK
+        for j in T.serial(nj):
+            consume_block(tx, w, j & 1, Q_s, Kb, vm, S_sm, P_s, alpha_s, acc_s, acc_o, st, bar_full, bar_empty,
+                          scale)
+        finish(tx, r, hg, 2 * sp + w, st, inv_s, acc_o, Out, Lse, Opart, Lpart, scale)
 
     return consume
 

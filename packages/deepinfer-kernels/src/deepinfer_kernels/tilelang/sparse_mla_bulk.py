@@ -35,6 +35,7 @@ from deepinfer_kernels.tilelang._common import PDL, pdl_sync
 from deepinfer_kernels.tilelang._cuda import BULK_COPY_SRC, DEQUANT_SRC
 from deepinfer_kernels.tilelang.sparse_mla_builders import (
     BLOCK_TOKENS,
+    _alternate_consumer_macro,
     _record_bytes,
     _staged_consumer_macro,
 )
@@ -149,20 +150,31 @@ def _bulk_macros(T, d: int, producers: int, group_rows: int = 0, mask_bits: bool
 
 
 def _build_bulk(heads: int, d: int, hb: int, split: bool, producers: int = 1, trim: bool = False,
-                load_batch: int = LOAD_BATCH):
+                load_batch: int = LOAD_BATCH, consumers: int = 1):
     """Bulk-copy warp-specialized kernel; same signature and dynamic shapes as ``_build_ws``
     (``bps``, blocks per split, is even). ``producers`` dequantizing warpgroups (1 or 2) share
     each block; ``trim`` skips the block pairs past the row's last valid index; ``load_batch``:
-    ``_bulk_macros``'s."""
+    ``_bulk_macros``'s.
+
+    ``consumers=2`` (**experimental, not dispatched, not yet run on a GPU**): two consumer
+    warpgroups take a split's even and odd blocks (``_alternate_consumer_macro``) and always write
+    partials: ``Opart`` / ``Lpart`` hold ``2 * splits`` of them (split ``sp``'s at ``2 sp`` and
+    ``2 sp + 1``), the grid's y is ``splits``, and the split-KV combine kernel merges them. Needs
+    ``split=True``."""
     import tilelang.language as T
 
     BI = BLOCK_TOKENS
     REC = _record_bytes(d)
     PT = 128 * producers              # producer threads
+    CT = 128 * consumers              # consumer threads
     H = heads
     HG = (H + hb - 1) // hb
     RPL = BI // 32                    # records issued per lane of the issuing warp
-    consume = _staged_consumer_macro(T, hb, d, H, split, explicit_sync=True)
+    assert consumers in (1, 2) and (consumers == 1 or split), "two consumers write split partials"
+    if consumers == 1:
+        consume = _staged_consumer_macro(T, hb, d, H, split, explicit_sync=True)
+    else:
+        consume_even, consume_odd = (_alternate_consumer_macro(T, hb, d, H, w) for w in (0, 1))
     load_indices, issue_block, dequant_block = _bulk_macros(T, d, producers, load_batch=load_batch)
 
     R = T.dynamic("R")
@@ -183,7 +195,7 @@ def _build_bulk(heads: int, d: int, hb: int, split: bool, producers: int = 1, tr
         scale: T.float32,          # sm_scale * log2(e)
         bps: T.int32,              # blocks per split (even)
     ):
-        with T.Kernel(R * HG, NS, threads=128 + PT) as (bx, sp):
+        with T.Kernel(R * HG, NS // consumers, threads=CT + PT) as (bx, sp):
             if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
                 T.evaluate(pdl_sync())
             r = bx // HG
@@ -198,6 +210,11 @@ def _build_bulk(heads: int, d: int, hb: int, split: bool, producers: int = 1, tr
             P_s = T.alloc_shared((BI, hb), T.bfloat16)
             alpha_s = T.alloc_shared((hb,), T.float32)
             inv_s = T.alloc_shared((hb,), T.float32)
+            if consumers == 2:        # the odd blocks' consumer: its own scores, P and scales
+                S_sm1 = T.alloc_shared((BI, hb + 1), T.float32)
+                P_s1 = T.alloc_shared((BI, hb), T.bfloat16)
+                alpha_s1 = T.alloc_shared((hb,), T.float32)
+                inv_s1 = T.alloc_shared((hb,), T.float32)
             fp8_full = T.alloc_barrier(arrive_count=[1, 1])
             fp8_empty = T.alloc_barrier(arrive_count=[PT, PT])
             kb_full = T.alloc_barrier(arrive_count=[PT, PT])
@@ -213,8 +230,8 @@ def _build_bulk(heads: int, d: int, hb: int, split: bool, producers: int = 1, tr
                     last_s[0] = -1
                 T.sync_threads()
                 lv = -1
-                for c in T.serial(T.ceildiv(W, 128 + PT)):
-                    col = c * (128 + PT) + tx
+                for c in T.serial(T.ceildiv(W, CT + PT)):
+                    col = c * (CT + PT) + tx
                     if col < W:
                         if Idx[r, col] >= 0:
                             lv = col
@@ -224,13 +241,19 @@ def _build_bulk(heads: int, d: int, hb: int, split: bool, producers: int = 1, tr
                 nj = T.max(0, T.min(bps // 2, ((last_s[0] + BI) // BI - b0 + 1) // 2))
                 T.sync_threads()          # every thread has read last_s: the planner may reuse its bytes
             nblk = 2 * nj                 # blocks this split walks
-            if tx < 128:
+            if consumers == 1 and tx < 128:
                 # ---------------------------------------------------------------- consumer
                 consume(tx, r, hg, sp, nj, Q, Q_s, Kb, vm, S_sm, P_s, alpha_s, inv_s, kb_full, kb_empty,
                         Out, Lse, Opart, Lpart, scale)
+            elif consumers == 2 and tx < 128:
+                consume_even(tx, r, hg, sp, nj, Q, Q_s, Kb, vm, S_sm, P_s, alpha_s, inv_s, kb_full, kb_empty,
+                             Out, Lse, Opart, Lpart, scale)
+            elif consumers == 2 and tx < 256:
+                consume_odd(tx - 128, r, hg, sp, nj, Q, Q_s, Kb, vm, S_sm1, P_s1, alpha_s1, inv_s1, kb_full,
+                            kb_empty, Out, Lse, Opart, Lpart, scale)
             else:
                 # ---------------------------------------------------------------- producer
-                tp = tx - 128
+                tp = tx - CT
                 qv = T.alloc_local((dequant_scratch_bytes(load_batch),), T.uint8)
                 bv = T.alloc_local((16,), T.bfloat16)
                 ib = T.alloc_local((2 * (RPL + 1),), T.int32)   # slots + count, per stage
