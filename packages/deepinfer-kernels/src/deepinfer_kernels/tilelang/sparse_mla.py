@@ -231,14 +231,7 @@ def sparse_mla_attention_tilelang(q: torch.Tensor, kv_pool: torch.Tensor, indice
     require(consumers in (1, 2) and (consumers == 1 or (variant == "bulk" and not shared_keys)),
             f"consumers={consumers}: 1, or 2 on the bulk kernel (variant 'bulk' or 'auto' resolving to it: "
             f"D a multiple of 512, got {d}; resolved {variant!r}) without shared_keys")
-    if consumers == 2:     # each CTA writes two partials (its even and odd blocks), merged below
-        opart = torch.empty(2 * ns, rows, heads, d, dtype=torch.float32, device=device)
-        lpart = torch.empty(2 * ns, rows, heads, dtype=torch.float32, device=device)
-        kernel = get_kernel(heads, d, variant, True, hb, bps, _trims(variant, rows), consumers=2)
-        kernel(q, kv_pool, indices, out, lse, opart, lpart, scale, bps)
-        get_combine_kernel(heads, d)(opart, lpart, out, lse)
-        return out, lse
-    if ns == 1:
+    if ns == 1 and consumers == 1:
         dummy_o = torch.empty(1, 1, heads, d, dtype=torch.float32, device=device)
         dummy_l = torch.empty(1, 1, heads, dtype=torch.float32, device=device)
         if _uses_quads_kernel(variant, rows, heads, width, ns, kv_pool.shape[0], shared_keys):
@@ -255,9 +248,10 @@ def sparse_mla_attention_tilelang(q: torch.Tensor, kv_pool: torch.Tensor, indice
         kernel = get_kernel(heads, d, variant, False, hb, bps, _trims(variant, rows))
         kernel(q, kv_pool, indices, out, lse, dummy_o, dummy_l, scale, bps)
         return out, lse
-    opart = torch.empty(ns, rows, heads, d, dtype=torch.float32, device=device)
-    lpart = torch.empty(ns, rows, heads, dtype=torch.float32, device=device)
-    kernel = get_kernel(heads, d, variant, True, hb, bps, _trims(variant, rows))
+    # split partials; two consumer warpgroups write two per split (their even and odd blocks)
+    opart = torch.empty(ns * consumers, rows, heads, d, dtype=torch.float32, device=device)
+    lpart = torch.empty(ns * consumers, rows, heads, dtype=torch.float32, device=device)
+    kernel = get_kernel(heads, d, variant, True, hb, bps, _trims(variant, rows), consumers)
     kernel(q, kv_pool, indices, out, lse, opart, lpart, scale, bps)
     get_combine_kernel(heads, d)(opart, lpart, out, lse)
     return out, lse

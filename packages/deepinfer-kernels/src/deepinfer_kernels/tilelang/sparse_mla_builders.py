@@ -183,51 +183,30 @@ def _consume_block_macro(T, hb: int, d: int, block_softmax, explicit_sync: bool,
     return consume_block
 
 
-def _staged_consumer_macro(T, hb: int, d: int, H: int, split: bool, explicit_sync: bool = False):
-    """The consumer warpgroup of the warp-specialized variants ("ws", "bulk"): for each of the
-    ``2 * nj`` blocks it waits for bf16 stage ``s`` (``bar_full[s]``), runs QK, the online softmax
-    and PV over it, and hands the stage back (``bar_empty[s]``); then it writes the row's output.
-    ``explicit_sync``: see ``_softmax_macros``."""
-    BI = BLOCK_TOKENS
-    block_softmax, finish = _softmax_macros(T, hb, d, H, split, explicit_sync)
-    consume_block = _consume_block_macro(T, hb, d, block_softmax, explicit_sync)
-
-    @T.macro
-    def consume(tx, r, hg, sp, nj, Q, Q_s, Kb, vm, S_sm, P_s, alpha_s, inv_s, bar_full, bar_empty,
-                Out, Lse, Opart, Lpart, scale):
-        acc_s = T.alloc_fragment((BI, hb), T.float32)
-        acc_o = T.alloc_fragment((d, hb), T.float32)
-        st = T.alloc_local((4,), T.float32)
-        for h, k in T.Parallel(hb, d):
-            Q_s[h, k] = T.if_then_else(hg * hb + h < H, Q[r, T.min(hg * hb + h, H - 1), k], T.bfloat16(0))
-        T.fill(acc_o, 0)
-        st[0] = NEG_INIT
-        st[1] = 0.0
-        if explicit_sync:
-            _consumer_sync(T)          # Q_s complete before the first QK
-        for j in T.serial(nj):
-            for s in T.unroll(2):
-                consume_block(tx, s, j & 1, Q_s, Kb, vm, S_sm, P_s, alpha_s, acc_s, acc_o, st, bar_full, bar_empty,
-                              scale)
-        finish(tx, r, hg, sp, st, inv_s, acc_o, Out, Lse, Opart, Lpart, scale)
-
-    return consume
-
-
 PAIR_BARRIERS = (CONSUMER_BARRIER, 2)   # named barriers of two consumer warpgroups (``_build_bulk(consumers=2)``)
 Q_LOAD_BARRIER = 3                       # both of them: Q_s loaded before the first QK
 
 
-def _alternate_consumer_macro(T, hb: int, d: int, H: int, w: int):
-    """Consumer warpgroup ``w`` of two (``_build_bulk(..., consumers=2)``, experimental): blocks
-    ``2j + w`` only (bf16 stage ``w``), its own online softmax, and its result written as split
-    ``2 * sp + w`` of the partials, which the split-KV combine kernel merges like any two splits.
-    One warpgroup's softmax then overlaps the other's wgmmas (one consumer runs QK, the scores
-    through shared memory, the softmax and PV of every block in turn). Warpgroup 0 loads Q_s;
-    both wait for it on ``Q_LOAD_BARRIER``."""
+def _staged_consumer_macro(T, hb: int, d: int, H: int, split: bool, explicit_sync: bool = False,
+                           pair_member: int | None = None):
+    """The consumer warpgroup of the warp-specialized variants ("ws", "bulk"): for each of the
+    ``2 * nj`` blocks it waits for bf16 stage ``s`` (``bar_full[s]``), runs QK, the online softmax
+    and PV over it, and hands the stage back (``bar_empty[s]``); then it writes the row's output.
+    ``explicit_sync``: see ``_softmax_macros``.
+
+    ``pair_member`` w (0 / 1; ``_build_bulk(..., consumers=2)``, experimental): consumer warpgroup w
+    of two, blocks ``2j + w`` only (bf16 stage w), its own online softmax on its own named barrier,
+    and its result written as split ``2 * sp + w`` of the partials, which the split-KV combine
+    kernel merges like any two splits (needs ``split`` and ``explicit_sync``). One warpgroup's
+    softmax then overlaps the other's wgmmas (one consumer runs QK, the scores through shared
+    memory, the softmax and PV of every block in turn). Warpgroup 0 loads Q_s; both wait for it
+    on ``Q_LOAD_BARRIER``."""
     BI = BLOCK_TOKENS
-    block_softmax, finish = _softmax_macros(T, hb, d, H, True, True, barrier=PAIR_BARRIERS[w])
-    consume_block = _consume_block_macro(T, hb, d, block_softmax, True, barrier=PAIR_BARRIERS[w])
+    w = pair_member
+    assert w is None or (w in (0, 1) and split and explicit_sync), "a pair member writes split partials"
+    barrier = CONSUMER_BARRIER if w is None else PAIR_BARRIERS[w]
+    block_softmax, finish = _softmax_macros(T, hb, d, H, split, explicit_sync, barrier=barrier)
+    consume_block = _consume_block_macro(T, hb, d, block_softmax, explicit_sync, barrier=barrier)
 
     @T.macro
     def consume(tx, r, hg, sp, nj, Q, Q_s, Kb, vm, S_sm, P_s, alpha_s, inv_s, bar_full, bar_empty,
@@ -235,17 +214,21 @@ def _alternate_consumer_macro(T, hb: int, d: int, H: int, w: int):
         acc_s = T.alloc_fragment((BI, hb), T.float32)
         acc_o = T.alloc_fragment((d, hb), T.float32)
         st = T.alloc_local((4,), T.float32)
-        if w == 0:
+        if w is None or w == 0:
             for h, k in T.Parallel(hb, d):
                 Q_s[h, k] = T.if_then_else(hg * hb + h < H, Q[r, T.min(hg * hb + h, H - 1), k], T.bfloat16(0))
         T.fill(acc_o, 0)
         st[0] = NEG_INIT
         st[1] = 0.0
-        T.sync_threads(Q_LOAD_BARRIER, 256)     # Q_s complete before either warpgroup's first QK
+        if w is not None:
+            T.sync_threads(Q_LOAD_BARRIER, 256)     # Q_s complete before either warpgroup's first QK
+        elif explicit_sync:
+            _consumer_sync(T)          # Q_s complete before the first QK
         for j in T.serial(nj):
-            consume_block(tx, w, j & 1, Q_s, Kb, vm, S_sm, P_s, alpha_s, acc_s, acc_o, st, bar_full, bar_empty,
-                          scale)
-        finish(tx, r, hg, 2 * sp + w, st, inv_s, acc_o, Out, Lse, Opart, Lpart, scale)
+            for s in (T.unroll(2) if w is None else (w,)):      # a pair member: its one stage
+                consume_block(tx, s, j & 1, Q_s, Kb, vm, S_sm, P_s, alpha_s, acc_s, acc_o, st, bar_full, bar_empty,
+                              scale)
+        finish(tx, r, hg, sp if w is None else 2 * sp + w, st, inv_s, acc_o, Out, Lse, Opart, Lpart, scale)
 
     return consume
 

@@ -35,7 +35,6 @@ from deepinfer_kernels.tilelang._common import PDL, pdl_sync
 from deepinfer_kernels.tilelang._cuda import BULK_COPY_SRC, DEQUANT_SRC
 from deepinfer_kernels.tilelang.sparse_mla_builders import (
     BLOCK_TOKENS,
-    _alternate_consumer_macro,
     _record_bytes,
     _staged_consumer_macro,
 )
@@ -157,7 +156,7 @@ def _build_bulk(heads: int, d: int, hb: int, split: bool, producers: int = 1, tr
     ``_bulk_macros``'s.
 
     ``consumers=2`` (**experimental, not dispatched, not yet run on a GPU**): two consumer
-    warpgroups take a split's even and odd blocks (``_alternate_consumer_macro``) and always write
+    warpgroups take a split's even and odd blocks (``_staged_consumer_macro(pair_member=w)``) and always write
     partials: ``Opart`` / ``Lpart`` hold ``2 * splits`` of them (split ``sp``'s at ``2 sp`` and
     ``2 sp + 1``), the grid's y is ``splits``, and the split-KV combine kernel merges them. Needs
     ``split=True``."""
@@ -171,10 +170,10 @@ def _build_bulk(heads: int, d: int, hb: int, split: bool, producers: int = 1, tr
     HG = (H + hb - 1) // hb
     RPL = BI // 32                    # records issued per lane of the issuing warp
     assert consumers in (1, 2) and (consumers == 1 or split), "two consumers write split partials"
-    if consumers == 1:
-        consume = _staged_consumer_macro(T, hb, d, H, split, explicit_sync=True)
-    else:
-        consume_even, consume_odd = (_alternate_consumer_macro(T, hb, d, H, w) for w in (0, 1))
+    # the (first) consumer warpgroup; with two, the odd blocks' one beside it
+    consume = _staged_consumer_macro(T, hb, d, H, split, explicit_sync=True, pair_member=None if consumers == 1 else 0)
+    if consumers == 2:
+        consume_odd = _staged_consumer_macro(T, hb, d, H, split, explicit_sync=True, pair_member=1)
     load_indices, issue_block, dequant_block = _bulk_macros(T, d, producers, load_batch=load_batch)
 
     R = T.dynamic("R")
@@ -241,13 +240,10 @@ def _build_bulk(heads: int, d: int, hb: int, split: bool, producers: int = 1, tr
                 nj = T.max(0, T.min(bps // 2, ((last_s[0] + BI) // BI - b0 + 1) // 2))
                 T.sync_threads()          # every thread has read last_s: the planner may reuse its bytes
             nblk = 2 * nj                 # blocks this split walks
-            if consumers == 1 and tx < 128:
+            if tx < 128:
                 # ---------------------------------------------------------------- consumer
                 consume(tx, r, hg, sp, nj, Q, Q_s, Kb, vm, S_sm, P_s, alpha_s, inv_s, kb_full, kb_empty,
                         Out, Lse, Opart, Lpart, scale)
-            elif consumers == 2 and tx < 128:
-                consume_even(tx, r, hg, sp, nj, Q, Q_s, Kb, vm, S_sm, P_s, alpha_s, inv_s, kb_full, kb_empty,
-                             Out, Lse, Opart, Lpart, scale)
             elif consumers == 2 and tx < 256:
                 consume_odd(tx - 128, r, hg, sp, nj, Q, Q_s, Kb, vm, S_sm1, P_s1, alpha_s1, inv_s1, kb_full,
                             kb_empty, Out, Lse, Opart, Lpart, scale)
