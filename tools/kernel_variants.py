@@ -7,8 +7,11 @@ finds its text fails loudly instead of timing the unchanged kernel.
 from __future__ import annotations
 
 import contextlib
+import functools
+import multiprocessing as mp
 import re
 import sys
+import time
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,3 +95,31 @@ def median_us(fn, runs: int = 20) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3)
     return sorted(times)[runs // 2]
+
+
+def compile_variant(prim_func):
+    """A variant's prim_func compiled for the device the way the launchers compile these kernels
+    (their own syncs: ``NO_AUTO_SYNC``)."""
+    import tilelang
+
+    from deepinfer_kernels.tilelang._common import TARGET
+    from deepinfer_kernels.tilelang.sparse_mla_builders import NO_AUTO_SYNC
+
+    return tilelang.compile(prim_func, target=TARGET, pass_configs=NO_AUTO_SYNC)
+
+
+def _timed_build(build, name: str) -> tuple[str, float | None, str | None]:
+    start = time.perf_counter()
+    try:
+        build(name)
+    except Exception as e:  # noqa: BLE001 (reported, the other variants go on)
+        return name, None, repr(e)[:300]
+    return name, round(time.perf_counter() - start, 1), None
+
+
+def compile_in_workers(build, names: list[str]) -> None:
+    """``build(name)`` for every variant in spawned worker processes, in parallel: fills TileLang's
+    disk cache for the timing process. Prints each variant's compile seconds or its error."""
+    with mp.get_context("spawn").Pool(len(names)) as workers:
+        for name, seconds, error in workers.map(functools.partial(_timed_build, build), names):
+            print("compile", name, seconds if error is None else error, flush=True)

@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import argparse
 import functools
-import multiprocessing as mp
 import re
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kernel_variants import ModuleEdit, load_variant, median_us  # noqa: E402
+from kernel_variants import ModuleEdit, compile_in_workers, compile_variant, load_variant, median_us  # noqa: E402
 
 HEADS, D, ROWS, SLOTS = 16, 512, 132, 400_000
 QK = "T.gemm(Kb[s, :, :], Q_s, acc_s, transpose_B=True)"
@@ -72,22 +70,7 @@ def variant_prim_func(name: str):
 
 @functools.cache        # each variant is timed on every case: compile once
 def build(name: str):
-    import tilelang
-
-    from deepinfer_kernels.tilelang._common import TARGET
-    from deepinfer_kernels.tilelang.sparse_mla_builders import NO_AUTO_SYNC
-
-    return tilelang.compile(variant_prim_func(name), target=TARGET, pass_configs=NO_AUTO_SYNC)
-
-
-def warm(name: str) -> tuple[str, float | None, str | None]:
-    """Compile in a worker process: fills TileLang's disk cache for the timing process."""
-    start = time.perf_counter()
-    try:
-        build(name)
-    except Exception as e:  # noqa: BLE001 (reported, the other variants go on)
-        return name, None, repr(e)[:300]
-    return name, round(time.perf_counter() - start, 1), None
+    return compile_variant(variant_prim_func(name))
 
 
 def cases(pool):
@@ -121,9 +104,7 @@ def main() -> None:
     unknown = sorted(set(names) - set(VARIANTS))
     if unknown:
         ap.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
-    with mp.get_context("spawn").Pool(len(names)) as workers:
-        for name, seconds, error in workers.map(warm, names):
-            print("compile", name, seconds if error is None else error, flush=True)
+    compile_in_workers(build, names)
 
     import torch
 

@@ -16,15 +16,20 @@ from __future__ import annotations
 import argparse
 import functools
 import math
-import multiprocessing as mp
 import re
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kernel_variants import ModuleEdit, edited_source, load_variant, median_us  # noqa: E402
+from kernel_variants import (  # noqa: E402
+    ModuleEdit,
+    compile_in_workers,
+    compile_variant,
+    edited_source,
+    load_variant,
+    median_us,
+)
 
 QK = "T.gemm(Q_s, Kb[s, :, :], acc_s, transpose_B=True)"
 PV = "T.gemm(p_f, Kb[s, :, half * DH:(half + 1) * DH], acc_o)"
@@ -62,22 +67,7 @@ def variant_prim_func(name: str):
 
 @functools.cache        # each variant is timed on both cases: compile once
 def build(name: str):
-    import tilelang
-
-    from deepinfer_kernels.tilelang._common import TARGET
-    from deepinfer_kernels.tilelang.sparse_mla_builders import NO_AUTO_SYNC
-
-    return tilelang.compile(variant_prim_func(name), target=TARGET, pass_configs=NO_AUTO_SYNC)
-
-
-def warm(name: str) -> tuple[str, float | None, str | None]:
-    """Compile in a worker process: fills TileLang's disk cache for the timing process."""
-    start = time.perf_counter()
-    try:
-        build(name)
-    except Exception as e:  # noqa: BLE001 (reported, the other variants go on)
-        return name, None, repr(e)[:300]
-    return name, round(time.perf_counter() - start, 1), None
+    return compile_variant(variant_prim_func(name))
 
 
 def cases(pool, slots: int):
@@ -98,9 +88,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("variants", nargs="?", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
     names = ap.parse_args().variants.split(",")
-    with mp.get_context("spawn").Pool(len(names)) as workers:
-        for name, seconds, error in workers.map(warm, names):
-            print("compile", name, seconds if error is None else error, flush=True)
+    compile_in_workers(build, names)
 
     import torch
 
