@@ -1,6 +1,7 @@
 """tools/sparse_mla_quads_diag.py and tools/sparse_mla_decode_diag.py: every variant still finds the
 code it compiles out (the kernels' source moves on; a substitution that no longer applies must
-fail, not time the base kernel), and builds its TileLang prim_func where TileLang is installed."""
+fail, not time the base kernel), and builds its TileLang prim_func where TileLang is installed.
+tools/sparse_mla_decode_timeline.py: its marks land where it says and its phase arithmetic."""
 
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
 import kernel_variants  # noqa: E402
 import sparse_mla_decode_diag  # noqa: E402
+import sparse_mla_decode_timeline  # noqa: E402
 import sparse_mla_quads_diag  # noqa: E402
 
 TOOLS = {"quads": sparse_mla_quads_diag, "decode": sparse_mla_decode_diag}
@@ -49,3 +51,46 @@ def test_a_stale_substitution_fails_loudly():
     edit = kernel_variants.ModuleEdit("sparse_mla_quads", (("T.gemm(no such call)", "pass"),))
     with pytest.raises(ValueError, match="stale"):
         kernel_variants.edited_source(edit, "stale")
+
+
+def test_timeline_marks_every_event_once_per_role():
+    consumer, producer = sparse_mla_decode_timeline._consumer_edit(), sparse_mla_decode_timeline._producer_edit()
+    consumer_src = kernel_variants.edited_source(consumer, "timeline")
+    producer_src = kernel_variants.edited_source(producer, "timeline")
+    ev = sparse_mla_decode_timeline.EV
+    for name in ("c_ready", "c_qk", "c_softmax", "c_pv"):
+        assert consumer_src.count(f"({ev[name]}) * {sparse_mla_decode_timeline.MAX_BLOCKS}") == 1, name
+    blocks = sparse_mla_decode_timeline.MAX_BLOCKS
+    for name in ("p0_fp8", "p0_kb", "p0_done"):         # each producer warpgroup's thread 0: its own events
+        assert producer_src.count(f"({ev[name]} + 3 * (tp // 128)) * {blocks}") == 1, name
+    for name in ("i_free", "i_issued"):
+        assert producer_src.count(f"({ev[name]}) * {blocks}") == 1, name
+    compile(consumer_src, "c.py", "exec")
+    compile(producer_src, "p.py", "exec")
+
+
+def test_timeline_phases_from_synthetic_marks():
+    """Blocks every 1,000 cycles; each step a known number of cycles after the block start."""
+    import torch
+
+    tl = sparse_mla_decode_timeline
+    nblk = 12
+    start = torch.arange(nblk, dtype=torch.int64) * 1000
+    offsets = {"c_ready": 100, "c_qk": 300, "c_softmax": 700, "c_pv": 900, "p0_fp8": 0, "p0_kb": 50,
+               "p0_done": 650, "p1_fp8": 0, "p1_kb": 60, "p1_done": 660, "i_free": 670, "i_issued": 690}
+    marks = torch.zeros(2, len(tl.EVENTS), tl.MAX_BLOCKS, dtype=torch.int64)
+    for name, off in offsets.items():
+        marks[:, tl.EV[name], :nblk] = start + off
+    got = tl.phases(marks, nblk)
+    assert got["period (consumer, block to block)"] == 1000
+    assert got["consumer QK"] == 200 and got["consumer softmax"] == 400
+    assert got["consumer waits for its stage"] == 200          # 100 into this block - 900 into the last
+    assert got["producer 0 dequantizes"] == 600 and got["producer 1 waits for bf16 stage"] == 60
+    assert got["issuer waits for both producers"] == 20 and got["issuing the copies"] == 20
+    assert got["copy: issued -> producer 0 sees the stage"] == 2000 - 690
+
+
+def test_timeline_prim_func_builds():
+    pytest.importorskip("tilelang")
+    func = sparse_mla_decode_timeline.prim_func("idle_producers")
+    assert "Opart" in {b.name for b in func.buffer_map.values()}

@@ -46,6 +46,11 @@ VARIANTS: dict[str, tuple[list, list, dict]] = {
     "producers1": ([], [], {"producers": 1}),      # one dequantizing warpgroup instead of two
     "batch1": ([], [], {"load_batch": 1}),         # the dequantization's loads about chunk by chunk
     "batch4": ([], [], {"load_batch": 4}),
+    # the online softmax's two token loops unrolled (their shared loads issued together)
+    "softmax_unroll": ([("for k in T.serial(TOK):", "for k in T.unroll(TOK):")], [], {}),
+    # one role alone: the consumer's work or the producers' work compiled out
+    "idle_consumer": ([(QK, "pass"), (PV, "pass"), (SOFTMAX, "pass")], [], {}),
+    "idle_producers": ([], [(DEQUANT, "pass"), (ISSUE, NO_COPY)], {}),
     # two consumer warpgroups on alternate blocks (experimental), their partials merged by the
     # split-KV combine kernel (timed with it)
     "consumers2": ([], [], {"consumers": 2}),
