@@ -94,3 +94,30 @@ def test_timeline_prim_func_builds():
     pytest.importorskip("tilelang")
     func = sparse_mla_decode_timeline.prim_func("idle_producers")
     assert "Opart" in {b.name for b in func.buffer_map.values()}
+
+
+def test_regs_timeline_marks_and_phases():
+    import torch
+
+    tl = sparse_mla_decode_timeline
+    src = kernel_variants.edited_source(tl._regs_edit(), "timeline_regs")
+    compile(src, "r.py", "exec")
+    # one consumer macro serves both consumers (event 4 w + k): 4 marks there, 2 in the prep, 2 at the issuer
+    assert src.count('"di_mark", T.access_ptr') == 8
+    nblk = 16
+    start = torch.arange(nblk, dtype=torch.int64) * 1000
+    offsets = dict(zip(tl.REGS_EVENTS, (100, 300, 700, 900, 100, 300, 700, 900, 0, 50, 10, 20)))
+    marks = torch.zeros(1, len(tl.REGS_EVENTS), tl.MAX_BLOCKS, dtype=torch.int64)
+    for name, off in offsets.items():
+        marks[:, tl.REGS_EV[name], :nblk] = start + off
+    got = tl.regs_phases(marks, nblk)
+    assert next(iter(got.values())) == 1000             # a consumer's blocks 2,000 cycles apart
+    assert got["consumer 0 waits for its stage"] == 1200 and got["consumer 1 PV"] == 200
+    assert got["prep: stage landed -> ready"] == 50
+    assert got["copy: issued -> landed (prep sees it)"] == 4000 - 20
+
+
+def test_regs_timeline_prim_func_builds():
+    pytest.importorskip("tilelang")
+    func = sparse_mla_decode_timeline.regs_prim_func()
+    assert "Opart" in {b.name for b in func.buffer_map.values()}

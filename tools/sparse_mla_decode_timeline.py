@@ -134,6 +134,69 @@ def phases(marks, nblk: int) -> dict[str, float]:
     return {k: v.mean(dim=1).median().item() for k, v in out.items()}
 
 
+# ---------------------------------------------------------------------------- the "regs" kernel
+REGS_EVENTS = ("c0_ready", "c0_qk", "c0_softmax", "c0_pv", "c1_ready", "c1_qk", "c1_softmax", "c1_pv",
+               "prep_full", "prep_ready", "i_free", "i_issued")
+REGS_EV = {name: i for i, name in enumerate(REGS_EVENTS)}
+
+
+def _regs_edit() -> ModuleEdit:
+    """Marks in ``sparse_mla_regs.py``: each consumer's thread 0 per block (ready, QK done, softmax
+    done, PV done), the prep warps' first thread (stage landed, stage ready), the issuing lane
+    (stage free, copies issued; slot: the block whose stage it reissues)."""
+    i12, i24, i32 = " " * 12, " " * 24, " " * 32
+    c = "tw == 0"
+    return ModuleEdit("sparse_mla_regs", (
+        ("T.import_source(DEQUANT_SRC + BULK_COPY_SRC + REGS_SRC)",
+         f"T.import_source(DEQUANT_SRC + BULK_COPY_SRC + REGS_SRC + {MARK_SRC!r})"),
+        ("a_qk, a_pv, st, scale):\n", "a_qk, a_pv, st, scale, Opart, r):\n"),
+        ("a_qk, a_pv, st, scale)\n", "a_qk, a_pv, st, scale, Opart, r)\n"),
+        ("            T.barrier_wait(ready[s], (i // NST) & 1)\n",
+         "            T.barrier_wait(ready[s], (i // NST) & 1)\n" + _mark("4 * w", "i", c, i12)),
+        ("            T.copy(acc_s, S_sm[:, 0:HB])\n", _mark("4 * w + 1", "i", c, i12) + "            T.copy(acc_s, S_sm[:, 0:HB])\n"),
+        ("            _consumer_sync(T, PAIR_BARRIERS[w])      # P_s and alpha_s complete\n",
+         "            _consumer_sync(T, PAIR_BARRIERS[w])      # P_s and alpha_s complete\n" + _mark("4 * w + 2", "i", c, i12)),
+        ("            T.barrier_arrive(empty[s])\n", "            T.barrier_arrive(empty[s])\n" + _mark("4 * w + 3", "i", c, i12)),
+        ("                        T.barrier_wait(full[s], (i // NST) & 1)\n",
+         "                        T.barrier_wait(full[s], (i // NST) & 1)\n" + _mark(REGS_EV["prep_full"], "i", "pt == 0", i24)),
+        ("                        T.barrier_arrive(ready[s])\n",
+         "                        T.barrier_arrive(ready[s])\n" + _mark(REGS_EV["prep_ready"], "i", "pt == 0", i24)),
+        ("                                T.barrier_wait(empty[i % NST], (i // NST) & 1)\n",
+         "                                T.barrier_wait(empty[i % NST], (i // NST) & 1)\n" + _mark(REGS_EV["i_free"], "i", "tp == 0", i32)),
+        ("                                issue_block(Pool, K8, ix_s, full, i % NST, tp, ib, u * (RPL + 1))\n",
+         "                                issue_block(Pool, K8, ix_s, full, i % NST, tp, ib, u * (RPL + 1))\n"
+         + _mark(REGS_EV["i_issued"], "i", "tp == 0", i32)),
+    ))
+
+
+def regs_prim_func():
+    """The instrumented "regs" kernel's prim_func (no split)."""
+    return load_variant([_regs_edit()], "timeline_regs")._build_regs(HEADS, D, False)
+
+
+def regs_phases(marks, nblk: int) -> dict[str, float]:
+    """Steady-state mean cycles of each step of the "regs" kernel (blocks 4 .. nblk - 2), median over CTAs."""
+    import torch
+
+    m = marks[:, :, :nblk].to(torch.float64)
+    e = {name: m[:, i] for name, i in REGS_EV.items()}
+    b = torch.arange(4, nblk - 1)
+    own = b[b % 2 == 0]                       # consumer 0's blocks; consumer 1's are the odd ones
+    out = {"period (block to block, consumer 0's every other block / 2)":
+           (e["c0_pv"][:, own[1:]] - e["c0_pv"][:, own[:-1]]) / 2}
+    for w, blocks in ((0, own), (1, b[b % 2 == 1])):
+        p = f"c{w}_"
+        out[f"consumer {w} waits for its stage"] = e[p + "ready"][:, blocks[1:]] - e[p + "pv"][:, blocks[:-1]]
+        out[f"consumer {w} QK"] = e[p + "qk"][:, blocks] - e[p + "ready"][:, blocks]
+        out[f"consumer {w} softmax"] = e[p + "softmax"][:, blocks] - e[p + "qk"][:, blocks]
+        out[f"consumer {w} PV"] = e[p + "pv"][:, blocks] - e[p + "softmax"][:, blocks]
+    out["prep: stage landed -> ready"] = e["prep_ready"][:, b] - e["prep_full"][:, b]
+    issued = b[b < nblk - 4]                  # stages reissued for block + 4
+    out["issuer: stage free -> copies issued"] = e["i_issued"][:, issued] - e["i_free"][:, issued]
+    out["copy: issued -> landed (prep sees it)"] = e["prep_full"][:, issued + 4] - e["i_issued"][:, issued]
+    return {k: v.mean(dim=1).median().item() for k, v in out.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("variants", nargs="?", default="base", help="comma-separated variants of sparse_mla_decode_diag.py")
@@ -143,13 +206,19 @@ def main() -> None:
 
 
 def timeline(variant: str) -> None:
+    """``variant``: one of the decode diag's, or "regs" (the register-operand kernel)."""
+    if variant == "regs":
+        return _timeline(compile_variant(regs_prim_func()), regs_phases, len(REGS_EVENTS))
+    return _timeline(compile_variant(prim_func(variant)), phases, len(EVENTS))
+
+
+def _timeline(kernel, phase_fn, n_events: int) -> None:
     import torch
 
     from deepinfer_kernels.tilelang import testing
     from deepinfer_kernels.tilelang.sparse_mla import plan
     from deepinfer_kernels.tilelang.sparse_mla_builders import LOG2E
 
-    kernel = compile_variant(prim_func(variant))
     pool = testing.make_pool(SLOTS, D, "cuda", seed=0)
     cases = (
         ("kv_blocks_w2048", testing.make_sparse_mla_case(ROWS, HEADS, D, 2048, SLOTS, "cuda", pool=pool, paged=128, seed=1)),
@@ -167,9 +236,9 @@ def timeline(variant: str) -> None:
         scale = float(c.sm_scale) * LOG2E
         us = median_us(functools.partial(kernel, c.q, pool, idx, out, lse, opart, lpart, scale, bps))
         torch.cuda.synchronize()
-        marks = opart.view(torch.int64).view(rows, -1)[:, : len(EVENTS) * MAX_BLOCKS].view(rows, len(EVENTS), MAX_BLOCKS)
-        result = phases(marks.cpu(), bps)
-        period = result["period (consumer, block to block)"]
+        marks = opart.view(torch.int64).view(rows, -1)[:, : n_events * MAX_BLOCKS].view(rows, n_events, MAX_BLOCKS)
+        result = phase_fn(marks.cpu(), bps)
+        period = next(iter(result.values()))
         print(f"{case_name}: {us:.1f} us, {us / bps:.2f} us per block = {period:.0f} cycles "
               f"({period / (us / bps) / 1e3:.2f} GHz)", flush=True)
         for name, cycles in result.items():

@@ -257,6 +257,46 @@ def test_bulk_with_two_consumer_warpgroups_matches_the_reference(rows, heads, d,
     torch.testing.assert_close(two_lse[fin], one_lse[fin], atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("rows,heads,width,num_splits,kw", [
+    (5, 16, 256, None, dict(empty_frac=0.1)),
+    (9, 16, 200, None, dict(ragged=True, empty_rows=(0, 4))),     # width not a multiple of 64
+    (6, 8, 130, None, dict(empty_frac=0.2, empty_rows=(5,))),     # heads < 16
+    (3, 16, 2048, 3, dict(ragged=True, empty_rows=(1,))),         # split-KV partials
+    (3, 16, 64, None, dict(q_scale=8.0)),                         # one block: the second consumer has none
+    (2, 16, 1, None, dict()),                                     # width 1
+    (4, 16, 300, None, dict(duplicates=True)),                    # duplicate slots count twice
+    (7, 16, 640, None, dict(empty_frac=0.5)),                     # half the records invalid: zeroed in the stage
+    (132, 16, 2048, None, dict(paged=128)),                       # the decode benchmark's KV-block layout
+])
+def test_regs_kernel_matches_the_reference_and_bulk(rows, heads, width, num_splits, kw):
+    """The experimental register-operand decode kernel (``variant="regs"``: the wgmma's A operand
+    built from the FP8 stage in registers, permuted QK columns and PV rows, two consumers merged in
+    shared memory) against the reference and the bulk kernel."""
+    from deepinfer_kernels.tilelang.sparse_mla import sparse_mla_attention_tilelang
+
+    slots = 300000 if kw.get("paged") else 5000
+    case = T.make_sparse_mla_case(rows, heads, 512, width, slots, "cuda", seed=rows * 3 + width, **kw)
+    outs = [sparse_mla_attention_tilelang(case.q, case.pool, case.indices, case.sm_scale, variant=v,
+                                          num_splits=num_splits) for v in ("bulk", "regs")]
+    torch.cuda.synchronize()
+    (bulk_out, bulk_lse), (regs_out, regs_lse) = outs
+    _check(case, regs_out, regs_lse)
+    torch.testing.assert_close(regs_out.float(), bulk_out.float(), atol=1e-2, rtol=1e-2)
+    fin = torch.isfinite(bulk_lse)
+    assert torch.equal(fin, torch.isfinite(regs_lse))
+    torch.testing.assert_close(regs_lse[fin], bulk_lse[fin], atol=1e-4, rtol=1e-5)
+
+
+def test_regs_variant_falls_back_outside_its_shape():
+    from deepinfer_kernels.tilelang.sparse_mla import resolve_variant, sparse_mla_attention_tilelang
+
+    assert resolve_variant("regs", 16, 512) == "regs"
+    assert resolve_variant("regs", 64, 512) == resolve_variant("auto", 64, 512)
+    assert resolve_variant("regs", 16, 64) == resolve_variant("auto", 16, 64)
+    case = T.make_sparse_mla_case(3, 64, 512, 128, 3000, "cuda", seed=5, empty_frac=0.05)   # two head groups
+    _check(case, *sparse_mla_attention_tilelang(case.q, case.pool, case.indices, case.sm_scale, variant="regs"))
+
+
 def test_two_consumer_warpgroups_are_bulk_only():
     from deepinfer_kernels.tilelang.sparse_mla import sparse_mla_attention_tilelang
 

@@ -144,3 +144,104 @@ __device__ __forceinline__ int di_issue_record_runs(int s0, int s1, const void* 
 }
 #endif
 """
+
+# Register-operand sparse MLA decode (``sparse_mla_regs.py``): the consumer warpgroup builds the
+# wgmma's register A operand straight from a stage of FP8 records (528 bytes each: 512 e4m3 + 16
+# ue8m0 scales, one per 32 values), so no bf16 tile crosses shared memory. ``ldmatrix`` treats the
+# FP8 bytes as 16-bit pairs; each 32-bit register it delivers holds 4 bytes, turned into two bf16x2
+# by ``di_e4m3x2_bits`` (byte pair -> bf16 bits of e4m3 * 2^-120) and two exact multiplies
+# (2^120, then the pair's scales 2^(s - 127) as bf16 bits s << 7; s = 0 gives 0, as in
+# ``di_dequant16``).
+#
+# QK (S^T = K Q^T, 64 tokens on M): ``ldmatrix.x4`` of a warp's 16 tokens x 32 bytes gives lane
+# (g = lane / 4, t = lane % 4) bytes 4t..4t+3 of tokens g and g + 8 in each 16-byte half. The
+# fragment wants columns 2t, 2t+1 and 2t+8, 2t+9 of a 16-column k-step, so the kernel permutes the
+# reduction dimension: logical column l of a 16-column half is physical byte
+# ``regs_qk_column(l)``, and Q is stored in shared memory in that order.
+#
+# PV (O^T = V^T P^T, latent dims on M): ``ldmatrix.x4.trans`` of 8-token x 16-byte tiles gives a
+# lane the byte pairs (dims 2g, 2g+1) of tokens 2t and 2t+1; ``prmt`` makes (dim 2g: tokens 2t,
+# 2t+1) and (dim 2g+1: ...). So logical row g of a warp's 16 rows is dim 2g and row g + 8 is dim
+# 2g + 1 (``regs_pv_dim``), and the output is written back through that permutation. The scales
+# (per token and 32 dims) come from a per-stage table the producers build: for (group G, t) the
+# 8 bf16x2 words (s_tok << 7 | s_tok+1 << 23) of tokens 16kk + 2t (+8), kk = 0..3.
+REGS_SRC = r"""
+#ifndef DI_REGS_SRC
+#define DI_REGS_SRC
+__device__ __forceinline__ void di_ldsm_x4(const void* p, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a) : "memory");
+}
+__device__ __forceinline__ void di_ldsm_x4_t(const void* p, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a) : "memory");
+}
+// two e4m3 bytes of x (prmt selector sel: [b, sign(b), b', sign(b')]) times the bf16x2 scales f2
+__device__ __forceinline__ unsigned di_cvt_pair(unsigned x, unsigned sel, unsigned f2) {
+  return di_bmul2(di_bmul2(di_e4m3x2_bits(x, sel), 0x7B807B80u), f2);
+}
+// QK A fragment, k columns [32 NGRP c, 32 NGRP (c + 1)) (NGRP scale groups, 2 NGRP k-steps): 8 NGRP registers
+template <int REC, int D, int NGRP>
+__device__ __forceinline__ void di_fill_qk(void* frag, const void* stage, int tx, int c) {
+  unsigned* a = reinterpret_cast<unsigned*>(frag);
+  const unsigned char* st = reinterpret_cast<const unsigned char*>(stage);
+  const int lane = tx & 31, w = (tx >> 5) & 3, g = lane >> 2;
+  const unsigned char* row = st + (16 * w + ((lane >> 3) & 1) * 8 + (lane & 7)) * REC + (lane >> 4) * 16;
+  const unsigned char* sg = st + (16 * w + g) * REC + D;      // scales of tokens g and g + 8
+#pragma unroll
+  for (int q = 0; q < NGRP; ++q) {
+    const int G = NGRP * c + q;
+    unsigned r0, r1, r2, r3;
+    di_ldsm_x4(row + 32 * G, r0, r1, r2, r3);
+    const unsigned f = (unsigned)sg[G] << 7, f8 = (unsigned)sg[8 * REC + G] << 7;
+    const unsigned f2 = f | (f << 16), f82 = f8 | (f8 << 16);
+    a[8 * q + 0] = di_cvt_pair(r0, 0x9180u, f2);
+    a[8 * q + 1] = di_cvt_pair(r1, 0x9180u, f82);
+    a[8 * q + 2] = di_cvt_pair(r0, 0xB3A2u, f2);
+    a[8 * q + 3] = di_cvt_pair(r1, 0xB3A2u, f82);
+    a[8 * q + 4] = di_cvt_pair(r2, 0x9180u, f2);
+    a[8 * q + 5] = di_cvt_pair(r3, 0x9180u, f82);
+    a[8 * q + 6] = di_cvt_pair(r2, 0xB3A2u, f2);
+    a[8 * q + 7] = di_cvt_pair(r3, 0xB3A2u, f82);
+  }
+}
+// PV A fragment of dims [64mc, 64mc + 64) x the block's 64 tokens (4 k-steps): 16 registers
+template <int REC>
+__device__ __forceinline__ void di_fill_pv(void* frag, const void* stage, const void* scales, int tx, int mc) {
+  unsigned* a = reinterpret_cast<unsigned*>(frag);
+  const unsigned char* st = reinterpret_cast<const unsigned char*>(stage);
+  const int lane = tx & 31, w = (tx >> 5) & 3, t = lane & 3;
+  const int col = 64 * mc + 16 * w;                            // the warp's 16 dims
+  const uint4* sf = reinterpret_cast<const uint4*>(scales) + ((col >> 5) * 4 + t) * 2;
+  const uint4 fa = sf[0], fb = sf[1];
+  const unsigned f[8] = {fa.x, fa.y, fa.z, fa.w, fb.x, fb.y, fb.z, fb.w};
+#pragma unroll
+  for (int kp = 0; kp < 2; ++kp) {                             // tokens [32kp, 32kp + 32): k-steps 2kp, 2kp + 1
+    unsigned r0, r1, r2, r3;
+    di_ldsm_x4_t(st + (32 * kp + (lane >> 3) * 8 + (lane & 7)) * REC + col, r0, r1, r2, r3);
+    const int k0 = 2 * kp, k1 = 2 * kp + 1;
+    a[4 * k0 + 0] = di_cvt_pair(r0, 0xA280u, f[2 * k0]);
+    a[4 * k0 + 1] = di_cvt_pair(r0, 0xB391u, f[2 * k0]);
+    a[4 * k0 + 2] = di_cvt_pair(r1, 0xA280u, f[2 * k0 + 1]);
+    a[4 * k0 + 3] = di_cvt_pair(r1, 0xB391u, f[2 * k0 + 1]);
+    a[4 * k1 + 0] = di_cvt_pair(r2, 0xA280u, f[2 * k1]);
+    a[4 * k1 + 1] = di_cvt_pair(r2, 0xB391u, f[2 * k1]);
+    a[4 * k1 + 2] = di_cvt_pair(r3, 0xA280u, f[2 * k1 + 1]);
+    a[4 * k1 + 3] = di_cvt_pair(r3, 0xB391u, f[2 * k1 + 1]);
+  }
+}
+#endif
+"""
+
+
+def regs_qk_column(l: int) -> int:
+    """Physical byte (within a 16-column half of a 32-value scale group) of the QK fragment's
+    logical column ``l`` (``REGS_SRC``)."""
+    return 4 * (l // 2) + l % 2 if l < 8 else 4 * ((l - 8) // 2) + 2 + l % 2
+
+
+def regs_pv_dim(row: int) -> int:
+    """Latent dim (within a 64-dim chunk) of the PV fragment's logical row ``row`` (``REGS_SRC``)."""
+    return (row // 16) * 16 + 2 * (row % 8) + (row % 16) // 8

@@ -38,6 +38,7 @@ from deepinfer_kernels.tilelang.sparse_mla_bulk import _build_bulk
 from deepinfer_kernels.tilelang.sparse_mla_bulk_rows import MAX_PAIRS, ROWS_PER_CTA, _build_bulk_rows
 from deepinfer_kernels.tilelang.sparse_mla_groups import _build_bulk_groups, group_columns
 from deepinfer_kernels.tilelang.sparse_mla_quads import MAX_QUAD_BLOCKS, QUAD_HEADS, QUAD_ROWS, _build_quads
+from deepinfer_kernels.tilelang.sparse_mla_regs import _build_regs
 from deepinfer_kernels.tilelang.sparse_mla_ws import _build_ws
 
 VARIANTS = KERNEL_VARIANTS
@@ -47,8 +48,11 @@ def resolve_variant(variant: str, heads: int, d: int) -> str:
     """"auto": "bulk" for one head group of 512-multiple records (the mini / flash MLA shape;
     1.43x "ws" over the engine's block layout, 0.94x over random slots, H200 2026-11-30), "ws"
     otherwise. "bulk" copies whole records, so it needs them 16-byte sized (D a multiple of
-    512); other D run "ws"."""
+    512); other D run "ws". "regs" (experimental, ``sparse_mla_regs.py``) takes up to 16 heads at D
+    512; other shapes run what "auto" picks."""
     bulk_ok = _record_bytes(d) % 16 == 0
+    if variant == "regs":
+        return "regs" if heads <= 16 and d == 512 else resolve_variant("auto", heads, d)
     if variant == "bulk" and not bulk_ok:
         return "ws"
     if variant != "auto":
@@ -58,7 +62,7 @@ def resolve_variant(variant: str, heads: int, d: int) -> str:
 
 def _heads_per_cta(heads: int, variant: str = "ws") -> int:
     # "bulk" holds two fp8 stages beside the bf16 ones: 32 heads' Q tile would not fit in 227 KB
-    return 16 if heads <= 16 or variant == "bulk" else 32
+    return 16 if heads <= 16 or variant in ("bulk", "regs") else 32
 
 
 def pipelined_bucket(bps: int) -> int:
@@ -73,6 +77,9 @@ def get_kernel(heads: int, d: int, variant: str = "ws", split: bool = False, hb:
     """Compiled kernel for one shape bucket: (heads, D, heads per CTA, split) [+ the static block
     count bucket for the pipelined variant; + trim and two consumer warpgroups for "bulk"]."""
     hb = hb or _heads_per_cta(heads, variant)
+    if variant == "regs":
+        return compile_cached("sparse_mla_regs", (heads, d, split), lambda: _build_regs(heads, d, split),
+                              pass_configs=NO_AUTO_SYNC)
     if variant == "bulk":
         # two dequantizing warpgroups: 1.25x one in the H200 diagnostics (2026-11-30)
         key = (heads, d, hb, split) + (("trim",) if trim else ()) + (("consumers", 2) if consumers == 2 else ())
@@ -195,9 +202,10 @@ def sparse_mla_attention_tilelang(q: torch.Tensor, kv_pool: torch.Tensor, indice
     split-KV heuristic. ``shared_keys``: consecutive rows attend nearly the same keys (prefill,
     verification rows); at the row-group kernel's sizes each quad (16 heads,
     ``sparse_mla_quads.py``) or pair (``sparse_mla_groups.py``) then attends the union of its
-    index rows once. ``consumers=2`` (**experimental, not yet run on a GPU**, ``variant="bulk"``
-    only): the one-row ``bulk`` kernel with two consumer warpgroups on alternate blocks, merged by
-    the split-KV combine (``_build_bulk``).
+    index rows once. ``consumers=2`` (experimental, ``variant="bulk"`` only; no faster on the
+    H200): the one-row ``bulk`` kernel with two consumer warpgroups on alternate blocks, merged by
+    the split-KV combine (``_build_bulk``). ``variant="regs"`` (experimental): the register-operand
+    decode kernel (``sparse_mla_regs.py``) for every row, up to 16 heads at D 512.
     """
     require(variant in VARIANTS, f"variant={variant!r}: expected one of {VARIANTS}")
     require(q.dim() == 3 and q.dtype == torch.bfloat16, f"q: expected bf16 [rows, heads, D], got {q.dtype} {tuple(q.shape)}")

@@ -1,0 +1,85 @@
+"""The register-operand sparse MLA decode kernel (``sparse_mla_regs.py``, experimental): its index
+permutations, and its lowering (register-A wgmmas fed by the FP8 fills, no bf16 tile, shared
+memory within the SM90 limit, no spill). No GPU needed; the lowering tests run where TileLang is
+installed, the spill test where nvcc is too. Its results are checked on the GPU in
+``test_tilelang_sparse_mla.py -k regs``."""
+
+from __future__ import annotations
+
+import functools
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from deepinfer_kernels.tilelang._cuda import regs_pv_dim, regs_qk_column
+
+SMEM_PER_BLOCK = 232_448        # SM90 opt-in maximum, static + dynamic
+
+
+def test_qk_column_permutation_matches_the_ldmatrix_bytes():
+    """Lane (g, t) of ``ldmatrix`` holds bytes 4t..4t+3 of a 16-byte half; the wgmma fragment wants
+    logical columns 2t, 2t+1 (register 0) and 2t+8, 2t+9 (register 2) from them, in that order."""
+    assert sorted(regs_qk_column(l) for l in range(16)) == list(range(16))
+    for t in range(4):
+        assert [regs_qk_column(2 * t), regs_qk_column(2 * t + 1)] == [4 * t, 4 * t + 1]
+        assert [regs_qk_column(2 * t + 8), regs_qk_column(2 * t + 9)] == [4 * t + 2, 4 * t + 3]
+
+
+def test_pv_row_permutation_pairs_each_lanes_two_dims():
+    """``ldmatrix.trans`` gives lane g dims 2g and 2g+1 of the warp's 16; they become rows g and g+8."""
+    assert sorted(regs_pv_dim(m) for m in range(64)) == list(range(64))
+    for w in range(4):
+        for g in range(8):
+            assert (regs_pv_dim(16 * w + g), regs_pv_dim(16 * w + g + 8)) == (16 * w + 2 * g, 16 * w + 2 * g + 1)
+
+
+@functools.cache
+def _lower(split: bool) -> tuple[str, int]:
+    import tilelang
+    from tilelang import tvm
+
+    from deepinfer_kernels.tilelang.sparse_mla_builders import NO_AUTO_SYNC
+    from deepinfer_kernels.tilelang.sparse_mla_regs import _build_regs
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    with tvm.transform.PassContext(config=NO_AUTO_SYNC), target:
+        art = tilelang.lower(_build_regs(16, 512, split), target=target)
+    (dyn,) = [int(n) for n in re.findall(r"buf_dyn_shmem = T\.alloc_buffer\(\((\d+),\)", str(art.device_mod.script()))]
+    return art.kernel_source, dyn
+
+
+@pytest.fixture(params=[False, True], ids=["whole_rows", "split"])
+def lowered(request):
+    pytest.importorskip("tilelang")
+    return request.param, *_lower(request.param)
+
+
+def test_register_operand_wgmmas_only(lowered):
+    _, src, dyn = lowered
+    assert "wgmma_ss" not in src                      # no bf16 tile in shared memory
+    assert src.count("wgmma_rs<") == 2 * (1 + 8)      # per consumer: one QK loop, 8 PV fragments
+    assert src.count("di_fill_qk<528, 512, 4>(") == 2 and src.count("di_fill_pv<528>(") == 2 * 8
+    assert dyn + 1024 <= SMEM_PER_BLOCK
+
+
+def test_split_writes_partials(lowered):
+    split, src, _ = lowered
+    assert ("Opart[" in src and "Lpart[" in src) == split
+    assert ("Out[" in src) == (not split)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_no_register_spill(lowered, tmp_path):
+    import tilelang
+
+    split, src, _ = lowered
+    root = tilelang.__path__[0]
+    cu = tmp_path / "regs.cu"
+    cu.write_text(src)
+    out = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90a", "-cubin", "-O3", "-Xptxas", "-v", "-w",
+                          f"-I{root}/src", f"-I{root}/3rdparty/cutlass/include", "-DENABLE_BF16",
+                          "-o", str(tmp_path / "regs.cubin"), str(cu)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "0 bytes spill stores, 0 bytes spill loads" in out.stderr, (split, out.stderr[-1000:])
