@@ -155,7 +155,8 @@ def _build_bulk(heads: int, d: int, hb: int, split: bool, producers: int = 1, tr
     each block; ``trim`` skips the block pairs past the row's last valid index; ``load_batch``:
     ``_bulk_macros``'s.
 
-    ``consumers=2`` (**experimental, not dispatched, not yet run on a GPU**): two consumer
+    ``consumers=2`` (experimental, not dispatched: correct on the H200 but 84.2 vs 90.8 us over KV
+    blocks and slower elsewhere, 2026-12-01; the dequantizing producers then bound it): two consumer
     warpgroups take a split's even and odd blocks (``_staged_consumer_macro(pair_member=w)``) and always write
     partials: ``Opart`` / ``Lpart`` hold ``2 * splits`` of them (split ``sp``'s at ``2 sp`` and
     ``2 sp + 1``), the grid's y is ``splits``, and the split-KV combine kernel merges them. Needs

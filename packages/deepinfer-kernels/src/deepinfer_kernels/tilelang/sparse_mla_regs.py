@@ -25,6 +25,12 @@ CTA (one query row x 16 heads; 384 threads):
 
 The two consumers keep their own online softmax (so one's softmax overlaps the other's wgmmas)
 and merge through shared memory at the end; the CTA then writes the row (or its split partial).
+
+Measured (H200, 2026-12-01): correct (GPU tests ``-k regs``), but slower than ``bulk``: 120.6 vs
+75.0 us over KV blocks, 51.5 vs 20.0 us on the engine's packed indices. Its timeline: each consumer
+spends ~2,800 cycles on QK and ~3,150 on PV per block (the conversion: 5 operations per value pair,
+twice per block), and the prep ~4,500 cycles a block. Kept as the base of that design (its
+``clock64`` timeline: ``tools/sparse_mla_decode_timeline.py regs``), not dispatched.
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations at
