@@ -236,12 +236,14 @@ __device__ __forceinline__ void di_fill_pv(void* frag, const void* stage, const 
 """
 
 
-def regs_qk_column(l: int) -> int:
+def regs_qk_column(l):
     """Physical byte (within a 16-column half of a 32-value scale group) of the QK fragment's
-    logical column ``l`` (``REGS_SRC``)."""
-    return 4 * (l // 2) + l % 2 if l < 8 else 4 * ((l - 8) // 2) + 2 + l % 2
+    logical column ``l`` (``REGS_SRC``): columns 2t, 2t+1 -> bytes 4t, 4t+1; 2t+8, 2t+9 -> 4t+2,
+    4t+3. Plain arithmetic, so the kernel builder calls it on TileLang expressions too."""
+    return 4 * ((l % 8) // 2) + 2 * (l // 8) + l % 2
 
 
-def regs_pv_dim(row: int) -> int:
-    """Latent dim (within a 64-dim chunk) of the PV fragment's logical row ``row`` (``REGS_SRC``)."""
+def regs_pv_dim(row):
+    """Latent dim (within a 64-dim chunk) of the PV fragment's logical row ``row`` (``REGS_SRC``;
+    an int or a TileLang expression)."""
     return (row // 16) * 16 + 2 * (row % 8) + (row % 16) // 8

@@ -37,7 +37,7 @@ twice per block), and the prep ~4,500 cycles a block. Kept as the base of that d
 # decoration time against the builder locals.
 
 from deepinfer_kernels.tilelang._common import PDL, pdl_sync
-from deepinfer_kernels.tilelang._cuda import BULK_COPY_SRC, DEQUANT_SRC, REGS_SRC
+from deepinfer_kernels.tilelang._cuda import BULK_COPY_SRC, DEQUANT_SRC, REGS_SRC, regs_pv_dim, regs_qk_column
 from deepinfer_kernels.tilelang.sparse_mla_builders import (
     BLOCK_TOKENS,
     LOG2E,
@@ -86,13 +86,12 @@ def _build_regs(heads: int, d: int, split: bool):
     RP = T.dynamic("RP")
 
     def qk_column(k):
-        # physical column of logical column k (``_cuda.regs_qk_column`` within each 16-column half)
-        l = k % 16
-        return (k // 16) * 16 + T.if_then_else(l < 8, 4 * (l // 2) + l % 2, 4 * ((l - 8) // 2) + 2 + l % 2)
+        # physical column of logical column k (the permutation within each 16-column half)
+        return (k // 16) * 16 + regs_qk_column(k % 16)
 
     def pv_dim(mc, m):
-        # latent dim of row m of PV fragment mc (``_cuda.regs_pv_dim``)
-        return mc * PV_DIMS + (m // 16) * 16 + 2 * (m % 8) + (m % 16) // 8
+        # latent dim of row m of PV fragment mc
+        return mc * PV_DIMS + regs_pv_dim(m)
 
     @T.macro
     def consume(w, tw, nblk, K8, vm, sft, Q_s, S_sm, P_s, alpha_s, ready, empty, accs, acc_s, a_qk, a_pv, st, scale):
