@@ -7,7 +7,6 @@ import torch
 
 pytestmark = pytest.mark.gpu
 
-ref = pytest.importorskip("deepinfer_kernels.ops.sparse_mla")
 T = pytest.importorskip("deepinfer_kernels.tilelang.testing")
 
 # ids: the device runner selects variants with -k (a bare "ws" would also match "rows"); the
@@ -26,21 +25,6 @@ def _run(case, variant, num_splits=None):
     return out, lse
 
 
-def _check(case, out, lse, atol=2e-2, rtol=2e-2):
-    ro, rl = ref.sparse_mla_attention_ref(case.q, case.pool, case.indices, case.sm_scale)
-    assert out.dtype == torch.bfloat16 and out.shape == ro.shape
-    assert lse.dtype == torch.float32 and lse.shape == rl.shape
-    empty = (case.indices < 0).all(dim=1)
-    if bool(empty.any()):
-        assert bool((out[empty] == 0).all()), "rows without a valid index must give out = 0"
-        assert bool((lse[empty] == float("-inf")).all()), "rows without a valid index must give lse = -inf"
-    assert bool(torch.isfinite(out.float()).all())
-    torch.testing.assert_close(out.float(), ro.float(), atol=atol, rtol=rtol)
-    fin = torch.isfinite(rl)
-    assert torch.equal(fin, torch.isfinite(lse))
-    torch.testing.assert_close(lse[fin], rl[fin], atol=2e-3, rtol=1e-4)
-
-
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("rows,heads,d,width,kw", [
     (5, 16, 512, 256, dict(empty_frac=0.1)),
@@ -54,22 +38,22 @@ def _check(case, out, lse, atol=2e-2, rtol=2e-2):
 ])
 def test_sparse_mla_matches_reference(variant, rows, heads, d, width, kw):
     case = T.make_sparse_mla_case(rows, heads, d, width, 3000, "cuda", seed=rows * 7 + width, **kw)
-    _check(case, *_run(case, variant))
+    T.check_sparse_mla(case, *_run(case, variant))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("num_splits", [None, 3, 8])
 def test_sparse_mla_split_kv(variant, num_splits):
     case = T.make_sparse_mla_case(3, 16, 512, 2048, 20000, "cuda", seed=11, ragged=True, empty_rows=(1,))
-    _check(case, *_run(case, variant, num_splits))
+    T.check_sparse_mla(case, *_run(case, variant, num_splits))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_sparse_mla_verify_rows_and_prefill(variant):
     v = T.make_verify_case(4, 6, 16, 512, 128, 192, 20000, "cuda", seed=3)
-    _check(v, *_run(v, variant))
+    T.check_sparse_mla(v, *_run(v, variant))
     p = T.make_prefill_case(200, 16, 512, 128, 4, 16, 20000, "cuda", seed=4)
-    _check(p, *_run(p, variant))
+    T.check_sparse_mla(p, *_run(p, variant))
 
 
 def test_sparse_mla_default_all_empty_and_zero_width():
@@ -90,7 +74,7 @@ def test_sparse_mla_default_int64_indices_and_pool_plane_view():
     planes = T.make_pool(3 * 1000, d, "cuda", seed=9).view(3, 1000, d + d // 32)
     case = T.make_sparse_mla_case(5, 16, d, 160, 1000, "cuda", seed=6, pool=planes[1], empty_frac=0.1)
     out, lse = sparse_mla_attention_tilelang(case.q, planes[1], case.indices.long(), case.sm_scale)
-    _check(case, out, lse)
+    T.check_sparse_mla(case, out, lse)
 
 
 def test_sparse_mla_default_rejects_bad_inputs():
@@ -156,7 +140,7 @@ def test_sparse_mla_runs_of_consecutive_slots(variant):
     idx[4, :] = torch.arange(1000, 1640)  # one run through every block
     idx[5, 320:] = -1                     # ragged tail
     case.indices = idx.to(torch.int32).cuda()
-    _check(case, *_run(case, variant))
+    T.check_sparse_mla(case, *_run(case, variant))
 
 
 @pytest.mark.parametrize("case_kw", [
@@ -190,14 +174,6 @@ def _assert_same_out_lse_to_rounding(out, lse, ref_out, ref_lse):
     torch.testing.assert_close(lse[finite], ref_lse[finite], rtol=1e-6, atol=1e-6)
 
 
-def _assert_close_to_kernel(out, lse, other_out, other_lse):
-    """Another kernel's result in another summation order: outputs to bf16 rounding, lse to float32."""
-    torch.testing.assert_close(out.float(), other_out.float(), atol=1e-2, rtol=1e-2)
-    fin = torch.isfinite(other_lse)
-    assert torch.equal(fin, torch.isfinite(lse))
-    torch.testing.assert_close(lse[fin], other_lse[fin], atol=1e-4, rtol=1e-5)
-
-
 @pytest.mark.parametrize("num_splits", [None, 3])
 def test_bulk_trims_trailing_empty_blocks_bit_for_bit(num_splits):
     """Above TRIM_MIN_ROWS rows "bulk" walks each row only up to its last valid index: ragged rows
@@ -210,7 +186,7 @@ def test_bulk_trims_trailing_empty_blocks_bit_for_bit(num_splits):
     ws_out, ws_lse = _run(case, "ws", num_splits)
     bulk_out, bulk_lse = _run(case, "bulk", num_splits)
     _assert_same_out_lse_to_rounding(bulk_out, bulk_lse, ws_out, ws_lse)
-    _check(case, bulk_out, bulk_lse)
+    T.check_sparse_mla(case, bulk_out, bulk_lse)
 
 
 @pytest.mark.parametrize("rows,heads,width", [(301, 16, 384), (257, 32, 1024), (262, 16, 200)])
@@ -234,81 +210,8 @@ def test_bulk_row_groups_equal_the_one_row_kernel_bit_for_bit(rows, heads, width
     torch.cuda.synchronize()
     (one_out, one_lse), (grp_out, grp_lse) = outs
     _assert_same_out_lse_to_rounding(grp_out, grp_lse, one_out, one_lse)
-    _check(case, grp_out, grp_lse)
+    T.check_sparse_mla(case, grp_out, grp_lse)
 
-
-
-@pytest.mark.parametrize("rows,heads,d,width,num_splits,kw", [
-    (5, 16, 512, 256, None, dict(empty_frac=0.1)),
-    (9, 16, 512, 200, None, dict(ragged=True, empty_rows=(0, 4))),   # width not a multiple of 64
-    (6, 8, 512, 130, None, dict(empty_frac=0.2, empty_rows=(5,))),    # heads < 16
-    (3, 64, 512, 128, None, dict(empty_frac=0.05)),                   # two head groups
-    (3, 16, 512, 2048, 3, dict(ragged=True, empty_rows=(1,))),        # split-KV: 6 partials a row
-    (3, 16, 512, 64, None, dict(q_scale=8.0)),                        # one block: the odd consumer has none
-    (2, 16, 512, 1, None, dict()),                                    # width 1
-    (300, 16, 512, 384, None, dict(ragged=True, empty_rows=(0, 299))),  # trimmed rows (> TRIM_MIN_ROWS)
-])
-def test_bulk_with_two_consumer_warpgroups_matches_the_reference(rows, heads, d, width, num_splits, kw):
-    """The experimental two-consumer bulk kernel (``consumers=2``: even and odd blocks in two
-    warpgroups, merged by the split-KV combine) against the reference and the one-consumer kernel."""
-    from deepinfer_kernels.tilelang.sparse_mla import sparse_mla_attention_tilelang
-
-    case = T.make_sparse_mla_case(rows, heads, d, width, 130000, "cuda", seed=rows * 5 + width, **kw)
-    outs = [sparse_mla_attention_tilelang(case.q, case.pool, case.indices, case.sm_scale, variant="bulk",
-                                          num_splits=num_splits, consumers=c) for c in (1, 2)]
-    torch.cuda.synchronize()
-    (one_out, one_lse), (two_out, two_lse) = outs
-    _check(case, two_out, two_lse)
-    _assert_close_to_kernel(two_out, two_lse, one_out, one_lse)
-
-
-@pytest.mark.parametrize("rows,heads,width,num_splits,kw", [
-    (5, 16, 256, None, dict(empty_frac=0.1)),
-    (9, 16, 200, None, dict(ragged=True, empty_rows=(0, 4))),     # width not a multiple of 64
-    (6, 8, 130, None, dict(empty_frac=0.2, empty_rows=(5,))),     # heads < 16
-    (3, 16, 2048, 3, dict(ragged=True, empty_rows=(1,))),         # split-KV partials
-    (3, 16, 64, None, dict(q_scale=8.0)),                         # one block: the second consumer has none
-    (2, 16, 1, None, dict()),                                     # width 1
-    (4, 16, 300, None, dict(duplicates=True)),                    # duplicate slots count twice
-    (7, 16, 640, None, dict(empty_frac=0.5)),                     # half the records invalid: zeroed in the stage
-    (132, 16, 2048, None, dict(paged=128)),                       # the decode benchmark's KV-block layout
-])
-def test_regs_kernel_matches_the_reference_and_bulk(rows, heads, width, num_splits, kw):
-    """The experimental register-operand decode kernel (``variant="regs"``: the wgmma's A operand
-    built from the FP8 stage in registers, permuted QK columns and PV rows, two consumers merged in
-    shared memory) against the reference and the bulk kernel."""
-    from deepinfer_kernels.tilelang.sparse_mla import sparse_mla_attention_tilelang
-
-    slots = 300000 if kw.get("paged") else 5000
-    case = T.make_sparse_mla_case(rows, heads, 512, width, slots, "cuda", seed=rows * 3 + width, **kw)
-    outs = [sparse_mla_attention_tilelang(case.q, case.pool, case.indices, case.sm_scale, variant=v,
-                                          num_splits=num_splits) for v in ("bulk", "regs")]
-    torch.cuda.synchronize()
-    (bulk_out, bulk_lse), (regs_out, regs_lse) = outs
-    _check(case, regs_out, regs_lse)
-    _assert_close_to_kernel(regs_out, regs_lse, bulk_out, bulk_lse)
-
-
-def test_regs_variant_falls_back_outside_its_shape():
-    from deepinfer_kernels.tilelang.sparse_mla import resolve_variant, sparse_mla_attention_tilelang
-
-    assert resolve_variant("regs", 16, 512) == "regs"
-    assert resolve_variant("regs", 64, 512) == resolve_variant("auto", 64, 512)
-    assert resolve_variant("regs", 16, 64) == resolve_variant("auto", 16, 64)
-    case = T.make_sparse_mla_case(3, 64, 512, 128, 3000, "cuda", seed=5, empty_frac=0.05)   # two head groups
-    _check(case, *sparse_mla_attention_tilelang(case.q, case.pool, case.indices, case.sm_scale, variant="regs"))
-
-
-def test_two_consumer_warpgroups_are_bulk_only():
-    from deepinfer_kernels.tilelang.sparse_mla import sparse_mla_attention_tilelang
-
-    case = T.make_sparse_mla_case(2, 16, 512, 64, 3000, "cuda", seed=3)
-    with pytest.raises(ValueError, match="consumers=2"):
-        sparse_mla_attention_tilelang(case.q, case.pool, case.indices, case.sm_scale, variant="ws", consumers=2)
-    small_d = T.make_sparse_mla_case(2, 16, 64, 64, 3000, "cuda", seed=3)      # D 64 runs "ws"
-    with pytest.raises(ValueError, match="D a multiple of 512"):
-        sparse_mla_attention_tilelang(small_d.q, small_d.pool, small_d.indices, small_d.sm_scale, variant="bulk",
-                                      consumers=2)
 
 
 _SLOTS = 120000
@@ -354,7 +257,7 @@ def test_shared_keys_kernel_pipeline_shapes_agree(name):
         outs.append((out, lse))
     torch.cuda.synchronize()
     for out, lse in outs:
-        _check(case, out, lse)
+        T.check_sparse_mla(case, out, lse)
     (one_out, one_lse), (two_out, two_lse) = outs
     torch.testing.assert_close(two_out.float(), one_out.float(), atol=1e-2, rtol=1e-2)
     fin = torch.isfinite(one_lse)
@@ -402,7 +305,7 @@ def test_shared_keys_sparse_mla_matches_reference(name, group_rows, monkeypatch)
                                              shared_keys=True)
     row_out, row_lse = sparse_mla_attention_tilelang(case.q, case.pool, case.indices, case.sm_scale, variant="bulk")
     torch.cuda.synchronize()
-    _check(case, out, lse)
+    T.check_sparse_mla(case, out, lse)
     torch.testing.assert_close(out.float(), row_out.float(), atol=1e-2, rtol=1e-2)
     fin = torch.isfinite(row_lse)
     assert torch.equal(fin, torch.isfinite(lse))

@@ -360,3 +360,32 @@ def record_benchmark(benchmark, fn: Callable[[], object], *, bytes_moved: float,
     benchmark.extra_info.update(info)
     benchmark.pedantic(lambda: (fn(), torch.cuda.synchronize()), rounds=10, iterations=1, warmup_rounds=1)
     return info
+
+
+def check_sparse_mla(case: SparseMLACase, out: torch.Tensor, lse: torch.Tensor, atol: float = 2e-2,
+                     rtol: float = 2e-2) -> None:
+    """A sparse MLA result against ``sparse_mla_attention_ref``: dtypes and shapes, rows without a
+    valid index give out = 0 and lse = -inf, outputs finite and close, lse close where finite."""
+    from deepinfer_kernels.ops.sparse_mla import sparse_mla_attention_ref
+
+    ro, rl = sparse_mla_attention_ref(case.q, case.pool, case.indices, case.sm_scale)
+    assert out.dtype == torch.bfloat16 and out.shape == ro.shape
+    assert lse.dtype == torch.float32 and lse.shape == rl.shape
+    empty = (case.indices < 0).all(dim=1)
+    if bool(empty.any()):
+        assert bool((out[empty] == 0).all()), "rows without a valid index must give out = 0"
+        assert bool((lse[empty] == float("-inf")).all()), "rows without a valid index must give lse = -inf"
+    assert bool(torch.isfinite(out.float()).all())
+    torch.testing.assert_close(out.float(), ro.float(), atol=atol, rtol=rtol)
+    fin = torch.isfinite(rl)
+    assert torch.equal(fin, torch.isfinite(lse))
+    torch.testing.assert_close(lse[fin], rl[fin], atol=2e-3, rtol=1e-4)
+
+
+def check_close_to_kernel(out: torch.Tensor, lse: torch.Tensor, other_out: torch.Tensor,
+                          other_lse: torch.Tensor) -> None:
+    """Another kernel's result in another summation order: outputs to bf16 rounding, lse to float32."""
+    torch.testing.assert_close(out.float(), other_out.float(), atol=1e-2, rtol=1e-2)
+    fin = torch.isfinite(other_lse)
+    assert torch.equal(fin, torch.isfinite(lse))
+    torch.testing.assert_close(lse[fin], other_lse[fin], atol=1e-4, rtol=1e-5)

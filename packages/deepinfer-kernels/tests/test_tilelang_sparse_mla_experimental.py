@@ -1,0 +1,83 @@
+"""GPU tests of the experimental decode kernels, not dispatched: the bulk kernel with two consumer
+warpgroups (``consumers=2``) and the register-operand kernel (``variant="regs"``), each against
+``sparse_mla_attention_ref`` and the default bulk kernel."""
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+T = pytest.importorskip("deepinfer_kernels.tilelang.testing")
+
+
+@pytest.mark.parametrize("rows,heads,d,width,num_splits,kw", [
+    (5, 16, 512, 256, None, dict(empty_frac=0.1)),
+    (9, 16, 512, 200, None, dict(ragged=True, empty_rows=(0, 4))),   # width not a multiple of 64
+    (6, 8, 512, 130, None, dict(empty_frac=0.2, empty_rows=(5,))),    # heads < 16
+    (3, 64, 512, 128, None, dict(empty_frac=0.05)),                   # two head groups
+    (3, 16, 512, 2048, 3, dict(ragged=True, empty_rows=(1,))),        # split-KV: 6 partials a row
+    (3, 16, 512, 64, None, dict(q_scale=8.0)),                        # one block: the odd consumer has none
+    (2, 16, 512, 1, None, dict()),                                    # width 1
+    (300, 16, 512, 384, None, dict(ragged=True, empty_rows=(0, 299))),  # trimmed rows (> TRIM_MIN_ROWS)
+])
+def test_bulk_with_two_consumer_warpgroups_matches_the_reference(rows, heads, d, width, num_splits, kw):
+    """The experimental two-consumer bulk kernel (``consumers=2``: even and odd blocks in two
+    warpgroups, merged by the split-KV combine) against the reference and the one-consumer kernel."""
+    from deepinfer_kernels.tilelang.sparse_mla import sparse_mla_attention_tilelang
+
+    case = T.make_sparse_mla_case(rows, heads, d, width, 130000, "cuda", seed=rows * 5 + width, **kw)
+    outs = [sparse_mla_attention_tilelang(case.q, case.pool, case.indices, case.sm_scale, variant="bulk",
+                                          num_splits=num_splits, consumers=c) for c in (1, 2)]
+    torch.cuda.synchronize()
+    (one_out, one_lse), (two_out, two_lse) = outs
+    T.check_sparse_mla(case, two_out, two_lse)
+    T.check_close_to_kernel(two_out, two_lse, one_out, one_lse)
+
+
+@pytest.mark.parametrize("rows,heads,width,num_splits,kw", [
+    (5, 16, 256, None, dict(empty_frac=0.1)),
+    (9, 16, 200, None, dict(ragged=True, empty_rows=(0, 4))),     # width not a multiple of 64
+    (6, 8, 130, None, dict(empty_frac=0.2, empty_rows=(5,))),     # heads < 16
+    (3, 16, 2048, 3, dict(ragged=True, empty_rows=(1,))),         # split-KV partials
+    (3, 16, 64, None, dict(q_scale=8.0)),                         # one block: the second consumer has none
+    (2, 16, 1, None, dict()),                                     # width 1
+    (4, 16, 300, None, dict(duplicates=True)),                    # duplicate slots count twice
+    (7, 16, 640, None, dict(empty_frac=0.5)),                     # half the records invalid: zeroed in the stage
+    (132, 16, 2048, None, dict(paged=128)),                       # the decode benchmark's KV-block layout
+])
+def test_regs_kernel_matches_the_reference_and_bulk(rows, heads, width, num_splits, kw):
+    """The experimental register-operand decode kernel (``variant="regs"``: the wgmma's A operand
+    built from the FP8 stage in registers, permuted QK columns and PV rows, two consumers merged in
+    shared memory) against the reference and the bulk kernel."""
+    from deepinfer_kernels.tilelang.sparse_mla import sparse_mla_attention_tilelang
+
+    slots = 300000 if kw.get("paged") else 5000
+    case = T.make_sparse_mla_case(rows, heads, 512, width, slots, "cuda", seed=rows * 3 + width, **kw)
+    outs = [sparse_mla_attention_tilelang(case.q, case.pool, case.indices, case.sm_scale, variant=v,
+                                          num_splits=num_splits) for v in ("bulk", "regs")]
+    torch.cuda.synchronize()
+    (bulk_out, bulk_lse), (regs_out, regs_lse) = outs
+    T.check_sparse_mla(case, regs_out, regs_lse)
+    T.check_close_to_kernel(regs_out, regs_lse, bulk_out, bulk_lse)
+
+
+def test_regs_variant_falls_back_outside_its_shape():
+    from deepinfer_kernels.tilelang.sparse_mla import resolve_variant, sparse_mla_attention_tilelang
+
+    assert resolve_variant("regs", 16, 512) == "regs"
+    assert resolve_variant("regs", 64, 512) == resolve_variant("auto", 64, 512)
+    assert resolve_variant("regs", 16, 64) == resolve_variant("auto", 16, 64)
+    case = T.make_sparse_mla_case(3, 64, 512, 128, 3000, "cuda", seed=5, empty_frac=0.05)   # two head groups
+    T.check_sparse_mla(case, *sparse_mla_attention_tilelang(case.q, case.pool, case.indices, case.sm_scale, variant="regs"))
+
+
+def test_two_consumer_warpgroups_are_bulk_only():
+    from deepinfer_kernels.tilelang.sparse_mla import sparse_mla_attention_tilelang
+
+    case = T.make_sparse_mla_case(2, 16, 512, 64, 3000, "cuda", seed=3)
+    with pytest.raises(ValueError, match="consumers=2"):
+        sparse_mla_attention_tilelang(case.q, case.pool, case.indices, case.sm_scale, variant="ws", consumers=2)
+    small_d = T.make_sparse_mla_case(2, 16, 64, 64, 3000, "cuda", seed=3)      # D 64 runs "ws"
+    with pytest.raises(ValueError, match="D a multiple of 512"):
+        sparse_mla_attention_tilelang(small_d.q, small_d.pool, small_d.indices, small_d.sm_scale, variant="bulk",
+                                      consumers=2)
