@@ -8,7 +8,7 @@ pytestmark = pytest.mark.gpu
 ref = pytest.importorskip("deepinfer_kernels.ops.moe")
 
 
-@pytest.mark.parametrize("experts, top_k", [(8, 2), (64, 6), (384, 6), (256, 8)])
+@pytest.mark.parametrize("experts, top_k", [(8, 2), (64, 6), (384, 6), (385, 6), (256, 8)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("normalise", [True, False])
 @pytest.mark.parametrize("tokens", [1, 7, 1030])

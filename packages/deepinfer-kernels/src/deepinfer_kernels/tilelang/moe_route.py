@@ -47,18 +47,24 @@ def _build(e: int, k: int, logit_dtype: str, bias_dtype: str, normalise: bool, s
             safe_row = T.min(row, N - 1)
             gates = T.alloc_shared((TOKENS_PER_CTA, e), T.float32)
             choice = T.alloc_local((PER_LANE,), T.float32)
+            logit = T.alloc_local((PER_LANE,), T.float32)
+            bias = T.alloc_local((PER_LANE,), T.float32)
             picked = T.alloc_local((k,), T.float32)
             best_v = T.alloc_var(T.float32)
             best_i = T.alloc_var(T.int32)
             other_v = T.alloc_var(T.float32)
             other_i = T.alloc_var(T.int32)
             total = T.alloc_var(T.float32)
-            for j in T.serial(PER_LANE):
+            # every load first, unconditional (clamped columns): one memory latency, not PER_LANE in turn
+            for j in T.unroll(PER_LANE):
+                logit[j] = T.cast(Logits[safe_row, T.min(lane + 32 * j, e - 1)], T.float32)
+                bias[j] = T.cast(Bias[T.min(lane + 32 * j, e - 1)], T.float32)
+            for j in T.unroll(PER_LANE):
                 ex = lane + 32 * j
                 if ex < e:
-                    g = 1.0 / (1.0 + T.exp(-T.cast(Logits[safe_row, ex], T.float32)))
+                    g = 1.0 / (1.0 + T.exp(-logit[j]))
                     gates[warp, ex] = g
-                    choice[j] = g + T.cast(Bias[ex], T.float32)
+                    choice[j] = g + bias[j]
                 else:
                     choice[j] = NEG_INF
             T.sync_threads()
@@ -66,7 +72,7 @@ def _build(e: int, k: int, logit_dtype: str, bias_dtype: str, normalise: bool, s
             for r in T.serial(k):
                 best_v = NEG_INF
                 best_i = e
-                for j in T.serial(PER_LANE):   # ascending ids: strict > keeps the lowest of equals
+                for j in T.unroll(PER_LANE):   # ascending ids: strict > keeps the lowest of equals
                     if choice[j] > best_v:
                         best_v = choice[j]
                         best_i = lane + 32 * j
@@ -76,7 +82,7 @@ def _build(e: int, k: int, logit_dtype: str, bias_dtype: str, normalise: bool, s
                     if (other_v > best_v) or ((other_v == best_v) and (other_i < best_i)):
                         best_v = other_v
                         best_i = other_i
-                for j in T.serial(PER_LANE):
+                for j in T.unroll(PER_LANE):
                     if lane + 32 * j == best_i:
                         choice[j] = NEG_INF
                 picked[r] = gates[warp, T.min(best_i, e - 1)]
