@@ -80,3 +80,20 @@ def test_engine_decode_case_packed_entries_are_runs():
         far = case.indices[:, 128:].long().view(3, 2, 16)
         assert bool((far[..., 1:] - far[..., :-1] == step).all())
         assert bool(((case.indices[:, 1:128] - case.indices[:, :127]) == 1).all())   # the window: one run
+
+
+def test_auto_variant_runs_bulk_at_many_heads_only_where_ws_leaves_most_sms_idle():
+    """The dispatch rule (CPU-checkable: no kernel is built): up to 16 heads "bulk" always; more heads
+    "bulk" (16 per CTA) while "ws"'s 32-head CTAs would fill < half the SMs, else "ws"; in batch-invariant
+    mode a row's kernel must not depend on the row count, so "ws"."""
+    from deepinfer_kernels.batch_invariant import batch_invariant_kernels
+    from deepinfer_kernels.tilelang.sparse_mla import resolve_variant
+
+    assert resolve_variant("auto", 16, 512, 1000, 132) == "bulk"
+    assert [resolve_variant("auto", 64, 512, rows, 132) for rows in (1, 32, 33, 64)] == ["bulk", "bulk", "ws", "ws"]
+    assert resolve_variant("auto", 64, 512) == "ws"            # no row count: the old rule
+    assert resolve_variant("auto", 64, 64, 1, 132) == "ws"     # records not 16-byte sized
+    assert resolve_variant("ws", 64, 512, 1, 132) == "ws"      # an explicit variant stays
+    assert resolve_variant("regs", 64, 512, 1, 132) == "bulk"  # regs' fallback is what auto picks
+    with batch_invariant_kernels():
+        assert resolve_variant("auto", 64, 512, 1, 132) == "ws"

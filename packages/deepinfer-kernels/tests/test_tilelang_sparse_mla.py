@@ -48,6 +48,19 @@ def test_sparse_mla_split_kv(variant, num_splits):
     T.check_sparse_mla(case, *_run(case, variant, num_splits))
 
 
+@pytest.mark.parametrize("rows", [1, 3, 40])
+def test_default_at_64_heads_decode_layout_matches_reference(rows):
+    """flash's 64 heads on its batch-1 decode layout (a 128-slot window run, then far entries whose
+    unselected blocks are -1, split-KV): "auto" runs "bulk" at 1 and 3 rows, "ws" at 40."""
+    from deepinfer_kernels.tilelang.sparse_mla import resolve_variant
+
+    assert resolve_variant("auto", 64, 512, rows, 132) == ("ws" if rows == 40 else "bulk")
+    case = T.make_engine_decode_case(rows, 64, 512, 128, 32, 64, 1, 180_000, "cuda", seed=rows, packed=True)
+    case.indices[:, 128 + 64 * 4:] = -1                      # 4 of 32 far blocks selected
+    case.indices[0, 128 + 64 * 3 + 17:] = -1                 # row 0: a ragged last block
+    T.check_sparse_mla(case, *_run(case, "auto"))
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_sparse_mla_verify_rows_and_prefill(variant):
     v = T.make_verify_case(4, 6, 16, 512, 128, 192, 20000, "cuda", seed=3)

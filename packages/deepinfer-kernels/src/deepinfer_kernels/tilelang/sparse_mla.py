@@ -44,20 +44,33 @@ from deepinfer_kernels.tilelang.sparse_mla_ws import _build_ws
 VARIANTS = KERNEL_VARIANTS
 
 
-def resolve_variant(variant: str, heads: int, d: int) -> str:
+def resolve_variant(variant: str, heads: int, d: int, rows: int = 0, sms: int = 132) -> str:
     """"auto": "bulk" for one head group of 512-multiple records (the mini / flash MLA shape;
     1.43x "ws" over the engine's block layout, 0.94x over random slots, H200 2026-11-30), "ws"
     otherwise. "bulk" copies whole records, so it needs them 16-byte sized (D a multiple of
     512); other D run "ws". "regs" (experimental, ``sparse_mla_regs.py``) takes up to 16 heads at D
-    512; other shapes run what "auto" picks."""
+    512; other shapes run what "auto" picks.
+
+    More than 16 heads: "ws" takes 32 heads per CTA, "bulk" 16 (so twice the CTAs per row, each
+    reading the row's records). Where "ws"'s CTAs would fill fewer than half the SMs
+    (``rows * ceil(heads / 32) < sms / 2``: decode at a few rows, where a call is a few CTAs' latency)
+    "auto" runs "bulk": flash's 64 heads at batch 1 (H200, 2026-12-02, in a graph, L2 flushed) 8.6 vs
+    12.0 us over the 128-key window, 12.4 vs 16.4 us over window + ratio-4 entries; `flash-slice`
+    decode 736.7 vs 720.0 tokens/s. Not in batch-invariant mode, where a row's kernel must not depend
+    on the row count."""
     bulk_ok = _record_bytes(d) % 16 == 0
     if variant == "regs":
-        return "regs" if heads <= 16 and d == 512 else resolve_variant("auto", heads, d)
+        return "regs" if heads <= 16 and d == 512 else resolve_variant("auto", heads, d, rows, sms)
     if variant == "bulk" and not bulk_ok:
         return "ws"
     if variant != "auto":
         return variant
-    return "bulk" if bulk_ok and heads <= 16 else "ws"
+    if not bulk_ok:
+        return "ws"
+    if heads <= 16:
+        return "bulk"
+    few_ctas = 0 < rows * math.ceil(heads / 32) < sms // 2
+    return "bulk" if few_ctas and not batch_invariant_enabled() else "ws"
 
 
 def _heads_per_cta(heads: int, variant: str = "ws") -> int:
@@ -171,7 +184,7 @@ def precompile_specs(rows: int, heads: int, d: int, width: int, variant: str = "
     """(function name in this module, args) of every kernel one call needs (for tools/tilelang_precompile.py)."""
     if rows == 0 or width == 0:
         return []
-    variant = resolve_variant(variant, heads, d)
+    variant = resolve_variant(variant, heads, d, rows, sms)
     p = plan(rows, heads, d, width, sms, num_splits, variant)
     split = p["num_splits"] > 1
     if _uses_quads_kernel(variant, rows, heads, width, p["num_splits"], slots, shared_keys):
@@ -210,7 +223,6 @@ def sparse_mla_attention_tilelang(q: torch.Tensor, kv_pool: torch.Tensor, indice
     require(variant in VARIANTS, f"variant={variant!r}: expected one of {VARIANTS}")
     require(q.dim() == 3 and q.dtype == torch.bfloat16, f"q: expected bf16 [rows, heads, D], got {q.dtype} {tuple(q.shape)}")
     rows, heads, d = q.shape
-    variant = resolve_variant(variant, heads, d)
     require(d % 64 == 0 and d > 0, f"q: head dim {d} must be a positive multiple of 64")
     rec = _record_bytes(d)
     require(kv_pool.dim() == 2 and kv_pool.dtype == torch.uint8 and kv_pool.shape[1] == rec,
@@ -218,6 +230,8 @@ def sparse_mla_attention_tilelang(q: torch.Tensor, kv_pool: torch.Tensor, indice
     require(indices.dim() == 2 and indices.shape[0] == rows and indices.dtype in (torch.int32, torch.int64),
             f"indices: expected int32 [{rows}, width], got {indices.dtype} {tuple(indices.shape)}")
     device = require_cuda(q=q, kv_pool=kv_pool, indices=indices)
+    sms = num_sms(device)
+    variant = resolve_variant(variant, heads, d, rows, sms)
     require(kv_pool.stride() == (rec, 1), "kv_pool: rows must be contiguous records")
     require(kv_pool.data_ptr() % 16 == 0, "kv_pool: base must be 16-byte aligned")
     q = q.contiguous()
@@ -233,7 +247,7 @@ def sparse_mla_attention_tilelang(q: torch.Tensor, kv_pool: torch.Tensor, indice
         return out, lse
     if num_splits is None and batch_invariant_enabled():
         num_splits = 1    # split-KV changes the accumulation order with the row count
-    p = plan(rows, heads, d, width, num_sms(device), num_splits, variant)
+    p = plan(rows, heads, d, width, sms, num_splits, variant)
     hb, ns, bps = p["hb"], p["num_splits"], p["bps"]
     scale = float(sm_scale) * LOG2E
     require(consumers in (1, 2) and (consumers == 1 or (variant == "bulk" and not shared_keys)),
