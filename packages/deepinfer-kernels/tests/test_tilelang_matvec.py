@@ -39,3 +39,17 @@ def test_linear_takes_the_kernel_for_one_row_only():
     wg = w.detach().clone().requires_grad_(True)
     y = linear(x[:1], wg)                                                 # autograd: cuBLAS, differentiable
     assert y.grad_fn is not None and torch.equal(y.detach(), F.linear(x[:1], w))
+
+
+def test_linear_takes_the_kernel_above_the_size_limit_with_several_steps():
+    """A 37 MB weight with K = 3072 (three pipeline steps of 1024 per CTA): the kernel, close to float32."""
+    from deepinfer_kernels.ops.linear import MATVEC_MAX_WEIGHT_BYTES, linear
+    from deepinfer_kernels.tilelang.matvec import matvec_tilelang
+
+    g = torch.Generator().manual_seed(5)
+    w = (torch.randn(6000, 3072, generator=g) * 3072 ** -0.5).to(torch.bfloat16).cuda()
+    x = torch.randn(1, 3072, generator=g).to(torch.bfloat16).cuda()
+    assert w.numel() * 2 > MATVEC_MAX_WEIGHT_BYTES
+    got = linear(x, w)
+    assert torch.equal(got, matvec_tilelang(x, w))
+    torch.testing.assert_close(got.float(), F.linear(x.float(), w.float()), atol=1e-2, rtol=1e-2)

@@ -2,7 +2,7 @@
 
 A batch-1 decode step multiplies one row by each projection's weight; cuBLAS takes 4.5-7.3 us per
 such GEMM on the H200 whatever the weight's size (docs/benchmarks.md, session 15). On SM90, bf16 /
-fp16, one row and a weight of at most ``MATVEC_MAX_WEIGHT_BYTES`` go to the TileLang matrix-vector
+fp16, one row and a weight ``matvec_serves`` go to the TileLang matrix-vector
 kernel (``deepinfer_kernels.tilelang.matvec``; same values up to float32 summation order).
 Everything else, and batch-invariant mode, autograd, ``torch.compile`` and ``DEEPINFER_MATVEC=0``
 (read once per process), runs ``F.linear``.
@@ -19,7 +19,19 @@ from deepinfer_kernels.platform import tilelang_launcher
 from deepinfer_kernels.tilelang.matvec import pick_tiles
 
 MATVEC_ENABLED = env_flag(MATVEC_ENV, True)   # read once per process
-MATVEC_MAX_WEIGHT_BYTES = 32 << 20   # the lm_head's 65 MB streams at ~83% of copy in cuBLAS already
+MATVEC_MAX_WEIGHT_BYTES = 32 << 20   # every tileable weight up to this size
+MATVEC_LARGE_MIN_STEPS = 3           # larger weights: only with >= this many pipeline steps per CTA
+
+
+def matvec_serves(n: int, k: int, weight_bytes: int) -> bool:
+    """Whether W [n, k] goes to the matrix-vector kernel: tiles divide it, and it is at most
+    ``MATVEC_MAX_WEIGHT_BYTES`` or its CTAs each stream >= ``MATVEC_LARGE_MIN_STEPS`` pipeline steps
+    of K. H200, 2026-12-02, in a graph, L2 flushed, matvec vs cuBLAS: flash's o_proj [3072, 32768]
+    55.6 vs 59.9 us, dense gate/up [53760, 3072] 81.9 vs 88.6, down [3072, 26880] 47.2 vs 51.1,
+    lm_head [129280, 3072] 182.1 vs 187.8; at K = 1024 a CTA's whole K is one step and cuBLAS wins
+    (q_b [32768, 1024] 30.3 vs 24.9 us), so `mini`'s 65 MB lm_head stays on cuBLAS."""
+    tiles = pick_tiles(n, k)
+    return tiles is not None and (weight_bytes <= MATVEC_MAX_WEIGHT_BYTES or k // tiles[1] >= MATVEC_LARGE_MIN_STEPS)
 
 
 def linear_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -31,12 +43,12 @@ def _one_row_kernel(x: torch.Tensor, weight: torch.Tensor):
     """The matrix-vector launcher when this call is one it serves, else None."""
     if not (MATVEC_ENABLED and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
             and weight.dtype == x.dtype and weight.dim() == 2 and x.numel() == x.shape[-1] == weight.shape[1]
-            and x.is_contiguous() and weight.is_contiguous()
-            and weight.numel() * weight.element_size() <= MATVEC_MAX_WEIGHT_BYTES):
+            and x.is_contiguous() and weight.is_contiguous()):
         return None
     if batch_invariant_enabled() or (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad)):
         return None
-    return tilelang_launcher("linear", x.device, supported=pick_tiles(*weight.shape) is not None)
+    return tilelang_launcher("linear", x.device,
+                             supported=matvec_serves(*weight.shape, weight.numel() * weight.element_size()))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
