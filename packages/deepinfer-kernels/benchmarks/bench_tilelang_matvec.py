@@ -22,3 +22,19 @@ def test_bench_one_row_linear(benchmark, n, k, path):
     fn = (lambda: matvec_tilelang(x, w)) if path == "matvec" else (lambda: F.linear(x, w))
     T.record_benchmark(benchmark, fn, bytes_moved=w.numel() * 2 + k * 2 + n * 2, flops=2.0 * n * k,
                        extra={"n": n, "k": k, "path": path})
+
+
+@pytest.mark.parametrize("path", ["matvec", "cublas"])
+@pytest.mark.parametrize("n,k", [(3072, 32768), (32768, 1024), (8192, 1024), (53760, 3072), (3072, 26880),
+                                 (129280, 3072)])
+def test_bench_one_row_linear_flash(benchmark, n, k, path):
+    """flash's batch-1 projections (o_proj, q_b, the indexer query, the dense FFN of `flash-slice`'s
+    layer 0, lm_head): above 32 MB ``linear`` takes the kernel only with >= 3 pipeline steps of K
+    (``ops.linear.matvec_serves``), which these rows show side by side."""
+    from deepinfer_kernels.tilelang.matvec import matvec_tilelang
+
+    x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda") * k ** -0.5).to(torch.bfloat16)
+    fn = (lambda: matvec_tilelang(x, w)) if path == "matvec" else (lambda: F.linear(x, w))
+    T.record_benchmark(benchmark, fn, bytes_moved=w.numel() * 2 + k * 2 + n * 2, flops=2.0 * n * k,
+                       extra={"n": n, "k": k, "path": path}, reps=20)

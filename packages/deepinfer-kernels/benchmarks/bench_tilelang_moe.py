@@ -112,3 +112,19 @@ def test_bench_routed_experts_public_prefill(benchmark):
                        bytes_moved=T.moe_active_weight_bytes(ids, w13, w2), flops=T.moe_flops(tokens, K, H, I),
                        extra={"tokens": tokens, "regime": "prefill", "path": "public"}, graph=False)
 
+
+
+@pytest.mark.parametrize("tokens", [1, 64])
+@pytest.mark.parametrize("experts", [64, 385])
+def test_bench_moe_route(benchmark, experts, tokens):
+    """The routing kernel (sigmoid, biased top-6, normalised weights) at `mini`'s 64 and flash's 385
+    experts: at batch 1 it is one warp's latency on the MoE layer's critical path."""
+    from deepinfer_kernels.ops.moe import moe_route_ref
+    from deepinfer_kernels.tilelang.moe_route import moe_route_tilelang
+
+    logits = torch.randn(tokens, experts, device="cuda").to(torch.bfloat16)
+    bias = torch.randn(experts, device="cuda") * 0.01
+    T.record_benchmark(benchmark, lambda: moe_route_tilelang(logits, bias, K, True, 2.5),
+                       bytes_moved=logits.numel() * 2 + experts * 4 + tokens * K * 8,
+                       ref_fn=lambda: moe_route_ref(logits, bias, K, True, 2.5),
+                       extra={"experts": experts, "tokens": tokens})

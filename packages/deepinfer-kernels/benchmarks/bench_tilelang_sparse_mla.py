@@ -122,3 +122,23 @@ def test_bench_shared_key_lists(benchmark, group_rows):
     T.record_benchmark(benchmark, lambda: shared_key_lists_tilelang(c.indices, group_rows),
                        bytes_moved=c.indices.numel() * 4 * 2 + (rows + 1) // 2 * 4,
                        extra={"rows": rows, "width": width, "group_rows": group_rows})
+
+
+@pytest.mark.parametrize("variant", [pytest.param("ws", id="warpspec1"), pytest.param("bulk", id="bulkcopy")])
+@pytest.mark.parametrize("valid_far", [0, 224, 896], ids=["window", "ratio4", "ratio1"])
+def test_bench_sparse_mla_64_heads_batch1(benchmark, valid_far, variant):
+    """flash's 64 heads at batch 1 (the engine's decode layout: a 128-slot window run, then 2,048
+    far-entry columns of which ``valid_far`` are selected, the rest -1): "ws" with 32 heads per CTA
+    beside "bulk" with 16, auto split-KV. "auto" picks "bulk" there (``resolve_variant``)."""
+    from deepinfer_kernels.tilelang.sparse_mla import sparse_mla_attention_tilelang
+
+    if "pool" not in _pool:
+        _pool["pool"] = T.make_pool(SLOTS, 512, "cuda", seed=0)
+    c = T.make_engine_decode_case(1, 64, 512, 128, 32 if valid_far else 0, 64, 1, SLOTS, "cuda",
+                                  pool=_pool["pool"], seed=9, packed=True)
+    if valid_far:
+        c.indices[:, 128 + valid_far:] = -1
+    T.record_benchmark(benchmark, lambda: sparse_mla_attention_tilelang(c.q, c.pool, c.indices, c.sm_scale,
+                                                                        variant=variant),
+                       bytes_moved=c.unique_bytes(), extra={"valid_far": valid_far, "heads": 64})
+
