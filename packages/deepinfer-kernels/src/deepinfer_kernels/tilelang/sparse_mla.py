@@ -69,8 +69,8 @@ def resolve_variant(variant: str, heads: int, d: int, rows: int = 0, sms: int = 
         return "ws"
     if heads <= 16:
         return "bulk"
-    few_ctas = 0 < rows * math.ceil(heads / 32) < sms // 2
-    return "bulk" if few_ctas and not batch_invariant_enabled() else "ws"
+    ws_ctas = rows * math.ceil(heads / _heads_per_cta(heads, "ws"))
+    return "bulk" if rows > 0 and _leaves_most_sms_idle(ws_ctas, sms) and not batch_invariant_enabled() else "ws"
 
 
 def _heads_per_cta(heads: int, variant: str = "ws") -> int:
@@ -154,11 +154,17 @@ def get_combine_kernel(heads: int, d: int):
 # ----------------------------------------------------------------------------- launcher
 
 
+def _leaves_most_sms_idle(ctas: int, sms: int) -> bool:
+    """A grid of ``ctas`` one-row CTAs fills fewer than half the SMs: a call is then a few CTAs'
+    latency (the split-KV heuristic and the choice of "bulk" at many heads both ask this)."""
+    return ctas < sms // 2
+
+
 def choose_num_splits(rows: int, head_groups: int, width: int, sms: int) -> int:
     """Split the index list only when (rows x head groups) CTAs would leave most SMs idle."""
     ctas = rows * head_groups
     blocks = math.ceil(width / BLOCK_TOKENS)
-    if ctas >= sms // 2 or blocks < 4:
+    if not _leaves_most_sms_idle(ctas, sms) or blocks < 4:
         return 1
     want = math.ceil(sms / max(ctas, 1))
     return max(1, min(want, blocks // 2))
