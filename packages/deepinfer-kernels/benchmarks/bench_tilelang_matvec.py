@@ -15,13 +15,18 @@ T = pytest.importorskip("deepinfer_kernels.tilelang.testing")
 @pytest.mark.parametrize("n,k", [(1024, 8192), (8192, 384), (5632, 1024), (1552, 1024), (1088, 1024), (1024, 2816),
                                  (1024, 512)])
 def test_bench_one_row_linear(benchmark, n, k, path):
+    _bench_one_row(benchmark, n, k, path)
+
+
+def _bench_one_row(benchmark, n, k, path, reps=30):
+    """x [1, k] . W [n, k]^T on the matrix-vector kernel or cuBLAS, weight bytes / time."""
     from deepinfer_kernels.tilelang.matvec import matvec_tilelang
 
     x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
     w = (torch.randn(n, k, device="cuda") * k ** -0.5).to(torch.bfloat16)
     fn = (lambda: matvec_tilelang(x, w)) if path == "matvec" else (lambda: F.linear(x, w))
     T.record_benchmark(benchmark, fn, bytes_moved=w.numel() * 2 + k * 2 + n * 2, flops=2.0 * n * k,
-                       extra={"n": n, "k": k, "path": path})
+                       extra={"n": n, "k": k, "path": path}, reps=reps)
 
 
 @pytest.mark.parametrize("path", ["matvec", "cublas"])
@@ -31,10 +36,4 @@ def test_bench_one_row_linear_flash(benchmark, n, k, path):
     """flash's batch-1 projections (o_proj, q_b, the indexer query, the dense FFN of `flash-slice`'s
     layer 0, lm_head): above 32 MB ``linear`` takes the kernel only with >= 3 pipeline steps of K
     (``ops.linear.matvec_serves``), which these rows show side by side."""
-    from deepinfer_kernels.tilelang.matvec import matvec_tilelang
-
-    x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
-    w = (torch.randn(n, k, device="cuda") * k ** -0.5).to(torch.bfloat16)
-    fn = (lambda: matvec_tilelang(x, w)) if path == "matvec" else (lambda: F.linear(x, w))
-    T.record_benchmark(benchmark, fn, bytes_moved=w.numel() * 2 + k * 2 + n * 2, flops=2.0 * n * k,
-                       extra={"n": n, "k": k, "path": path}, reps=20)
+    _bench_one_row(benchmark, n, k, path, reps=20)
