@@ -46,3 +46,18 @@ def test_bench_indexer_scores_tilelang(benchmark):
     T.record_benchmark(benchmark, lambda: indexer_scores_tilelang(c.q, c.weights, c.k_pool, c.indices),
                        bytes_moved=rows * n * (68 + 4 + 4), flops=2.0 * rows * n * heads * 128,
                        ref_fn=lambda: indexer_scores_ref(c.q, c.weights, c.k_pool, c.indices))
+
+
+@pytest.mark.parametrize("heads,n,bs,topk", [(8, 224, 16, 16), (8, 896, 16, 16), (64, 224, 64, 32), (64, 896, 64, 32)],
+                         ids=["mini-ratio4", "mini-ratio1", "flash-ratio4", "flash-ratio1"])
+def test_bench_indexer_topk_batch1(benchmark, heads, n, bs, topk):
+    """One decode row at the engine's shapes (`mini` / flash, max_model_len 1024: 224 ratio-4 and
+    896 ratio-1 candidates): the scores and the top-k kernel, a latency-bound pair on the step's
+    critical path."""
+    from deepinfer_kernels.tilelang.indexer import indexer_topk_blocks_tilelang
+
+    c = T.make_indexer_case(1, heads, 128, n, 500_000, "cuda", seed=n, ragged=False)
+    T.record_benchmark(benchmark, lambda: indexer_topk_blocks_tilelang(c.q, c.weights, c.k_pool, c.indices,
+                                                                      c.valid_lens, bs, topk),
+                       bytes_moved=n * (68 + 4) + c.q.numel() * 2 + c.weights.numel() * 4 + topk * 4,
+                       extra={"rows": 1, "n": n, "heads": heads})
