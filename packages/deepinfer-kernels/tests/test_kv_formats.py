@@ -79,6 +79,37 @@ def test_store_normed_fp8_is_norm_cat_store():
         store_normed_kv_fp8(kv, w[:64], 1e-6, 96, pool, slots)
 
 
+def test_store_normed_fp8_with_rope_rotates_the_tail_of_a_copy():
+    """`rope`: the record of the latent whose last r columns went through `rope_inplace` first
+    (CPU: the reference composition); kv is not written; a rotary width reaching into the normed
+    columns, or tables of the wrong rows, name the field."""
+    from deepinfer_kernels.ops.rope import rope_inplace_ref
+
+    g = torch.Generator().manual_seed(3)
+    one = torch.randn(1, 128, generator=g).to(torch.bfloat16)   # one row: a slice of it is "contiguous"
+    one_before, one_pool = one.clone(), torch.zeros(2, 99, dtype=torch.uint8)
+    store_normed_kv_fp8(one[:, 32:], torch.ones(64), 1e-6, 64, one_pool, torch.tensor([1]),
+                        rope=(torch.zeros(1, 32), torch.ones(1, 32)))   # a rotation by pi / 2
+    assert torch.equal(one, one_before)
+    fused = torch.randn(5, 40 + 128, generator=g).to(torch.bfloat16)
+    kv, w = fused[:, 40:], torch.rand(96, generator=g) + 0.5
+    ang = torch.rand(5, 8, generator=g) * 50
+    cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([-ang.sin(), ang.sin()], -1)   # r = 16
+    slots = torch.tensor([3, -1, 0, 7, 5])
+    pool, want = torch.zeros(8, 132, dtype=torch.uint8), torch.zeros(8, 132, dtype=torch.uint8)
+    before = fused.clone()
+    store_normed_kv_fp8(kv, w, 1e-6, 96, pool, slots, rope=(cos, sin))
+    tail = rope_inplace_ref(kv[:, 96:].clone().unsqueeze(1), cos, sin).squeeze(1)   # the last 16 of 32 rotated
+    store_kv_fp8(torch.cat([rms_norm_ref(kv[:, :96], w, 1e-6), tail], -1), want, slots)
+    assert torch.equal(pool, want) and torch.equal(fused, before)
+    assert not torch.equal(tail, kv[:, 96:])
+    wide = torch.ones(5, 48)
+    with pytest.raises(ValueError, match="cos_full"):
+        store_normed_kv_fp8(kv, w, 1e-6, 96, pool, slots, rope=(wide, wide))
+    with pytest.raises(ValueError, match="cos_full"):
+        store_normed_kv_fp8(kv, w, 1e-6, 96, pool, slots, rope=(cos[:4], sin[:4]))
+
+
 def test_fp4_exact_grid_and_ties():
     # Scale exponent e = ceil(log2(6/6)) = 0 when the group max is 6.
     vals = torch.tensor(list(E2M1_VALUES) + [-v for v in E2M1_VALUES] + [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]

@@ -66,6 +66,38 @@ def test_store_normed_kv_fp8_equals_norm_cat_store_bit_for_bit(n, slot_dtype):
     assert torch.equal(pool, want) and torch.equal(public, want)
 
 
+@pytest.mark.parametrize("n", [1, 7, 300])
+def test_store_normed_kv_fp8_with_rope_equals_rope_then_store_bit_for_bit(n):
+    """The decode latent's RoPE in the store's launch: the record equals `rope_inplace` of the
+    64-value tail, then the normed store (two launches), bit for bit, and the fused row is not
+    written (nothing reads its tail after the store)."""
+    from deepinfer_kernels.ops.rope import rope_inplace
+    from deepinfer_kernels.tilelang.kv_store import store_normed_kv_fp8_tilelang
+
+    g = torch.Generator().manual_seed(100 + n)
+    fused = (torch.randn(n, 1000 + 512, generator=g) * 3).to(torch.bfloat16).cuda()
+    kv = fused[:, 1000:]
+    w = (torch.rand(448, generator=g) + 0.5).cuda()
+    ang = (torch.randint(0, 5000, (n, 1), generator=g).float() * torch.rand(1, 32, generator=g)).cuda()
+    cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([-ang.sin(), ang.sin()], -1)
+    slots = torch.randperm(600, device="cuda")[:n]
+    slots[2::3] = -1
+    pool = torch.randint(0, 256, (600, 528), dtype=torch.uint8, device="cuda")
+    want, public = pool.clone(), pool.clone()
+    before = fused.clone()
+    tail = kv[:, 448:].clone().unsqueeze(1)   # a copy, rotated by the RoPE kernel
+    rope_inplace(tail, cos, sin)
+    store_normed_kv_fp8_tilelang(torch.cat([kv[:, :448], tail.squeeze(1)], -1), w, 1e-6, 448, want, slots)
+    store_normed_kv_fp8_tilelang(kv, w, 1e-6, 448, pool, slots, rope=(cos, sin))
+    kv_fp8.store_normed_kv_fp8(kv, w, 1e-6, 448, public, slots, rope=(cos, sin))   # the public op
+    torch.cuda.synchronize()
+    assert torch.equal(pool, want) and torch.equal(public, want)
+    assert torch.equal(fused, before)
+    unrotated = pool.clone()
+    store_normed_kv_fp8_tilelang(kv, w, 1e-6, 448, unrotated, slots)
+    assert not torch.equal(unrotated, pool)                   # the rotation reached the records
+
+
 def test_stores_into_one_plane_of_a_planed_pool():
     """The engine passes one plane of a [planes, slots, rec] cache (a view at an offset): rows land
     in that plane only, bit-exact, and the other planes stay untouched."""

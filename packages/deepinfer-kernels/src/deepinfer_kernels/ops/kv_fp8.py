@@ -99,20 +99,30 @@ def store_kv_fp8(kv: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tenso
 
 
 def store_normed_kv_fp8_ref(kv: torch.Tensor, norm_weight: torch.Tensor, eps: float, norm_dim: int,
-                            pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+                            pool: torch.Tensor, slot_mapping: torch.Tensor,
+                            rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """`store_kv_fp8` of [rms_norm(kv[:, :norm_dim]), kv[:, norm_dim:]] (the MLA latent: normed
-    content, rotated tail), each op as its public self (the norm rounded to kv's dtype first)."""
+    content, rotated tail), each op as its public self (the norm rounded to kv's dtype first).
+    `rope` (cos_full, sin_signed): the tail's last r columns rotated first, as `rope_inplace` on a
+    copy (kv itself is not written)."""
     from deepinfer_kernels.ops.norm import rms_norm
+    from deepinfer_kernels.ops.rope import rope_inplace
 
-    latent = torch.cat([rms_norm(kv[:, :norm_dim], norm_weight, eps), kv[:, norm_dim:]], dim=-1)
+    tail = kv[:, norm_dim:]
+    if rope is not None:   # a copy (`.contiguous()` of a one-row slice would be kv itself)
+        tail = rope_inplace(tail.clone().unsqueeze(1), *rope).squeeze(1)
+    latent = torch.cat([rms_norm(kv[:, :norm_dim], norm_weight, eps), tail], dim=-1)
     store_kv_fp8(latent, pool, slot_mapping)
 
 
 def store_normed_kv_fp8(kv: torch.Tensor, norm_weight: torch.Tensor, eps: float, norm_dim: int,
-                        pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+                        pool: torch.Tensor, slot_mapping: torch.Tensor,
+                        rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """`store_normed_kv_fp8_ref` in one launch on SM90 (bf16 / fp16 kv with D = 512, read in place
     from a column slice of a wider row; bit-identical to the three ops): a decode layer's latent
-    goes to the cache without its norm and concatenation as kernels of their own."""
+    goes to the cache without its norm and concatenation as kernels of their own. `rope`
+    (cos_full, sin_signed float32 [n, r], r even, <= D - norm_dim): the latent's RoPE in the same
+    launch (the record equals `rope_inplace` of the tail, then the store; kv is not written)."""
     check_tensor("kv", kv, 2, FLOAT_DTYPES)
     check_tensor("norm_weight", norm_weight, 1, FLOAT_DTYPES)
     check_tensor("pool", pool, 2, (torch.uint8,))
@@ -122,11 +132,22 @@ def store_normed_kv_fp8(kv: torch.Tensor, norm_weight: torch.Tensor, eps: float,
     check_dim("norm_weight", norm_weight, 0, norm_dim)
     check_dim("pool", pool, 1, fp8_record_bytes(kv.shape[1]))
     check_dim("slot_mapping", slot_mapping, 0, kv.shape[0])
-    device = check_same_device(kv=kv, norm_weight=norm_weight, pool=pool, slot_mapping=slot_mapping)
+    tables: dict[str, torch.Tensor] = {}
+    if rope is not None:
+        tables = {"cos_full": rope[0], "sin_signed": rope[1]}
+        r = rope[0].shape[-1] if rope[0].dim() == 2 else -1
+        for name, t in tables.items():
+            check_tensor(name, t, 2, (torch.float32,))
+            check_dim(name, t, 0, kv.shape[0])
+            check_dim(name, t, 1, r)
+        if r % 2 or not 0 < r <= kv.shape[1] - norm_dim:
+            raise ValueError(f"cos_full: rotary width {r} must be even and in (0, {kv.shape[1] - norm_dim}] "
+                             "(the columns after norm_dim)")
+    device = check_same_device(kv=kv, norm_weight=norm_weight, pool=pool, slot_mapping=slot_mapping, **tables)
     kernel = tilelang_launcher("store_normed_kv_fp8", device, supported=kv.dtype in (torch.bfloat16, torch.float16)
                                and norm_weight.dtype in (torch.float32, kv.dtype) and kv.shape[1] == 512
                                and norm_dim % 32 == 0 and kv.stride(1) == 1 and pool.stride() == (pool.shape[1], 1))
     if kernel is not None:
-        kernel(kv, norm_weight, eps, norm_dim, pool, slot_mapping)
+        kernel(kv, norm_weight, eps, norm_dim, pool, slot_mapping, rope)
     else:
-        store_normed_kv_fp8_ref(kv, norm_weight, eps, norm_dim, pool, slot_mapping)
+        store_normed_kv_fp8_ref(kv, norm_weight, eps, norm_dim, pool, slot_mapping, rope)

@@ -137,62 +137,94 @@ def _build_store(fmt: str, d: int, in_dtype: str, idx_dtype: str, identity: bool
     return main
 
 
-def _build_fp8_normed(d: int, dn: int, in_dtype: str, w_dtype: str, idx_dtype: str, eps: float):
+def _build_fp8_normed(d: int, dn: int, in_dtype: str, w_dtype: str, idx_dtype: str, eps: float, r: int = 0):
     """``_build_store``'s FP8 store of ``[rms_norm(x[:dn], W, eps), x[dn:]]`` (the MLA latent: normed
     content, rotated tail) read from a strided row (the tail of a fused projection's output). The
     norm is ``norm.py``'s one-warp row norm step for step (lane l sums the squares of values
     l, l + 32, ... in order, then a shuffle butterfly; ``(x * rstd) * w`` rounded to the dtype), so
-    the record equals that kernel's output stored, bit for bit. One warp per row."""
+    the record equals that kernel's output stored, bit for bit. One warp per row.
+
+    ``r > 0``: the last r columns are rotated first (RoPE from the rows' ``Cos`` / ``Sin`` tables,
+    ``rope.py``'s kernel step for step: two ``__fmul_rn`` and an ``__fadd_rn``, rounded to the
+    dtype), so the record equals ``rope_inplace`` then this store; the row itself is not written."""
     import tilelang.language as T
 
     REC = _record("fp8", d)[0]
     LPR = d // 16
     RPC = NT // LPR
     PER_LANE = dn // 32
-    assert LPR == 32 and dn % 32 == 0 and dn < d
+    HALF = r // 2
+    assert LPR == 32 and dn % 32 == 0 and dn < d and r % 2 == 0 and r <= d - dn
     N = T.dynamic("N")
     SX = T.dynamic("SX")
     S = T.dynamic("S")
     quantize_store = _record_macro(T, "fp8", d)
 
-    @T.prim_func
-    def main(
-        X: T.StridedTensor((N, d), (SX, 1), in_dtype),
-        W: T.Tensor((dn,), w_dtype),
-        Slots: T.Tensor((N,), idx_dtype),
-        Pool: T.Tensor((S, REC), T.uint8),
-    ):
-        with T.Kernel(T.ceildiv(N, RPC), threads=NT) as bx:
-            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
-                T.evaluate(pdl_sync())
-            tx = T.get_thread_binding()
-            xn = T.alloc_local((PER_LANE,), T.float32)
-            xv = T.alloc_local((16,), T.float32)
-            total = T.alloc_var(T.float32)
-            rstd = T.alloc_var(T.float32)
-            row = bx * RPC + tx // LPR
-            part = tx % LPR
-            safe_row = T.min(row, N - 1)
-            slot = T.alloc_var(T.int64)
-            slot = T.int64(-1)
-            if row < N:
-                slot = T.cast(Slots[row], T.int64)
-            total = 0.0
-            for k in T.serial(PER_LANE):
-                xn[k] = T.cast(X[safe_row, part + 32 * k], T.float32)
-                total = total + xn[k] * xn[k]
-            total = total + T.shfl_xor(total, 16)
-            total = total + T.shfl_xor(total, 8)
-            total = total + T.shfl_xor(total, 4)
-            total = total + T.shfl_xor(total, 2)
-            total = total + T.shfl_xor(total, 1)
-            rstd = T.rsqrt(total / T.float32(dn) + T.float32(eps))
-            for v in T.serial(16):
-                c = part * 16 + v
-                xv[v] = T.cast(X[safe_row, c], T.float32)
-                if c < dn:
-                    xv[v] = T.cast(T.cast(xv[v] * rstd * T.cast(W[c], T.float32), in_dtype), T.float32)
-            quantize_store(Pool, xv, slot, part)
+    def mul_rn(a, b):
+        return T.call_extern("float32", "__fmul_rn", a, b)
+
+    @T.macro
+    def store_row(X, W, Slots, Pool, Cos, Sin, bx):
+        if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+            T.evaluate(pdl_sync())
+        tx = T.get_thread_binding()
+        xn = T.alloc_local((PER_LANE,), T.float32)
+        xv = T.alloc_local((16,), T.float32)
+        total = T.alloc_var(T.float32)
+        rstd = T.alloc_var(T.float32)
+        row = bx * RPC + tx // LPR
+        part = tx % LPR
+        safe_row = T.min(row, N - 1)
+        slot = T.alloc_var(T.int64)
+        slot = T.int64(-1)
+        if row < N:
+            slot = T.cast(Slots[row], T.int64)
+        total = 0.0
+        for k in T.serial(PER_LANE):
+            xn[k] = T.cast(X[safe_row, part + 32 * k], T.float32)
+            total = total + xn[k] * xn[k]
+        total = total + T.shfl_xor(total, 16)
+        total = total + T.shfl_xor(total, 8)
+        total = total + T.shfl_xor(total, 4)
+        total = total + T.shfl_xor(total, 2)
+        total = total + T.shfl_xor(total, 1)
+        rstd = T.rsqrt(total / T.float32(dn) + T.float32(eps))
+        for v in T.serial(16):
+            c = part * 16 + v
+            xv[v] = T.cast(X[safe_row, c], T.float32)
+            if c < dn:
+                xv[v] = T.cast(T.cast(xv[v] * rstd * T.cast(W[c], T.float32), in_dtype), T.float32)
+            if r > 0:
+                if c >= d - r:   # out_i = x_i cos_i + x_partner (+-sin)_i, the pair (i, i +- r/2)
+                    i = c - (d - r)
+                    partner = T.if_then_else(i < HALF, c + HALF, c - HALF)
+                    rot = T.call_extern("float32", "__fadd_rn", mul_rn(xv[v], Cos[safe_row, i]),
+                                        mul_rn(T.cast(X[safe_row, partner], T.float32), Sin[safe_row, i]))
+                    xv[v] = T.cast(T.cast(rot, in_dtype), T.float32)
+        quantize_store(Pool, xv, slot, part)
+
+    if r == 0:
+        @T.prim_func
+        def main(
+            X: T.StridedTensor((N, d), (SX, 1), in_dtype),
+            W: T.Tensor((dn,), w_dtype),
+            Slots: T.Tensor((N,), idx_dtype),
+            Pool: T.Tensor((S, REC), T.uint8),
+        ):
+            with T.Kernel(T.ceildiv(N, RPC), threads=NT) as bx:
+                store_row(X, W, Slots, Pool, None, None, bx)
+    else:
+        @T.prim_func
+        def main(
+            X: T.StridedTensor((N, d), (SX, 1), in_dtype),
+            W: T.Tensor((dn,), w_dtype),
+            Slots: T.Tensor((N,), idx_dtype),
+            Cos: T.Tensor((N, r), T.float32),
+            Sin: T.Tensor((N, r), T.float32),
+            Pool: T.Tensor((S, REC), T.uint8),
+        ):
+            with T.Kernel(T.ceildiv(N, RPC), threads=NT) as bx:
+                store_row(X, W, Slots, Pool, Cos, Sin, bx)
 
     return main
 
@@ -222,11 +254,13 @@ def _store(fmt: str, x: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Te
 
 
 def store_normed_kv_fp8_tilelang(kv: torch.Tensor, norm_weight: torch.Tensor, eps: float, norm_dim: int,
-                                 pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+                                 pool: torch.Tensor, slot_mapping: torch.Tensor,
+                                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """``store_kv_fp8_tilelang(cat([rms_norm_tilelang(kv[:, :norm_dim], norm_weight, eps), kv[:, norm_dim:]]))``
     in one launch, bit for bit. kv [n, D] bf16 / fp16 with contiguous rows (a column slice of a
     wider row is read in place), norm_weight [norm_dim] float32 or kv's dtype, D = 512 (one warp per
-    row), norm_dim a multiple of 32 below D."""
+    row), norm_dim a multiple of 32 below D. ``rope`` (cos_full, sin_signed float32 [n, r], r even,
+    <= D - norm_dim): the last r columns rotated first, as ``rope_inplace_tilelang`` (kv unchanged)."""
     require(kv.dim() == 2 and kv.dtype in (torch.bfloat16, torch.float16), f"kv: bf16 / fp16 [n, D], got {kv.dtype}")
     n, d = kv.shape
     rec = d + d // 32
@@ -238,17 +272,28 @@ def store_normed_kv_fp8_tilelang(kv: torch.Tensor, norm_weight: torch.Tensor, ep
             f"pool: expected contiguous uint8 [slots, {rec}], got {pool.dtype} {tuple(pool.shape)}")
     require(slot_mapping.dim() == 1 and slot_mapping.shape[0] == n and slot_mapping.dtype in _I_DTYPES,
             f"slot_mapping: expected int32/int64 [{n}], got {slot_mapping.dtype} {tuple(slot_mapping.shape)}")
-    require_cuda(kv=kv, norm_weight=norm_weight, pool=pool, slot_mapping=slot_mapping)
+    r = 0
+    tables: tuple[torch.Tensor, ...] = ()
+    if rope is not None:
+        cos, sin = rope
+        r = cos.shape[-1]
+        for name, t in (("cos_full", cos), ("sin_signed", sin)):
+            require(t.dim() == 2 and t.shape == (n, r) and t.dtype == torch.float32,
+                    f"{name}: expected float32 [{n}, {r}], got {t.dtype} {tuple(t.shape)}")
+        require(r % 2 == 0 and 0 < r <= d - norm_dim, f"rope width {r}: even, in (0, {d - norm_dim}] (the unnormed tail)")
+        tables = (cos.contiguous(), sin.contiguous())
+    require_cuda(kv=kv, norm_weight=norm_weight, pool=pool, slot_mapping=slot_mapping,
+                 **dict(zip(("cos_full", "sin_signed"), tables)))
     if n == 0:
         return
     rows = kv if kv.stride(1) == 1 else kv.contiguous()
-    _normed_kernel(d, norm_dim, kv.dtype, norm_weight.dtype, slot_mapping.dtype, eps)(
-        rows, norm_weight.contiguous(), slot_mapping.contiguous(), pool)
+    _normed_kernel(d, norm_dim, kv.dtype, norm_weight.dtype, slot_mapping.dtype, eps, r)(
+        rows, norm_weight.contiguous(), slot_mapping.contiguous(), *tables, pool)
 
 
 def _normed_kernel(d: int, norm_dim: int, x_dtype: torch.dtype, w_dtype: torch.dtype, idx_dtype: torch.dtype,
-                   eps: float):
-    key = (d, norm_dim, _T_DTYPES[x_dtype], _T_DTYPES[w_dtype], _I_DTYPES[idx_dtype], float(eps))
+                   eps: float, r: int = 0):
+    key = (d, norm_dim, _T_DTYPES[x_dtype], _T_DTYPES[w_dtype], _I_DTYPES[idx_dtype], float(eps), r)
     return compile_cached("kv_store_fp8_normed", key, lambda: _build_fp8_normed(d, norm_dim, *key[2:]))
 
 
