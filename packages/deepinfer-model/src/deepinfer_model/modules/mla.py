@@ -124,14 +124,17 @@ class MLAAttention(nn.Module):
         kv = fused[:, -self.head_dim:]
         return torch.cat([self.kv_a_layernorm(kv[:, : self.dc]), kv[:, self.dc:]], dim=-1)
 
-    def store_latent(self, fused: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor) -> None:
-        """`store_kv_fp8(self.fused_latent(fused), pool, slots)`. Where the latent norm is the kernels
-        package's mixed-dtype norm (CUDA, bf16 / fp16 rows, float32 weight, not batch-invariant)
-        the norm, the concatenation and the store are one launch, bit-identical to the three."""
+    def store_latent(self, fused: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor, table: RopeTable) -> None:
+        """The latent's tail rotated (`rotate_latent_tail`), then `store_kv_fp8(self.fused_latent(fused),
+        pool, slots)`. Where the latent norm is the kernels package's mixed-dtype norm (CUDA, bf16 /
+        fp16 rows, float32 weight, not batch-invariant) the RoPE, the norm, the concatenation and the
+        store are one launch, bit-identical to the four (the rotation then lands in the record only,
+        not in `fused`: nothing else reads those columns)."""
         kv, norm = fused[:, -self.head_dim:], self.kv_a_layernorm
         if kv.is_cuda and kv.dtype != norm.weight.dtype and not batch_invariant_enabled():
-            store_normed_kv_fp8(kv, norm.weight, norm.eps, self.dc, pool, slots)
+            store_normed_kv_fp8(kv, norm.weight, norm.eps, self.dc, pool, slots, rope=(table.cos_full, table.sin_signed))
         else:
+            self.rotate_latent_tail(fused, table)
             store_kv_fp8(self.fused_latent(fused), pool, slots)
 
     def fused_index_weights(self, fused: torch.Tensor) -> torch.Tensor | None:
