@@ -23,6 +23,8 @@ def test_build_is_consistent():
     ("first_token_pos", torch.tensor([0, 2], dtype=torch.int32), "first_token_pos"),
     ("positions", torch.tensor([0, 1, 3, 4]), "positions"),
     ("logit_rows", torch.tensor([4]), "logit_rows"),
+    ("row_req", torch.tensor([0, 0, 1, 1]), "row_req"),
+    ("row_req", torch.tensor([0, 0, 0, 1], dtype=torch.int32), "row_req"),
 ])
 def test_validate_names_the_field(field, value, match):
     m = _meta()
@@ -38,3 +40,16 @@ def test_last_chunk_must_hold_the_replay_segment():
     drv.prefill([seq], [30])
     with pytest.raises(MetadataError, match="last prefill chunk must hold"):
         drv.prefill([seq], [10])        # 10 < min(W=16, 40)
+
+
+def test_staged_row_req_is_what_the_forward_reads_and_padding_extends_it():
+    """Graph buffers stage each row's request on the host (no repeat_interleave in the step):
+    `row_to_req` returns it as given, and `pad_decode` gives the padding rows the padding request."""
+    m = ForwardMetadata.build([[5], [8]], [3, 4], [[0], [1]], 8, is_prefill=False)
+    staged = torch.tensor([0, 1])
+    m.row_req = staged
+    m.validate()
+    assert m.row_to_req is staged
+    p = m.pad_decode(4, 5)
+    p.validate()
+    assert p.row_to_req.tolist() == [0, 1, 4, 4]

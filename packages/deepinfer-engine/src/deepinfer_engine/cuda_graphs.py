@@ -142,7 +142,8 @@ class DecodeGraphRunner:
             first_token_pos=self.ftp[:s], context_lens=self.context_lens[:s],
             block_tables=self.block_tables[:s], slot_mapping=self.slot_mapping[:g], block_size=self.block_size,
             is_prefill=False, is_last_chunk=self.is_last_chunk[:s], logit_rows=self.logit_rows[:g],
-            return_dspark_features=self.write_main_keys, max_context_len=self.max_blocks * self.block_size)
+            return_dspark_features=self.write_main_keys, max_context_len=self.max_blocks * self.block_size,
+            row_req=self.inputs.row_req[:g])   # staged by the host (no repeat_interleave in the step)
 
     def _inputs(self, g: int, all_greedy: bool = False, carry: bool = False) -> DecodeStepInputs:
         s = self.slots(g)
@@ -163,7 +164,7 @@ class DecodeGraphRunner:
         if self.compile:   # one dynamic-shape compile for every bucket: rows and requests vary
             m, b = inputs.meta, inputs.batch
             for t in (m.input_ids, m.positions, m.slot_mapping, m.logit_rows, m.seqlens_q, m.first_token_pos,
-                      m.context_lens, m.block_tables, m.is_last_chunk, b.temperature, b.top_k, b.top_p, b.seeds,
+                      m.context_lens, m.block_tables, m.is_last_chunk, m.row_req, b.temperature, b.top_k, b.top_p, b.seeds,
                       inputs.mtp_slots):
                 torch._dynamo.maybe_mark_dynamic(t, 0)
             if inputs.carry is not None:   # the ZOS carry's per-row / per-request views vary with them
@@ -198,6 +199,7 @@ class DecodeGraphRunner:
             self.input_ids[:t].copy_(meta.input_ids)
             self.positions[:t].copy_(meta.positions)
             self.slot_mapping[:t].copy_(meta.slot_mapping)
+            self.inputs.row_req[:t].copy_(meta.row_to_req)
             self.seqlens[:r].copy_(meta.seqlens_q)
             self.ftp[:r].copy_(meta.first_token_pos)
             self.context_lens[:r].copy_(meta.context_lens)

@@ -12,6 +12,7 @@ contract; see its docstring and docs/model.md, "Decode: static shapes and graph 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -45,6 +46,8 @@ class ForwardMetadata:
                                         #   candidates); None = block_tables width * block_size
     row_plan: PrefillRowPlan | None = None  # prefill: the step's row sets from the host (no device
                                             #   reads); None = the forward derives them (syncs)
+    row_req: torch.Tensor | None = None     # [total_q] int64 each row's request, staged by the host
+                                            #   (graph buffers); None = derived from seqlens_q (4 launches)
 
     @property
     def context_bound(self) -> int:
@@ -63,6 +66,8 @@ class ForwardMetadata:
 
     @property
     def row_to_req(self) -> torch.Tensor:  # [total_q] int64
+        if self.row_req is not None:
+            return self.row_req
         return torch.repeat_interleave(torch.arange(self.num_reqs, device=self.seqlens_q.device),
                                        self.seqlens_q.long(), output_size=self.total_q)  # no sync
 
@@ -84,8 +89,12 @@ class ForwardMetadata:
             raise MetadataError("first_token_pos: must be the exclusive prefix sum of seqlens_q ending at total_q")
         if bool((sl < 0).any()) or (self.is_prefill and bool((sl == 0).any())):
             raise MetadataError("seqlens_q: every request needs >= 1 row (decode padding requests: >= 0)")
-        start = (self.context_lens.long() - sl)[self.row_to_req]
-        local = torch.arange(t, device=self.positions.device) - ftp[self.row_to_req]
+        req = dataclasses.replace(self, row_req=None).row_to_req
+        if self.row_req is not None and (self.row_req.shape != (t,) or self.row_req.dtype != torch.int64
+                                         or bool((self.row_req != req).any())):
+            raise MetadataError(f"row_req: must be [{t}] int64, each row's request index (seqlens_q repeated)")
+        start = (self.context_lens.long() - sl)[req]
+        local = torch.arange(t, device=self.positions.device) - ftp[req]
         if bool((self.positions.long() != start + local).any()):
             raise MetadataError("positions: row k of request i must be context_lens[i] - seqlens_q[i] + k")
         if not self.is_prefill and not bool(self.is_last_chunk.all()):
@@ -146,7 +155,8 @@ class ForwardMetadata:
             logit_rows=torch.cat([self.logit_rows, (ar + t).to(self.logit_rows.dtype)]),
             return_dspark_features=self.return_dspark_features,
             engram_ids=None if self.engram_ids is None else cat(self.engram_ids, -1, pad_rows),
-            max_context_len=self.context_bound)
+            max_context_len=self.context_bound,
+            row_req=None if self.row_req is None else cat(self.row_req, nr - 1, pad_rows))
 
     @classmethod
     def build(cls, rows_token_ids: list[list[int]], num_computed: list[int], block_tables: list[list[int]],
