@@ -121,21 +121,37 @@ class _Rows:
         n_far, ent, _, width_far = self._memo[key]
         return n_far, ent, width_far
 
+    def precompute_rope(self, model) -> None:
+        """The RoPE tables of a decode forward's layers, up front (on side stream "rows"): five
+        element-wise launches that would otherwise precede the first layer's GEMM on the main stream."""
+        for layer in model.model.layers:
+            self.rope(layer.self_attn.rope_dim, layer.self_attn.theta)
+
     def precompute_window(self, model, meta: ForwardMetadata) -> None:
         """The window slots of a decode forward, up front (on side stream "rows", streams.py): what
         every layer's attention reads first."""
         self.window_slots_int32(meta, model.config.sliding_window)
 
+    def engram_memory(self, engram, l: int) -> torch.Tensor:
+        """[N, H] layer l's Engram lookups, projected (`Engram.memory`): at decode computed up front
+        on side stream "rows" (`precompute_engram`), else where the layer reads it."""
+        key = ("engram_memory", l)
+        if key not in self._memo:
+            self._memo[key] = engram.memory(self.engram_buckets(engram.table_size))
+        return self._memo[key]
+
     def precompute_engram(self, model, meta: ForwardMetadata, cache) -> None:
-        """Decode: the Engram buckets of every Engram layer, up front, read straight from the id pool
-        (one launch per table size on SM90; no `windows`)."""
+        """Decode: the Engram buckets of every Engram layer, read straight from the id pool (one
+        launch per table size on SM90; no `windows`), and each layer's projected lookups, up front:
+        the layer's main-stream chain keeps only the gate, which reads x."""
         n_max = model.config.engram_max_ngram_size
         for l in model.config.engram_layer_ids:
-            size = model.model.layers[l].engram.table_size
-            if ("engram", size) not in self._memo:
-                self._memo[("engram", size)] = paged_ngram_buckets(meta.block_tables, self.req, self.positions,
-                                                                  cache.engram_ids, n_max, size, meta.block_size,
-                                                                  PAD_ID)
+            engram = model.model.layers[l].engram
+            if ("engram", engram.table_size) not in self._memo:
+                self._memo[("engram", engram.table_size)] = paged_ngram_buckets(
+                    meta.block_tables, self.req, self.positions, cache.engram_ids, n_max, engram.table_size,
+                    meta.block_size, PAD_ID)
+            self.engram_memory(engram, l)
 
     def precompute_far(self, model, meta: ForwardMetadata) -> None:
         """The far-entry slots of every compressed ratio, up front (the indexers read them)."""
@@ -207,11 +223,12 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
     ns = cache.num_slots
     if layer.engram is not None:   # the Engram add and the input norm: one launch
         streams.join_part("rows", "engram")
-        x, u = layer.input_layernorm.add_forward(x, layer.engram.from_buckets(x, rows.engram_buckets(layer.engram.table_size)))
+        x, u = layer.input_layernorm.add_forward(x, layer.engram.gated(x, rows.engram_memory(layer.engram, l)))
     else:
         u = layer.input_layernorm(x)
-    rope = rows.rope(attn.rope_dim, attn.theta)
     fused = attn.fused_input(u)                      # every projection of u: one GEMM
+    streams.join_part("rows", "rope")                # the RoPE tables (decode: computed beside the GEMM)
+    rope = rows.rope(attn.rope_dim, attn.theta)
     plane = cache.layout.window_planes[l]
     if attn.compressor is not None and not layer.is_consumer:
         # later steps read the entries (streams.py): at decode the compressor runs beside the layer
@@ -234,8 +251,8 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
                 max_far = static_max_far(meta, cfg.sliding_window, layer.ratio) if static else None
                 far = far_selection(model, layer, q_lat, attn.fused_index_weights(fused), rows, meta, cache, max_far)
         q = attn.queries(q_lat, rope)
-    attn.rotate_latent_tail(fused, rope)             # the columns no side stream reads
-    attn.store_latent(fused, cache.kv[plane], rows.slots)   # the layer's own plane: slots index it
+    # the latent's RoPE (columns no side stream reads) and store: the layer's own plane, slots index it
+    attn.store_latent(fused, cache.kv[plane], rows.slots, rope)
     streams.join("query", outputs=(q,))
     streams.join("indexer", outputs=(None if far is None else far.blocks,))
     streams.join_part("rows", "window")   # the window slots
@@ -292,13 +309,16 @@ def engine_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
     req = meta.row_to_req
     positions, slots = meta.positions.long(), meta.slot_mapping.long()
     streams = DecodeStreams(positions.device, DecodeStreams.usable(model, decode))
-    rows = _Rows(positions, req, slots, torch.zeros_like(positions), None)
-    # 1. Engram ids first. At decode the Engram windows and buckets and the rows' window / far-entry
-    # slots are computed on side stream "rows" (joined where a layer first reads them).
+    # 1. Engram ids first. At decode the rows' RoPE tables, the Engram windows and buckets and the
+    # rows' window / far-entry slots are computed on side stream "rows" (joined where a layer first
+    # reads them): none of it waits on the main stream's chain to the first GEMM.
     # In the order the layers read them, each part marked: a layer waits only for the part it
     # reads (the window slots before the first attention, not the whole stream).
     with streams.on("rows"):
+        rows = _Rows(positions, req, slots, torch.zeros_like(positions), None)
         if decode:
+            rows.precompute_rope(model)
+            streams.mark("rows", "rope")
             rows.precompute_window(model, meta)
             streams.mark("rows", "window")
         if cfg.engram_layer_ids:
@@ -311,9 +331,9 @@ def engine_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
             streams.mark("rows", "engram")
         if decode:
             rows.precompute_far(model, meta)
+            full_rows = torch.arange(meta.total_q, device=positions.device)   # read after join_all only
     # 2. Row sets (decode: every row, static; prefill: nonzero of the replay mask).
     if decode:
-        full_rows = torch.arange(meta.total_q, device=positions.device)
         take = lambda t: t  # noqa: E731  (full_rows is every row)
     elif meta.row_plan is not None:   # the host's row sets (checked there): no device read
         full_rows, lo = meta.row_plan.full_rows, replay_lower_bound(model, meta, req, positions)

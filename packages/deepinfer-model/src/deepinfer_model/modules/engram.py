@@ -48,7 +48,15 @@ class Engram(nn.Module):
 
     def from_buckets(self, x: torch.Tensor, buckets: torch.Tensor) -> torch.Tensor:
         """x [N, H], buckets [N, n_max - 1] (`ngram_buckets` of the rows' windows) -> the residual delta [N, H]."""
+        return self.gated(x, self.memory(buckets))
+
+    def memory(self, buckets: torch.Tensor) -> torch.Tensor:
+        """buckets [N, n_max - 1] -> y [N, H], the projected lookups: independent of x, so a decode
+        step computes it beside the layers before (engine/forward.py)."""
         looked = torch.cat([t(buckets[:, i]) for i, t in enumerate(self.tables)], dim=-1)
-        y = self.proj(looked)
-        g = torch.sigmoid(self.gate(self.norm(x)).float()).to(x.dtype)
-        return g * y
+        return self.proj(looked)
+
+    def gated(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """x [N, H], y [N, H] (`memory`) -> sigmoid(w_gate · RMSNorm(x)) · y. The sigmoid of a bf16 /
+        fp16 gate computes in float32 and rounds once, as a float32 sigmoid cast back would."""
+        return torch.sigmoid(self.gate(self.norm(x))) * y
