@@ -5,8 +5,9 @@ At decode sizes most kernels fill a few SMs for a few microseconds, so a layer's
 side when launched on different streams (a CUDA graph keeps the fork / join edges, so its replay
 runs them concurrently too). `engine/forward.py` uses five side streams at decode:
 
-- ``rows``: the forward's shared index arithmetic (Engram ids, windows and n-gram buckets, window
-  slots, far-entry slots per ratio), beside the first layer (joined where a layer first reads it);
+- ``rows``: what depends on the rows only, shared by the layers: the RoPE tables, the window
+  slots, the Engram ids, n-gram buckets and projected lookups, the far-entry slots per ratio; beside
+  the first layers (each part joined where a layer first reads it);
 - ``query``: q_a norm, q_b GEMM, RoPE (joined before attention), and from it ``indexer``: the
   indexer's query GEMM and top-k, beside the q_b GEMM;
 - ``compress``: an encoder source's compressor and the YOCO consumer-side compressors, joined only
