@@ -69,7 +69,8 @@ def _specs():
                 add("kv_store", "kv_store", [("_kernel", ("fp8", d, dt, it, False))])
             add("kv_store", "kv_store", [("_kernel", ("fp8", d, dt, None, True))])
     for it in (torch.int64, torch.int32):   # the decode latent store: 448 normed + 64 RoPE values
-        add("kv_store", "kv_store", [("_normed_kernel", (512, 448, bf16, f32, it, 1e-6))])
+        for rope in (0, 64):                # (64: the RoPE rotated in the same launch)
+            add("kv_store", "kv_store", [("_normed_kernel", (512, 448, bf16, f32, it, 1e-6, rope))])
     for d in (128, 64, 32):
         for dt in (bf16, f32):
             add("kv_store", "kv_store", [("_kernel", ("fp4", d, dt, torch.int64, False)),
