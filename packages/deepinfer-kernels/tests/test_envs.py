@@ -59,3 +59,22 @@ def test_flags_take_the_engines_spellings_and_nothing_else(clean_env):
         assert env_flag(MATVEC_ENV, True) is want, value
     clean_env.setenv(MATVEC_ENV, "false")      # once read as on (anything but "0")
     assert env_flag(MATVEC_ENV, True) is False
+
+
+def test_the_backend_knob_is_read_inside_a_compiled_step(clean_env):
+    """`select_backend` runs inside torch.compile'd decode steps: reading the backend knob there
+    must trace without a graph break (torch 2.11's dynamo could not iterate the Backend enum
+    class, which broke compile_decode and compile_speculation on the H200)."""
+    import torch
+
+    from deepinfer_kernels.platform import BACKEND_CHOICES, Backend, select_backend
+
+    assert BACKEND_CHOICES == ("", "torch", "tilelang")
+
+    def step(x):
+        return x + 1 if select_backend("store_kv_fp8", x.device) is Backend.TORCH else x - 1
+
+    compiled = torch.compile(step, fullgraph=True, backend="eager")
+    assert torch.equal(compiled(torch.zeros(2)), torch.ones(2))
+    clean_env.setenv(KERNEL_BACKEND_ENV, "torch")
+    assert torch.equal(compiled(torch.zeros(2)), torch.ones(2))

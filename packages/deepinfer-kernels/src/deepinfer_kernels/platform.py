@@ -88,10 +88,15 @@ def detect_platform() -> Platform:
     return Platform(PlatformKind.CUDA, name, capability, has_tilelang)
 
 
+# DEEPINFER_KERNEL_BACKEND's values ("": per device). A constant: `forced_backend` runs inside
+# torch.compile'd steps, and torch 2.11's dynamo cannot iterate an Enum class there.
+BACKEND_CHOICES = ("",) + tuple(b.value for b in Backend)
+
+
 def forced_backend() -> Backend | None:
     from deepinfer_kernels.envs import KERNEL_BACKEND_ENV, env_choice
 
-    value = env_choice(KERNEL_BACKEND_ENV, "", ("",) + tuple(b.value for b in Backend))
+    value = env_choice(KERNEL_BACKEND_ENV, "", BACKEND_CHOICES)
     return Backend(value) if value else None
 
 
