@@ -37,3 +37,25 @@ def test_bench_one_row_linear_flash(benchmark, n, k, path):
     layer 0, lm_head): above 32 MB ``linear`` takes the kernel only with >= 3 pipeline steps of K
     (``ops.linear.matvec_serves``), which these rows show side by side."""
     _bench_one_row(benchmark, n, k, path, reps=20)
+
+
+@pytest.mark.parametrize("path", ["fused", "norm_then_matvec"])
+@pytest.mark.parametrize("n,k", [(1552, 1024), (3072, 3072)])
+def test_bench_rms_norm_matvec(benchmark, n, k, path):
+    """A layer's input norm + its fused input projection at batch 1 (`mini`: [1552, 1024]; a flash-width
+    row, K = 3072): one launch with the norm in the prologue vs the norm kernel then the matrix-vector
+    kernel, both timed in a CUDA graph (what a decode step replays)."""
+    from deepinfer_kernels.tilelang.matvec import matvec_tilelang, rms_norm_matvec_tilelang
+    from deepinfer_kernels.tilelang.norm import rms_norm_tilelang
+
+    x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
+    nw = torch.rand(k, device="cuda") + 0.5
+    w = (torch.randn(n, k, device="cuda") * k ** -0.5).to(torch.bfloat16)
+    if path == "fused":
+        def fn():
+            return rms_norm_matvec_tilelang(x, nw, 1e-6, w)[1]
+    else:
+        def fn():
+            return matvec_tilelang(rms_norm_tilelang(x, nw, 1e-6), w)
+    T.record_benchmark(benchmark, fn, bytes_moved=w.numel() * 2 + k * 6 + n * 2, flops=2.0 * n * k,
+                       extra={"n": n, "k": k, "path": path}, reps=30)

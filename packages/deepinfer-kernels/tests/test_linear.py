@@ -49,3 +49,18 @@ def test_matvec_serves_large_weights_only_with_several_pipeline_steps():
     assert not serves(32768, 1024) and not serves(32000, 1024)        # > 32 MB in one step of K
     assert not serves(8065, 3072)                                     # no tile divides it
     assert 32768 * 1024 * 2 > MATVEC_MAX_WEIGHT_BYTES
+
+
+def test_rms_norm_linear_is_the_norm_then_the_projection_on_the_cpu():
+    """The fused op's reference: the norm (after the residual add) then the projection, each the public
+    op; the sum is returned with a residual, None without."""
+    from deepinfer_kernels.ops.linear import linear, rms_norm_linear
+    from deepinfer_kernels.ops.norm import rms_norm
+
+    g = torch.Generator().manual_seed(5)
+    x, res = torch.randn(1, 64, generator=g).bfloat16(), torch.randn(1, 64, generator=g).bfloat16()
+    nw, w = torch.rand(64, generator=g) + 0.5, torch.randn(48, 64, generator=g).bfloat16()
+    s, y = rms_norm_linear(x, nw, 1e-6, w)
+    assert s is None and torch.equal(y, linear(rms_norm(x, nw, 1e-6), w))
+    s, y = rms_norm_linear(x, nw, 1e-6, w, res)
+    assert torch.equal(s, x + res) and torch.equal(y, linear(rms_norm(x + res, nw, 1e-6), w))

@@ -53,3 +53,35 @@ def test_linear_takes_the_kernel_above_the_size_limit_with_several_steps():
     got = linear(x, w)
     assert torch.equal(got, matvec_tilelang(x, w))
     torch.testing.assert_close(got.float(), F.linear(x.float(), w.float()), atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("n,k", [(1088, 1024), (5632, 1024), (3072, 3072), (8192, 3072), (384, 2048)])
+@pytest.mark.parametrize("add", [False, True])
+@pytest.mark.parametrize("w_dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_matvec_equals_the_norm_then_the_matvec_bit_for_bit(n, k, add, w_dtype):
+    """The layer input's norm in the matrix-vector kernel's prologue (`mini`'s fused input at K = 1024,
+    one warp per row; flash's at K = 3072 and 2,048, the norm kernel's whole-CTA rows): the output and
+    (with a residual) the sum equal `rms_norm_tilelang` / `add_rms_norm_tilelang` then
+    `matvec_tilelang`, bit for bit, and the public op takes the kernel."""
+    from deepinfer_kernels.ops.linear import rms_norm_linear
+    from deepinfer_kernels.tilelang.matvec import matvec_tilelang, rms_norm_matvec_tilelang
+    from deepinfer_kernels.tilelang.norm import add_rms_norm_tilelang, rms_norm_tilelang
+
+    g = torch.Generator().manual_seed(n + k + add)
+    x = (torch.randn(1, k, generator=g) * 2).to(torch.bfloat16).cuda()
+    res = torch.randn(1, k, generator=g).to(torch.bfloat16).cuda() if add else None
+    nw = (torch.rand(k, generator=g) + 0.5).to(w_dtype).cuda()
+    w = (torch.randn(n, k, generator=g) * k ** -0.5).to(torch.bfloat16).cuda()
+    if add:
+        want_s, u = add_rms_norm_tilelang(x, res, nw, 1e-6)
+    else:
+        want_s, u = None, rms_norm_tilelang(x, nw, 1e-6)
+    want = matvec_tilelang(u, w)
+    s, got = rms_norm_matvec_tilelang(x, nw, 1e-6, w, res)
+    s_op, got_op = rms_norm_linear(x, nw, 1e-6, w, res)
+    torch.cuda.synchronize()
+    assert torch.equal(got, want) and torch.equal(got_op, want)
+    if add:
+        assert torch.equal(s, want_s) and torch.equal(s_op, want_s)
+    else:
+        assert s is None and s_op is None

@@ -55,3 +55,34 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [..., K], weight [N, K] -> [..., N] in x's dtype (``F.linear`` without a bias)."""
     kernel = _one_row_kernel(x, weight)
     return kernel(x, weight) if kernel is not None else F.linear(x, weight)
+
+
+def rms_norm_linear_ref(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+                        residual: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """x [..., K] (+ residual) -> (s, linear(rms_norm(s, norm_weight, eps), weight)) with s = x, or
+    `x + residual` in x's dtype (returned; None without a residual): each op as its public self."""
+    from deepinfer_kernels.ops.norm import add_rms_norm, rms_norm
+
+    if residual is None:
+        return None, linear(rms_norm(x, norm_weight, eps), weight)
+    s, u = add_rms_norm(x, residual, norm_weight, eps)
+    return s, linear(u, weight)
+
+
+def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+                    residual: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """`rms_norm_linear_ref` (a layer's input norm and the projection after it; with `residual`, the
+    residual add before the norm too) in one launch where the matrix-vector kernel serves the
+    projection and the norm is the kernels package's (one bf16 / fp16 row, norm_weight float32 or
+    x's dtype, K a multiple of 32 up to 8192): the norm runs in each CTA's prologue, bit-identical to
+    the two kernels, while the CTA's first weight stages are in flight. Elsewhere the two ops."""
+    d = x.shape[-1]
+    fused = (_one_row_kernel(x, weight) is not None and norm_weight.dim() == 1 and norm_weight.shape[0] == d
+             and norm_weight.dtype in (torch.float32, x.dtype) and norm_weight.device == x.device
+             and d % 32 == 0 and 32 <= d <= 8192
+             and (residual is None or (residual.shape == x.shape and residual.dtype == x.dtype
+                                       and residual.device == x.device and residual.is_contiguous())))
+    kernel = tilelang_launcher("rms_norm_linear", x.device, supported=fused) if fused else None
+    if kernel is not None:
+        return kernel(x, norm_weight, eps, weight, residual)
+    return rms_norm_linear_ref(x, norm_weight, eps, weight, residual)

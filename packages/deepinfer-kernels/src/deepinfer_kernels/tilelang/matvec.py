@@ -20,6 +20,7 @@ STAGE_ELEMENTS = 8192     # bn * bk: one pipeline stage of W is 16 KB of bf16
 MIN_CTAS = 264            # two per SM of the H200
 STAGES = 4
 _DT = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_NORM_DT = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def pick_tiles(n: int, k: int) -> tuple[int, int] | None:
@@ -33,56 +34,161 @@ def pick_tiles(n: int, k: int) -> tuple[int, int] | None:
     return (bn, bk) if n % bn == 0 else None
 
 
-def _build(n: int, k: int, bn: int, bk: int, stages: int, dtype: str):
+def _build(n: int, k: int, bn: int, bk: int, stages: int, dtype: str, norm: tuple | None = None):
+    """``norm`` = (weight dtype, eps, add): the row is first RMS-normalised (``add``: ``X + Res`` rounded
+    to the dtype first, written to ``Sum`` by CTA 0), exactly as ``norm.py``'s kernel does it (its
+    lane layout and summation order, ``(x * rstd) * w`` rounded to the dtype), into shared memory,
+    then multiplied: the same values as that norm kernel followed by this one, in one launch."""
     import tilelang.language as T
 
-    @T.prim_func
-    def main(
-        X: T.Tensor((1, k), dtype),
-        W: T.Tensor((n, k), dtype),
-        Y: T.Tensor((1, n), dtype),
-    ):
-        with T.Kernel(n // bn, threads=NT) as bx:
-            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
-                T.evaluate(pdl_sync())
-            x_s = T.alloc_shared((1, bk), dtype)
-            w_s = T.alloc_shared((bn, bk), dtype)
-            acc = T.alloc_fragment((bn, bk), T.float32)
-            y = T.alloc_fragment((bn,), T.float32)
-            T.clear(acc)
-            for ko in T.Pipelined(k // bk, num_stages=stages):
-                T.copy(X[0:1, ko * bk:(ko + 1) * bk], x_s)
-                T.copy(W[bx * bn:(bx + 1) * bn, ko * bk:(ko + 1) * bk], w_s)
-                for i, j in T.Parallel(bn, bk):
-                    acc[i, j] += T.cast(w_s[i, j], T.float32) * T.cast(x_s[0, j], T.float32)
-            T.reduce_sum(acc, y, dim=1)
-            for i in T.Parallel(bn):
-                Y[0, bx * bn + i] = T.cast(y[i], dtype)
+    from deepinfer_kernels.tilelang.norm import NT as NORM_NT
+    from deepinfer_kernels.tilelang.norm import WIDE_ROW
+
+    w_dtype, eps, add = norm if norm is not None else ("float32", 0.0, False)
+    TPR = NORM_NT if k >= WIDE_ROW and k % NORM_NT == 0 else 32   # norm.py's threads per row
+    WPR = TPR // 32
+    PER_LANE = k // TPR
+
+    @T.macro
+    def normed_row(X, NormW, Res, Sum, u_s, bx):
+        """u_s <- rms_norm(X (+ Res)) (every thread computes the row's sum in norm.py's layout)."""
+        tx = T.get_thread_binding()
+        lane = tx % TPR
+        xv = T.alloc_local((PER_LANE,), T.float32)
+        total = T.alloc_var(T.float32)
+        rstd = T.alloc_var(T.float32)
+        total = 0.0
+        for kk in T.serial(PER_LANE):
+            if add:
+                xv[kk] = T.cast(T.cast(T.cast(X[0, lane + TPR * kk], T.float32)
+                                       + T.cast(Res[0, lane + TPR * kk], T.float32), dtype), T.float32)
+            else:
+                xv[kk] = T.cast(X[0, lane + TPR * kk], T.float32)
+            total = total + xv[kk] * xv[kk]
+        total = total + T.shfl_xor(total, 16)
+        total = total + T.shfl_xor(total, 8)
+        total = total + T.shfl_xor(total, 4)
+        total = total + T.shfl_xor(total, 2)
+        total = total + T.shfl_xor(total, 1)
+        if WPR > 1:
+            part = T.alloc_shared((WPR,), T.float32)
+            if tx % 32 == 0:
+                part[tx // 32] = total
+            T.sync_threads()
+            total = part[0]
+            for w in T.serial(WPR - 1):
+                total = total + part[w + 1]
+        rstd = T.rsqrt(total / T.float32(k) + T.float32(eps))
+        if tx < TPR:   # one row's worth of threads writes it (with 32 per row, the other warps agree)
+            for kk in T.serial(PER_LANE):
+                u_s[0, lane + TPR * kk] = T.cast(xv[kk] * rstd * T.cast(NormW[lane + TPR * kk], T.float32), dtype)
+                if add:
+                    if bx == 0:
+                        Sum[0, lane + TPR * kk] = T.cast(xv[kk], dtype)
+        T.sync_threads()
+
+    if norm is None:
+        @T.prim_func
+        def main(
+            X: T.Tensor((1, k), dtype),
+            W: T.Tensor((n, k), dtype),
+            Y: T.Tensor((1, n), dtype),
+        ):
+            with T.Kernel(n // bn, threads=NT) as bx:
+                if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                    T.evaluate(pdl_sync())
+                x_s = T.alloc_shared((1, bk), dtype)
+                w_s = T.alloc_shared((bn, bk), dtype)
+                acc = T.alloc_fragment((bn, bk), T.float32)
+                y = T.alloc_fragment((bn,), T.float32)
+                T.clear(acc)
+                for ko in T.Pipelined(k // bk, num_stages=stages):
+                    T.copy(X[0:1, ko * bk:(ko + 1) * bk], x_s)
+                    T.copy(W[bx * bn:(bx + 1) * bn, ko * bk:(ko + 1) * bk], w_s)
+                    for i, j in T.Parallel(bn, bk):
+                        acc[i, j] += T.cast(w_s[i, j], T.float32) * T.cast(x_s[0, j], T.float32)
+                T.reduce_sum(acc, y, dim=1)
+                for i in T.Parallel(bn):
+                    Y[0, bx * bn + i] = T.cast(y[i], dtype)
+    else:
+        @T.prim_func
+        def main(
+            X: T.Tensor((1, k), dtype),
+            W: T.Tensor((n, k), dtype),
+            Y: T.Tensor((1, n), dtype),
+            NormW: T.Tensor((k,), w_dtype),
+            Res: T.Tensor((1, k), dtype),
+            Sum: T.Tensor((1, k), dtype),
+        ):
+            with T.Kernel(n // bn, threads=NT) as bx:
+                if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                    T.evaluate(pdl_sync())
+                u_s = T.alloc_shared((1, k), dtype)
+                w_s = T.alloc_shared((bn, bk), dtype)
+                acc = T.alloc_fragment((bn, bk), T.float32)
+                y = T.alloc_fragment((bn,), T.float32)
+                T.clear(acc)
+                for ko in T.Pipelined(k // bk, num_stages=stages):
+                    T.copy(W[bx * bn:(bx + 1) * bn, ko * bk:(ko + 1) * bk], w_s)
+                    if ko == 0:   # while the first stages of W are in flight
+                        normed_row(X, NormW, Res, Sum, u_s, bx)
+                    for i, j in T.Parallel(bn, bk):
+                        acc[i, j] += T.cast(w_s[i, j], T.float32) * T.cast(u_s[0, ko * bk + j], T.float32)
+                T.reduce_sum(acc, y, dim=1)
+                for i in T.Parallel(bn):
+                    Y[0, bx * bn + i] = T.cast(y[i], dtype)
 
     return main
 
 
-def _kernel(n: int, k: int, dtype: torch.dtype):
+def _kernel(n: int, k: int, dtype: torch.dtype, norm: tuple | None = None):
     tiles = pick_tiles(n, k)
     require(tiles is not None, f"W [{n}, {k}]: no matrix-vector tile divides it")
     bn, bk = tiles
     # a software pipeline of 128 threads, not TileLang's producer / consumer warpgroups: their
     # register split (240 + 24 per thread) leaves room for one CTA per SM, too few bytes in flight
-    return compile_cached("matvec", (n, k, bn, bk, STAGES, _DT[dtype]),
-                          lambda: _build(n, k, bn, bk, STAGES, _DT[dtype]),
+    key = (n, k, bn, bk, STAGES, _DT[dtype]) + (() if norm is None else ("norm",) + norm)
+    return compile_cached("matvec", key, lambda: _build(n, k, bn, bk, STAGES, _DT[dtype], norm),
                           pass_configs={"tl.disable_warp_specialized": True})
 
 
-def matvec_tilelang(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [..., K] holding one row, weight [N, K] -> [..., N] (x's dtype); like ``F.linear(x, weight)``.
-    bf16 / fp16, contiguous operands, tiles from ``pick_tiles``."""
+def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
     require(x.dtype in _DT and weight.dtype == x.dtype, f"x / weight: bf16 or fp16 of one dtype, got {x.dtype} / "
             f"{weight.dtype}")
     require(weight.dim() == 2 and x.shape[-1] == weight.shape[1] and x.numel() == weight.shape[1],
             f"x [..., K] of one row and weight [N, K] expected, got {tuple(x.shape)} / {tuple(weight.shape)}")
     require(x.is_contiguous() and weight.is_contiguous(), "x / weight: contiguous")
+
+
+def matvec_tilelang(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [..., K] holding one row, weight [N, K] -> [..., N] (x's dtype); like ``F.linear(x, weight)``.
+    bf16 / fp16, contiguous operands, tiles from ``pick_tiles``."""
+    _check(x, weight)
     require_cuda(x=x, weight=weight)
     n, k = weight.shape
     out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
     _kernel(n, k, x.dtype)(x.view(1, k), weight, out.view(1, n))
     return out
+
+
+def rms_norm_matvec_tilelang(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+                             residual: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(s, ``matvec_tilelang(rms_norm_tilelang(s, norm_weight, eps), weight)``) in one launch, bit for
+    bit, with s = x, or ``x + residual`` rounded to x's dtype (returned; None without a residual).
+    x / residual one row [..., K], norm_weight [K] float32 or x's dtype, K a multiple of 32 up to 8192."""
+    _check(x, weight)
+    n, k = weight.shape
+    require(norm_weight.dim() == 1 and norm_weight.shape[0] == k and norm_weight.dtype in (torch.float32, x.dtype),
+            f"norm_weight: [{k}], float32 or x's dtype, got {norm_weight.dtype} {tuple(norm_weight.shape)}")
+    require(k % 32 == 0 and 32 <= k <= 8192, f"K={k}: a multiple of 32 in [32, 8192] (the norm kernel's rows)")
+    if residual is not None:
+        require(residual.shape == x.shape and residual.dtype == x.dtype and residual.is_contiguous(),
+                f"residual: contiguous {tuple(x.shape)} {x.dtype}, got {tuple(residual.shape)} {residual.dtype}")
+    require_cuda(x=x, weight=weight, norm_weight=norm_weight, **({} if residual is None else {"residual": residual}))
+    out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
+    s = None if residual is None else torch.empty_like(x)
+    norm = (_NORM_DT[norm_weight.dtype], float(eps), residual is not None)
+    res = x if residual is None else residual
+    _kernel(n, k, x.dtype, norm)(x.view(1, k), weight, out.view(1, n), norm_weight.contiguous(), res.view(1, k),
+                                 (x if s is None else s).view(1, k))
+    return s, out
