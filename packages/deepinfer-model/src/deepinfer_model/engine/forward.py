@@ -189,7 +189,8 @@ class FarSelection:
 
 def far_selection(model, layer, q_lat, index_weights, rows: _Rows, meta: ForwardMetadata, cache,
                   max_far: int | None = None) -> FarSelection | None:
-    """The indexer's top-k blocks of far compressed entries (None: no row has any). q_lat [N, qr],
+    """The indexer's top-k blocks of far compressed entries (None: no row has any). q_lat [N, qr]
+    (or `NormedRows`: at batch 1 the indexer's query projection normalises its own row),
     index_weights = W_iw u [N, ni] (`AttentionInputs.index_weights`).
 
     `max_far`: static candidate width (decode; rows' counts are clamped to it, which only matters
@@ -224,9 +225,9 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
     if layer.engram is not None:   # the Engram add and the input norm: one launch
         streams.join_part("rows", "engram")
         x, u = layer.input_layernorm.add_forward(x, layer.engram.gated(x, rows.engram_memory(layer.engram, l)))
-    else:
-        u = layer.input_layernorm(x)
-    fused = attn.fused_input(u)                      # every projection of u: one GEMM
+        fused = attn.fused_input(u)                  # every projection of u: one GEMM
+    else:   # the norm and the projection: one launch at batch 1 on SM90
+        fused = attn.fused_input_normed(x, layer.input_layernorm)
     streams.join_part("rows", "rope")                # the RoPE tables (decode: computed beside the GEMM)
     rope = rows.rope(attn.rope_dim, attn.theta)
     plane = cache.layout.window_planes[l]
@@ -244,7 +245,7 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
     with streams.on("query", reads=(fused,)):
         q_lat = attn.fused_query_latent(fused)
         if layer.ratio > 0:   # the indexer's chain beside the q_b GEMM
-            with streams.on("indexer", reads=(fused, q_lat)):
+            with streams.on("indexer", reads=(fused, q_lat.value)):
                 # static when the metadata bounds the context on the host (decode always; prefill from the
                 # engine's runner, whose bound is the step's exact max); else the batch's max, read on the host
                 static = not meta.is_prefill or meta.max_context_len is not None

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from deepinfer_kernels.batch_invariant import batch_invariant_enabled
+from deepinfer_kernels.ops.linear import linear, rms_norm_linear
 from deepinfer_kernels.ops.norm import add_rms_norm
 from deepinfer_kernels.ops.norm import rms_norm as mixed_dtype_rms_norm
 
@@ -20,14 +21,55 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim] -> [..., dim]
         return rms_norm(x, self.weight, self.eps)
 
+    def runs_kernels_op(self, x: torch.Tensor) -> bool:
+        """Whether `self(x)` on these rows is the kernels package's mixed-dtype norm (CUDA, 2-D rows,
+        a float32 weight against bf16 / fp16 rows, not batch-invariant): the ops that fuse the norm
+        with its neighbours (`add_forward`, `linear`) compute exactly that norm."""
+        return (x.is_cuda and x.dim() == 2 and self.weight.dim() == 1 and x.dtype != self.weight.dtype
+                and not batch_invariant_enabled())
+
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(s = x + residual, self(s)): one launch on CUDA for bf16 rows with the float32 weight,
         the add then `forward` elsewhere (the same values)."""
-        if (x.is_cuda and x.dim() == 2 and self.weight.dim() == 1 and x.dtype != self.weight.dtype
-                and not batch_invariant_enabled()):
+        if self.runs_kernels_op(x):
             return add_rms_norm(x, residual, self.weight, self.eps)
         s = x + residual
         return s, self(s)
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """`linear(self(x), weight)` (weight [N, dim]): for one row where `runs_kernels_op`, one launch
+        on SM90 (`rms_norm_linear`: the norm in the matrix-vector kernel's prologue, the same values);
+        the two ops elsewhere."""
+        if self.runs_kernels_op(x) and not torch.is_grad_enabled():
+            return rms_norm_linear(x, self.weight, self.eps, weight)[1]
+        return linear(self(x), weight)
+
+
+class NormedRows:
+    """Rows x [N, dim] and the RMSNorm before their projections (a layer's q latent: q_b and the
+    indexer's query both read RMSNorm(x)). For one row where the norm is the kernels package's
+    (`RMSNorm.runs_kernels_op`), each projection normalises x in its own launch (`RMSNorm.linear`)
+    and the normed rows are not made; otherwise they are made once, here, before any side stream
+    that projects them forks (every projection then reads that one tensor)."""
+
+    def __init__(self, x: torch.Tensor, norm: RMSNorm | None):
+        self.x, self.norm = x, norm
+        self.per_projection = (norm is not None and x.dim() == 2 and x.shape[0] == 1 and norm.runs_kernels_op(x)
+                               and not torch.is_grad_enabled())
+        self.value = None if self.per_projection else (x if norm is None else norm(x))
+
+    @classmethod
+    def given(cls, normed: torch.Tensor) -> NormedRows:
+        """Rows already normalised (`project` is a plain projection)."""
+        return cls(normed, None)
+
+    def normed(self) -> torch.Tensor:
+        """RMSNorm(x) [N, dim] (made here when the projections norm their own rows)."""
+        return self.norm(self.x) if self.value is None else self.value
+
+    def project(self, weight: torch.Tensor) -> torch.Tensor:
+        """linear(RMSNorm(x), weight) [N, out] (weight [out, dim])."""
+        return self.norm.linear(self.x, weight) if self.per_projection else linear(self.value, weight)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
