@@ -86,7 +86,7 @@ def _specs():
     for n, k in ((1088, 1024), (5632, 1024), (3072, 3072), (8192, 3072), (384, 2048), (1552, 1024), (904, 1024),
                  (896, 1024), (648, 1024)):
         for w_dt, add_res in (("float32", False), ("float32", True), ("bfloat16", False), ("bfloat16", True)):
-            add("matvec", "matvec", [("_kernel", (n, k, bf16, (w_dt, 1e-6, add_res)))])
+            add("matvec", "matvec", [("_kernel", (n, k, bf16, (w_dt, 1e-6, add_res, add_res)))])
 
     # ---- SwiGLU activation (dense FFN 2816, shared expert 512, default model 48 / 192), a kernel per
     # row-stride pair: halves of the fused gate/up output (the model's), contiguous, the tests' slices

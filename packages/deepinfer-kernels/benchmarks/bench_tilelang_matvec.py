@@ -53,7 +53,7 @@ def test_bench_rms_norm_matvec(benchmark, n, k, path):
     w = (torch.randn(n, k, device="cuda") * k ** -0.5).to(torch.bfloat16)
     if path == "fused":
         def fn():
-            return rms_norm_matvec_tilelang(x, nw, 1e-6, w)[1]
+            return rms_norm_matvec_tilelang(x, nw, 1e-6, w).y
     else:
         def fn():
             return matvec_tilelang(rms_norm_tilelang(x, nw, 1e-6), w)

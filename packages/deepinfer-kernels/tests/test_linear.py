@@ -53,14 +53,15 @@ def test_matvec_serves_large_weights_only_with_several_pipeline_steps():
 
 def test_rms_norm_linear_is_the_norm_then_the_projection_on_the_cpu():
     """The fused op's reference: the norm (after the residual add) then the projection, each the public
-    op; the sum is returned with a residual, None without."""
+    op; the sum with a residual, the normed rows when asked, None otherwise."""
     from deepinfer_kernels.ops.linear import linear, rms_norm_linear
     from deepinfer_kernels.ops.norm import rms_norm
 
     g = torch.Generator().manual_seed(5)
     x, res = torch.randn(1, 64, generator=g).bfloat16(), torch.randn(1, 64, generator=g).bfloat16()
     nw, w = torch.rand(64, generator=g) + 0.5, torch.randn(48, 64, generator=g).bfloat16()
-    s, y = rms_norm_linear(x, nw, 1e-6, w)
-    assert s is None and torch.equal(y, linear(rms_norm(x, nw, 1e-6), w))
-    s, y = rms_norm_linear(x, nw, 1e-6, w, res)
-    assert torch.equal(s, x + res) and torch.equal(y, linear(rms_norm(x + res, nw, 1e-6), w))
+    p = rms_norm_linear(x, nw, 1e-6, w)
+    assert p.s is None and p.u is None and torch.equal(p.y, linear(rms_norm(x, nw, 1e-6), w))
+    p = rms_norm_linear(x, nw, 1e-6, w, res, return_normed=True)
+    u = rms_norm(x + res, nw, 1e-6)
+    assert torch.equal(p.s, x + res) and torch.equal(p.u, u) and torch.equal(p.y, linear(u, w))

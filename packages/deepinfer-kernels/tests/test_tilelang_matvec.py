@@ -60,9 +60,9 @@ def test_linear_takes_the_kernel_above_the_size_limit_with_several_steps():
 @pytest.mark.parametrize("w_dtype", [torch.float32, torch.bfloat16])
 def test_rms_norm_matvec_equals_the_norm_then_the_matvec_bit_for_bit(n, k, add, w_dtype):
     """The layer input's norm in the matrix-vector kernel's prologue (`mini`'s fused input at K = 1024,
-    one warp per row; flash's at K = 3072 and 2,048, the norm kernel's whole-CTA rows): the output and
-    (with a residual) the sum equal `rms_norm_tilelang` / `add_rms_norm_tilelang` then
-    `matvec_tilelang`, bit for bit, and the public op takes the kernel."""
+    one warp per row; flash's at K = 3072 and 2,048, the norm kernel's whole-CTA rows): the output, the
+    sum (with a residual) and the normed row (asked with one) equal `rms_norm_tilelang` /
+    `add_rms_norm_tilelang` then `matvec_tilelang`, bit for bit, and the public op takes the kernel."""
     from deepinfer_kernels.ops.linear import rms_norm_linear
     from deepinfer_kernels.tilelang.matvec import matvec_tilelang, rms_norm_matvec_tilelang
     from deepinfer_kernels.tilelang.norm import add_rms_norm_tilelang, rms_norm_tilelang
@@ -77,11 +77,11 @@ def test_rms_norm_matvec_equals_the_norm_then_the_matvec_bit_for_bit(n, k, add, 
     else:
         want_s, u = None, rms_norm_tilelang(x, nw, 1e-6)
     want = matvec_tilelang(u, w)
-    s, got = rms_norm_matvec_tilelang(x, nw, 1e-6, w, res)
-    s_op, got_op = rms_norm_linear(x, nw, 1e-6, w, res)
+    got = rms_norm_matvec_tilelang(x, nw, 1e-6, w, res, return_normed=add)
+    op = rms_norm_linear(x, nw, 1e-6, w, res)
     torch.cuda.synchronize()
-    assert torch.equal(got, want) and torch.equal(got_op, want)
+    assert torch.equal(got.y, want) and torch.equal(op.y, want)
     if add:
-        assert torch.equal(s, want_s) and torch.equal(s_op, want_s)
+        assert torch.equal(got.s, want_s) and torch.equal(op.s, want_s) and torch.equal(got.u, u)
     else:
-        assert s is None and s_op is None
+        assert got.s is None and got.u is None and op.s is None

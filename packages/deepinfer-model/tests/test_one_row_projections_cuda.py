@@ -62,9 +62,10 @@ def test_one_row_steps_take_the_matvec_kernel_and_match_cublas(monkeypatch):
 @pytest.mark.gpu
 @torch.no_grad()
 def test_one_row_norm_and_projection_in_one_launch_is_bit_identical(monkeypatch):
-    """A layer's input norm and fused input projection, and the q latent's norm before q_b and the
-    indexer's query, each in one launch at batch 1 (`rms_norm_linear`): a decode step's logits equal
-    those of the same step with the norms as launches of their own, bit for bit."""
+    """A layer's input norm and fused input projection, the q latent's norm before q_b and the
+    indexer's query, and the post-attention add + norm before the MoE input projection, each in one
+    launch at batch 1 (`rms_norm_linear`): a decode step's logits equal those of the same step with
+    the norms as launches of their own, bit for bit."""
     import deepinfer_model.modules.norm as norm_module
     from deepinfer_kernels.platform import current_platform
     if not torch.cuda.is_available():

@@ -10,6 +10,8 @@ Everything else, and batch-invariant mode, autograd, ``torch.compile`` and ``DEE
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -57,25 +59,36 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return kernel(x, weight) if kernel is not None else F.linear(x, weight)
 
 
+@dataclass
+class NormedProjection:
+    """What `rms_norm_linear` returns: the projection and, where asked, the rows it normalised."""
+
+    y: torch.Tensor                # [..., N] linear(u, weight)
+    s: torch.Tensor | None = None  # [..., K] x + residual in x's dtype (None without a residual)
+    u: torch.Tensor | None = None  # [..., K] rms_norm(s) (None unless return_normed)
+
+
 def rms_norm_linear_ref(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-                        residual: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """x [..., K] (+ residual) -> (s, linear(rms_norm(s, norm_weight, eps), weight)) with s = x, or
-    `x + residual` in x's dtype (returned; None without a residual): each op as its public self."""
+                        residual: torch.Tensor | None = None, return_normed: bool = False) -> NormedProjection:
+    """x [..., K] (+ residual) -> linear(rms_norm(s, norm_weight, eps), weight) with s = x, or
+    `x + residual` in x's dtype: each op as its public self."""
     from deepinfer_kernels.ops.norm import add_rms_norm, rms_norm
 
     if residual is None:
-        return None, linear(rms_norm(x, norm_weight, eps), weight)
-    s, u = add_rms_norm(x, residual, norm_weight, eps)
-    return s, linear(u, weight)
+        s, u = None, rms_norm(x, norm_weight, eps)
+    else:
+        s, u = add_rms_norm(x, residual, norm_weight, eps)
+    return NormedProjection(linear(u, weight), s, u if return_normed else None)
 
 
 def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-                    residual: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:
+                    residual: torch.Tensor | None = None, return_normed: bool = False) -> NormedProjection:
     """`rms_norm_linear_ref` (a layer's input norm and the projection after it; with `residual`, the
     residual add before the norm too) in one launch where the matrix-vector kernel serves the
     projection and the norm is the kernels package's (one bf16 / fp16 row, norm_weight float32 or
     x's dtype, K a multiple of 32 up to 8192): the norm runs in each CTA's prologue, bit-identical to
-    the two kernels, while the CTA's first weight stages are in flight. Elsewhere the two ops."""
+    the two kernels, while the CTA's first weight stages are in flight (s and, with `return_normed`,
+    u are written by its first CTA). Elsewhere the two ops."""
     d = x.shape[-1]
     fused = (_one_row_kernel(x, weight) is not None and norm_weight.dim() == 1 and norm_weight.shape[0] == d
              and norm_weight.dtype in (torch.float32, x.dtype) and norm_weight.device == x.device
@@ -84,5 +97,5 @@ def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weig
                                        and residual.device == x.device and residual.is_contiguous())))
     kernel = tilelang_launcher("rms_norm_linear", x.device, supported=fused) if fused else None
     if kernel is not None:
-        return kernel(x, norm_weight, eps, weight, residual)
-    return rms_norm_linear_ref(x, norm_weight, eps, weight, residual)
+        return kernel(x, norm_weight, eps, weight, residual, return_normed)
+    return rms_norm_linear_ref(x, norm_weight, eps, weight, residual, return_normed)

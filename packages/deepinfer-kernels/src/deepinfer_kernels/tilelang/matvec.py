@@ -35,22 +35,23 @@ def pick_tiles(n: int, k: int) -> tuple[int, int] | None:
 
 
 def _build(n: int, k: int, bn: int, bk: int, stages: int, dtype: str, norm: tuple | None = None):
-    """``norm`` = (weight dtype, eps, add): the row is first RMS-normalised (``add``: ``X + Res`` rounded
-    to the dtype first, written to ``Sum`` by CTA 0), exactly as ``norm.py``'s kernel does it (its
-    lane layout and summation order, ``(x * rstd) * w`` rounded to the dtype), into shared memory,
-    then multiplied: the same values as that norm kernel followed by this one, in one launch."""
+    """``norm`` = (weight dtype, eps, add, write_u): the row is first RMS-normalised (``add``: ``X + Res``
+    rounded to the dtype first, written to ``Sum`` by CTA 0), exactly as ``norm.py``'s kernel does it
+    (its lane layout and summation order, ``(x * rstd) * w`` rounded to the dtype), into shared
+    memory (``write_u``: also to ``U``, by CTA 0), then multiplied: the same values as that norm
+    kernel followed by this one, in one launch."""
     import tilelang.language as T
 
     from deepinfer_kernels.tilelang.norm import NT as NORM_NT
     from deepinfer_kernels.tilelang.norm import WIDE_ROW
 
-    w_dtype, eps, add = norm if norm is not None else ("float32", 0.0, False)
+    w_dtype, eps, add, write_u = norm if norm is not None else ("float32", 0.0, False, False)
     TPR = NORM_NT if k >= WIDE_ROW and k % NORM_NT == 0 else 32   # norm.py's threads per row
     WPR = TPR // 32
     PER_LANE = k // TPR
 
     @T.macro
-    def normed_row(X, NormW, Res, Sum, u_s, bx):
+    def normed_row(X, NormW, Res, Sum, U, u_s, bx):
         """u_s <- rms_norm(X (+ Res)) (every thread computes the row's sum in norm.py's layout)."""
         tx = T.get_thread_binding()
         lane = tx % TPR
@@ -82,9 +83,11 @@ def _build(n: int, k: int, bn: int, bk: int, stages: int, dtype: str, norm: tupl
         if tx < TPR:   # one row's worth of threads writes it (with 32 per row, the other warps agree)
             for kk in T.serial(PER_LANE):
                 u_s[0, lane + TPR * kk] = T.cast(xv[kk] * rstd * T.cast(NormW[lane + TPR * kk], T.float32), dtype)
-                if add:
-                    if bx == 0:
+                if bx == 0:
+                    if add:
                         Sum[0, lane + TPR * kk] = T.cast(xv[kk], dtype)
+                    if write_u:
+                        U[0, lane + TPR * kk] = u_s[0, lane + TPR * kk]
         T.sync_threads()
 
     if norm is None:
@@ -119,6 +122,7 @@ def _build(n: int, k: int, bn: int, bk: int, stages: int, dtype: str, norm: tupl
             NormW: T.Tensor((k,), w_dtype),
             Res: T.Tensor((1, k), dtype),
             Sum: T.Tensor((1, k), dtype),
+            U: T.Tensor((1, k), dtype),
         ):
             with T.Kernel(n // bn, threads=NT) as bx:
                 if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
@@ -131,7 +135,7 @@ def _build(n: int, k: int, bn: int, bk: int, stages: int, dtype: str, norm: tupl
                 for ko in T.Pipelined(k // bk, num_stages=stages):
                     T.copy(W[bx * bn:(bx + 1) * bn, ko * bk:(ko + 1) * bk], w_s)
                     if ko == 0:   # while the first stages of W are in flight
-                        normed_row(X, NormW, Res, Sum, u_s, bx)
+                        normed_row(X, NormW, Res, Sum, U, u_s, bx)
                     for i, j in T.Parallel(bn, bk):
                         acc[i, j] += T.cast(w_s[i, j], T.float32) * T.cast(u_s[0, ko * bk + j], T.float32)
                 T.reduce_sum(acc, y, dim=1)
@@ -172,10 +176,13 @@ def matvec_tilelang(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm_matvec_tilelang(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-                             residual: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """(s, ``matvec_tilelang(rms_norm_tilelang(s, norm_weight, eps), weight)``) in one launch, bit for
-    bit, with s = x, or ``x + residual`` rounded to x's dtype (returned; None without a residual).
-    x / residual one row [..., K], norm_weight [K] float32 or x's dtype, K a multiple of 32 up to 8192."""
+                             residual: torch.Tensor | None = None, return_normed: bool = False):
+    """``matvec_tilelang(rms_norm_tilelang(s, norm_weight, eps), weight)`` in one launch, bit for bit,
+    with s = x, or ``x + residual`` rounded to x's dtype -> ``NormedProjection`` (y; s with a
+    residual; the normed row u with ``return_normed``). x / residual one row [..., K], norm_weight
+    [K] float32 or x's dtype, K a multiple of 32 up to 8192."""
+    from deepinfer_kernels.ops.linear import NormedProjection
+
     _check(x, weight)
     n, k = weight.shape
     require(norm_weight.dim() == 1 and norm_weight.shape[0] == k and norm_weight.dtype in (torch.float32, x.dtype),
@@ -187,8 +194,9 @@ def rms_norm_matvec_tilelang(x: torch.Tensor, norm_weight: torch.Tensor, eps: fl
     require_cuda(x=x, weight=weight, norm_weight=norm_weight, **({} if residual is None else {"residual": residual}))
     out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
     s = None if residual is None else torch.empty_like(x)
-    norm = (_NORM_DT[norm_weight.dtype], float(eps), residual is not None)
+    u = torch.empty_like(x) if return_normed else None
+    norm = (_NORM_DT[norm_weight.dtype], float(eps), residual is not None, return_normed)
     res = x if residual is None else residual
     _kernel(n, k, x.dtype, norm)(x.view(1, k), weight, out.view(1, n), norm_weight.contiguous(), res.view(1, k),
-                                 (x if s is None else s).view(1, k))
-    return s, out
+                                 (x if s is None else s).view(1, k), (x if u is None else u).view(1, k))
+    return NormedProjection(out, s, u)

@@ -266,8 +266,14 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
         idx = attention_indices(rows.window_slots(meta, cfg.sliding_window), plane * ns, far.blocks, far.n_far,
                                 far.entry_slots, far.base, cfg.index_block_size)
         o, _ = sparse_mla_attention(q, cache.kv_flat, idx, attn.sm_scale, shared_keys=shared)
-    x, u = layer.post_attention_layernorm.add_forward(x, attn.output(o))   # the add and the norm: one launch
-    if isinstance(layer.mlp, MoE):   # the residual add happens in the routed experts' combine
+    post = layer.post_attention_layernorm
+    if isinstance(layer.mlp, MoE) and layer.mlp.input_projection is not None and not torch.is_grad_enabled():
+        # the add, the norm and the MoE input projection: one launch at batch 1 on SM90; the residual
+        # add of the output happens in the routed experts' combine
+        x, u, projected = post.add_linear(x, attn.output(o), layer.mlp.input_projection.weight())
+        return layer.mlp(u, residual=x, streams=streams, projected=projected)
+    x, u = post.add_forward(x, attn.output(o))   # the add and the norm: one launch
+    if isinstance(layer.mlp, MoE):
         return layer.mlp(u, residual=x, streams=streams)
     return x + layer.mlp(u)
 

@@ -41,8 +41,19 @@ class RMSNorm(nn.Module):
         on SM90 (`rms_norm_linear`: the norm in the matrix-vector kernel's prologue, the same values);
         the two ops elsewhere."""
         if self.runs_kernels_op(x) and not torch.is_grad_enabled():
-            return rms_norm_linear(x, self.weight, self.eps, weight)[1]
+            return rms_norm_linear(x, self.weight, self.eps, weight).y
         return linear(self(x), weight)
+
+    def add_linear(self, x: torch.Tensor, residual: torch.Tensor,
+                   weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(s, u, y) = (x + residual, self(s), linear(u, weight)): for one row where `runs_kernels_op`,
+        one launch on SM90 (`rms_norm_linear` with the residual, u written beside y); `add_forward`
+        then the projection elsewhere (the same values)."""
+        if self.runs_kernels_op(x) and not torch.is_grad_enabled():
+            p = rms_norm_linear(x, self.weight, self.eps, weight, residual=residual, return_normed=True)
+            return p.s, p.u, p.y
+        s, u = self.add_forward(x, residual)
+        return s, u, linear(u, weight)
 
 
 class NormedRows:
