@@ -42,47 +42,30 @@ def _build(n: int, k: int, bn: int, bk: int, stages: int, dtype: str, norm: tupl
     kernel followed by this one, in one launch."""
     import tilelang.language as T
 
-    from deepinfer_kernels.tilelang.norm import NT as NORM_NT
-    from deepinfer_kernels.tilelang.norm import WIDE_ROW
+    from deepinfer_kernels.tilelang.norm import row_rstd_macro, threads_per_row
 
     w_dtype, eps, add, write_u = norm if norm is not None else ("float32", 0.0, False, False)
-    TPR = NORM_NT if k >= WIDE_ROW and k % NORM_NT == 0 else 32   # norm.py's threads per row
-    WPR = TPR // 32
+    TPR = threads_per_row(k)            # norm.py's layout of a row over threads
     PER_LANE = k // TPR
+    row_rstd = row_rstd_macro(T, k, eps)
 
     @T.macro
     def normed_row(X, NormW, Res, Sum, U, u_s, bx):
-        """u_s <- rms_norm(X (+ Res)) (every thread computes the row's sum in norm.py's layout)."""
+        """u_s <- rms_norm(X (+ Res)), norm.py's values (each row's worth of threads computes the sum)."""
         tx = T.get_thread_binding()
         lane = tx % TPR
         xv = T.alloc_local((PER_LANE,), T.float32)
-        total = T.alloc_var(T.float32)
-        rstd = T.alloc_var(T.float32)
-        total = 0.0
+        rstd = T.alloc_local((1,), T.float32)
         for kk in T.serial(PER_LANE):
             if add:
                 xv[kk] = T.cast(T.cast(T.cast(X[0, lane + TPR * kk], T.float32)
                                        + T.cast(Res[0, lane + TPR * kk], T.float32), dtype), T.float32)
             else:
                 xv[kk] = T.cast(X[0, lane + TPR * kk], T.float32)
-            total = total + xv[kk] * xv[kk]
-        total = total + T.shfl_xor(total, 16)
-        total = total + T.shfl_xor(total, 8)
-        total = total + T.shfl_xor(total, 4)
-        total = total + T.shfl_xor(total, 2)
-        total = total + T.shfl_xor(total, 1)
-        if WPR > 1:
-            part = T.alloc_shared((WPR,), T.float32)
-            if tx % 32 == 0:
-                part[tx // 32] = total
-            T.sync_threads()
-            total = part[0]
-            for w in T.serial(WPR - 1):
-                total = total + part[w + 1]
-        rstd = T.rsqrt(total / T.float32(k) + T.float32(eps))
+        row_rstd(xv, rstd)
         if tx < TPR:   # one row's worth of threads writes it (with 32 per row, the other warps agree)
             for kk in T.serial(PER_LANE):
-                u_s[0, lane + TPR * kk] = T.cast(xv[kk] * rstd * T.cast(NormW[lane + TPR * kk], T.float32), dtype)
+                u_s[0, lane + TPR * kk] = T.cast(xv[kk] * rstd[0] * T.cast(NormW[lane + TPR * kk], T.float32), dtype)
                 if bx == 0:
                     if add:
                         Sum[0, lane + TPR * kk] = T.cast(xv[kk], dtype)
