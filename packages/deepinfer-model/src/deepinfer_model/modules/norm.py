@@ -63,16 +63,10 @@ class NormedRows:
     and the normed rows are not made; otherwise they are made once, here, before any side stream
     that projects them forks (every projection then reads that one tensor)."""
 
-    def __init__(self, x: torch.Tensor, norm: RMSNorm | None):
+    def __init__(self, x: torch.Tensor, norm: RMSNorm):
         self.x, self.norm = x, norm
-        self.per_projection = (norm is not None and x.dim() == 2 and x.shape[0] == 1 and norm.runs_kernels_op(x)
-                               and not torch.is_grad_enabled())
-        self.value = None if self.per_projection else (x if norm is None else norm(x))
-
-    @classmethod
-    def given(cls, normed: torch.Tensor) -> NormedRows:
-        """Rows already normalised (`project` is a plain projection)."""
-        return cls(normed, None)
+        self.per_projection = x.dim() == 2 and x.shape[0] == 1 and norm.runs_kernels_op(x) and not torch.is_grad_enabled()
+        self.value = None if self.per_projection else norm(x)
 
     def normed(self) -> torch.Tensor:
         """RMSNorm(x) [N, dim] (made here when the projections norm their own rows)."""
