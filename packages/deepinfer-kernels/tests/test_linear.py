@@ -19,13 +19,32 @@ def test_matvec_tiles():
     """16 KB stages (bn * bk = STAGE_ELEMENTS), the widest K tile dividing K, output tiles halved
     down to 4 rows until the grid has MIN_CTAS CTAs; None when no tile divides the weight."""
     assert pick_tiles(1024, 8192) == (4, 2048)          # o_proj: 256 CTAs
-    assert pick_tiles(8192, 384) == (16, 128)           # q_b: 512 CTAs
-    assert pick_tiles(5632, 1024) == (8, 1024)          # dense gate/up: 704 CTAs
+    assert pick_tiles(8192, 384) == (16, 128)           # q_b: 512 CTAs (a 256-wide stage does not divide K)
+    assert pick_tiles(5632, 1024, one_wave=False) == (8, 1024)   # dense gate/up: 704 CTAs
     bn, bk = pick_tiles(1024, 2816)                      # 2816 = 11 x 256
     assert bk == 256 and bn == 4 and bn * bk <= STAGE_ELEMENTS
     assert 65536 // pick_tiles(65536, 1024)[0] >= MIN_CTAS
     assert pick_tiles(1024, 1000) is None                # K not a multiple of 64
     assert pick_tiles(1, 1024) is None and pick_tiles(6, 1024) is None
+
+
+def test_matvec_tiles_fit_one_resident_wave_where_they_can():
+    """A grid over RESIDENT_CTAS gets taller tiles with narrower stages (>= ONE_WAVE_MIN_BK) until it
+    is one wave; weights too tall for that keep the first tiles."""
+    from deepinfer_kernels.tilelang.matvec import ONE_WAVE_MIN_BK, RESIDENT_CTAS
+
+    assert pick_tiles(5632, 1024) == (16, 512)          # mini's dense gate/up: 704 -> 352 CTAs x 2 steps
+    assert pick_tiles(8064, 3072) == (32, 256)          # flash's MoE input: 1,008 x 3 -> 252 x 12
+    assert pick_tiles(8192, 1024) == (32, 256)          # flash's indexer query: 1,024 x 1 -> 256 x 4
+    assert pick_tiles(3072, 32768) == (8, 1024)         # flash's o_proj: 768 x 16 -> 384 x 32
+    assert pick_tiles(3072, 32768, one_wave=False) == (4, 2048)
+    for n, k in ((129280, 3072), (53760, 3072), (32768, 1024)):   # too tall: unchanged
+        assert pick_tiles(n, k) == pick_tiles(n, k, one_wave=False)
+    assert pick_tiles(1552, 1024) == (4, 256 * 4) == pick_tiles(1552, 1024, one_wave=False)   # 388 CTAs: fits
+    for n, k in ((5632, 1024), (8064, 3072), (8192, 1024), (3072, 32768), (4096, 4096), (24576, 2048)):
+        bn, bk = pick_tiles(n, k)
+        assert bn * bk == STAGE_ELEMENTS and n % bn == 0 and k % bk == 0 and bk >= ONE_WAVE_MIN_BK
+        assert n // bn <= RESIDENT_CTAS
 
 
 def test_linear_launcher_is_the_matvec_kernel():

@@ -25,6 +25,24 @@ def test_matvec_matches_float32_linear(n, k, dtype):
     torch.testing.assert_close(matvec_tilelang(x.view(1, 1, k), w).view(1, n), got, atol=0, rtol=0)   # [..., K]
 
 
+@pytest.mark.parametrize("n,k", [(8064, 3072), (8192, 1024), (3072, 32768), (5632, 1024), (24576, 2048)])
+def test_matvec_one_wave_tiles_match_float32_linear(n, k):
+    """The one-wave tiles (flash's MoE input, indexer query and o_proj, `mini`'s dense gate/up, a
+    64-row tile with 128-wide stages) and the tiles before that rule both close to float32 F.linear."""
+    from deepinfer_kernels.tilelang.matvec import _kernel, pick_tiles
+
+    assert pick_tiles(n, k) != pick_tiles(n, k, one_wave=False)
+    g = torch.Generator().manual_seed(n * 7 + k)
+    x = torch.randn(1, k, generator=g).to(torch.bfloat16).cuda()
+    w = (torch.randn(n, k, generator=g) * k ** -0.5).to(torch.bfloat16).cuda()
+    want = F.linear(x.float(), w.float())
+    for one_wave in (True, False):
+        got = torch.empty(1, n, dtype=torch.bfloat16, device="cuda")
+        _kernel(n, k, torch.bfloat16, one_wave=one_wave)(x, w, got)
+        torch.cuda.synchronize()
+        torch.testing.assert_close(got.float(), want, atol=1e-2, rtol=1e-2)
+
+
 def test_linear_takes_the_kernel_for_one_row_only():
     from deepinfer_kernels.ops.linear import MATVEC_MAX_WEIGHT_BYTES, linear
     from deepinfer_kernels.tilelang.matvec import matvec_tilelang

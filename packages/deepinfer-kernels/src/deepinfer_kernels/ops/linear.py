@@ -31,8 +31,9 @@ def matvec_serves(n: int, k: int, weight_bytes: int) -> bool:
     of K. H200, 2026-12-02, in a graph, L2 flushed, matvec vs cuBLAS: flash's o_proj [3072, 32768]
     55.6 vs 59.9 us, dense gate/up [53760, 3072] 81.9 vs 88.6, down [3072, 26880] 47.2 vs 51.1,
     lm_head [129280, 3072] 182.1 vs 187.8; at K = 1024 a CTA's whole K is one step and cuBLAS wins
-    (q_b [32768, 1024] 30.3 vs 24.9 us), so `mini`'s 65 MB lm_head stays on cuBLAS."""
-    tiles = pick_tiles(n, k)
+    (q_b [32768, 1024] 30.3 vs 24.9 us), so `mini`'s 65 MB lm_head stays on cuBLAS. The steps are
+    counted on the tiles those measurements ran (``one_wave=False``), so this choice stays as measured."""
+    tiles = pick_tiles(n, k, one_wave=False)
     return tiles is not None and (weight_bytes <= MATVEC_MAX_WEIGHT_BYTES or k // tiles[1] >= MATVEC_LARGE_MIN_STEPS)
 
 

@@ -5,7 +5,9 @@ cuBLAS gives a one-row GEMM tiles of 8 x 64 or 64 x 8 outputs (some with a split
 after them) and takes 4.5-7.3 us per projection of a `mini` batch-1 step on the H200 whatever its
 weight bytes (0.8-17 MB: 0.2-4 us at copy bandwidth). Here each CTA streams ``bn`` rows of W
 through a software pipeline of ``bk``-wide stages (16 KB each), multiplies them by x on CUDA cores in
-float32 and reduces over K; the tiles are picked so that the grid has >= 2 CTAs per SM.
+float32 and reduces over K; the tiles are picked so that the grid has >= 2 CTAs per SM and, where
+that would take several waves of short-lived CTAs, so that it is one resident wave of CTAs with
+longer pipelines (``pick_tiles``).
 Same values as ``F.linear`` up to float32 summation order (rounded to x's dtype once).
 """
 
@@ -19,19 +21,37 @@ NT = 128
 STAGE_ELEMENTS = 8192     # bn * bk: one pipeline stage of W is 16 KB of bf16
 MIN_CTAS = 264            # two per SM of the H200
 STAGES = 4
+RESIDENT_CTAS = 396       # three per SM: a CTA holds STAGES x 16 KB of W (+ x) in shared memory
+ONE_WAVE_MIN_BK = 128     # one-wave tiles keep >= 256-byte row segments per stage
 _DT = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 _NORM_DT = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
-def pick_tiles(n: int, k: int) -> tuple[int, int] | None:
-    """(bn, bk) for W [n, k], or None when no tile divides it (the caller uses cuBLAS)."""
+def pick_tiles(n: int, k: int, one_wave: bool = True) -> tuple[int, int] | None:
+    """(bn, bk) for W [n, k], or None when no tile divides it (the caller uses cuBLAS).
+
+    First the widest K stage that divides k (up to 2,048) and as many rows per CTA as keep >= 2 CTAs
+    per SM. Where that grid is more than one resident wave (``RESIDENT_CTAS``), each CTA lives for
+    only a few pipeline steps and the launch ends on a part-empty last wave; with ``one_wave``,
+    rows per CTA double (the stage narrows, >= ``ONE_WAVE_MIN_BK``) until the grid fits one wave, if
+    it can: flash's MoE input [8064, 3072] 1,008 CTAs x 3 steps -> 252 x 12, its indexer query
+    [8192, 1024] 1,024 x 1 -> 256 x 4. Weights too tall for one wave (lm_head) keep the first tiles."""
     bk = next((b for b in (2048, 1024, 512, 256, 128, 64) if k % b == 0), 0)
     if not bk:
         return None
     bn = STAGE_ELEMENTS // bk
     while bn > 4 and (n % bn or n // bn < MIN_CTAS):
         bn //= 2
-    return (bn, bk) if n % bn == 0 else None
+    if n % bn:
+        return None
+    if one_wave and n // bn > RESIDENT_CTAS:
+        wide = bn
+        while (n // wide > RESIDENT_CTAS and n % (2 * wide) == 0 and STAGE_ELEMENTS // (2 * wide) >= ONE_WAVE_MIN_BK
+               and k % (STAGE_ELEMENTS // (2 * wide)) == 0):
+            wide *= 2
+        if n // wide <= RESIDENT_CTAS:
+            return wide, STAGE_ELEMENTS // wide
+    return bn, bk
 
 
 def _build(n: int, k: int, bn: int, bk: int, stages: int, dtype: str, norm: tuple | None = None):
@@ -128,8 +148,8 @@ def _build(n: int, k: int, bn: int, bk: int, stages: int, dtype: str, norm: tupl
     return main
 
 
-def _kernel(n: int, k: int, dtype: torch.dtype, norm: tuple | None = None):
-    tiles = pick_tiles(n, k)
+def _kernel(n: int, k: int, dtype: torch.dtype, norm: tuple | None = None, one_wave: bool = True):
+    tiles = pick_tiles(n, k, one_wave)
     require(tiles is not None, f"W [{n}, {k}]: no matrix-vector tile divides it")
     bn, bk = tiles
     # a software pipeline of 128 threads, not TileLang's producer / consumer warpgroups: their
