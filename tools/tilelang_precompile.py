@@ -84,7 +84,7 @@ def _specs():
             add("matvec", "matvec", [("_kernel", (n, k, dt))])
     # flash's one-row shapes (the benchmark, the one-wave tile tests), on both tile rules
     for n, k in ((3072, 32768), (32768, 1024), (8192, 1024), (8064, 3072), (53760, 3072), (3072, 26880),
-                 (129280, 3072), (24576, 2048)):
+                 (129280, 3072), (24576, 2048), (32000, 1024)):
         add("matvec", "matvec", [("_kernel", (n, k, bf16, None, True)), ("_kernel", (n, k, bf16, None, False))])
     add("matvec", "matvec", [("_kernel", (5632, 1024, bf16, None, False))])
     # the layer input's norm in the prologue (`rms_norm_linear`): the tests' shapes, `mini`'s fused inputs

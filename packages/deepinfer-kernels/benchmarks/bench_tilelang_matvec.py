@@ -13,7 +13,7 @@ T = pytest.importorskip("deepinfer_kernels.tilelang.testing")
 
 @pytest.mark.parametrize("path", ["matvec", "matvec_multiwave", "cublas"])
 @pytest.mark.parametrize("n,k", [(1024, 8192), (8192, 384), (5632, 1024), (1552, 1024), (1088, 1024), (1024, 2816),
-                                 (1024, 512)])
+                                 (1024, 512), (32000, 1024)])
 def test_bench_one_row_linear(benchmark, n, k, path):
     _bench_one_row(benchmark, n, k, path)
 

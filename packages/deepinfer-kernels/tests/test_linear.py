@@ -38,7 +38,9 @@ def test_matvec_tiles_fit_one_resident_wave_where_they_can():
     assert pick_tiles(8192, 1024) == (32, 256)          # flash's indexer query: 1,024 x 1 -> 256 x 4
     assert pick_tiles(3072, 32768) == (8, 1024)         # flash's o_proj: 768 x 16 -> 384 x 32
     assert pick_tiles(3072, 32768, one_wave=False) == (4, 2048)
-    for n, k in ((129280, 3072), (53760, 3072), (32768, 1024)):   # too tall: unchanged
+    assert pick_tiles(32768, 1024) == (128, 64)         # flash's q_b: 4,096 x 1 -> 256 x 16
+    assert pick_tiles(32000, 1024) == (128, 64)         # mini's lm_head: 4,000 x 1 -> 250 x 16
+    for n, k in ((129280, 3072), (53760, 3072)):        # too tall: unchanged
         assert pick_tiles(n, k) == pick_tiles(n, k, one_wave=False)
     assert pick_tiles(1552, 1024) == (4, 256 * 4) == pick_tiles(1552, 1024, one_wave=False)   # 388 CTAs: fits
     for n, k in ((5632, 1024), (8064, 3072), (8192, 1024), (3072, 32768), (4096, 4096), (24576, 2048)):

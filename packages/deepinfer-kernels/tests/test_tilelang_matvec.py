@@ -25,10 +25,12 @@ def test_matvec_matches_float32_linear(n, k, dtype):
     torch.testing.assert_close(matvec_tilelang(x.view(1, 1, k), w).view(1, n), got, atol=0, rtol=0)   # [..., K]
 
 
-@pytest.mark.parametrize("n,k", [(8064, 3072), (8192, 1024), (3072, 32768), (5632, 1024), (24576, 2048)])
+@pytest.mark.parametrize("n,k", [(8064, 3072), (8192, 1024), (3072, 32768), (5632, 1024), (24576, 2048),
+                                 (32000, 1024)])
 def test_matvec_one_wave_tiles_match_float32_linear(n, k):
     """The one-wave tiles (flash's MoE input, indexer query and o_proj, `mini`'s dense gate/up, a
-    64-row tile with 128-wide stages) and the tiles before that rule both close to float32 F.linear."""
+    64-row tile with 128-wide stages, `mini`'s lm_head: 128 rows, 64-wide stages) and the tiles
+    before that rule both close to float32 F.linear."""
     from deepinfer_kernels.tilelang.matvec import _kernel, pick_tiles
 
     assert pick_tiles(n, k) != pick_tiles(n, k, one_wave=False)

@@ -22,7 +22,7 @@ STAGE_ELEMENTS = 8192     # bn * bk: one pipeline stage of W is 16 KB of bf16
 MIN_CTAS = 264            # two per SM of the H200
 STAGES = 4
 RESIDENT_CTAS = 396       # three per SM: a CTA holds STAGES x 16 KB of W (+ x) in shared memory
-ONE_WAVE_MIN_BK = 128     # one-wave tiles keep >= 256-byte row segments per stage
+ONE_WAVE_MIN_BK = 64      # one-wave tiles keep >= 128-byte row segments (whole L2 lines) per stage
 _DT = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 _NORM_DT = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -35,7 +35,8 @@ def pick_tiles(n: int, k: int, one_wave: bool = True) -> tuple[int, int] | None:
     only a few pipeline steps and the launch ends on a part-empty last wave; with ``one_wave``,
     rows per CTA double (the stage narrows, >= ``ONE_WAVE_MIN_BK``) until the grid fits one wave, if
     it can: flash's MoE input [8064, 3072] 1,008 CTAs x 3 steps -> 252 x 12, its indexer query
-    [8192, 1024] 1,024 x 1 -> 256 x 4. Weights too tall for one wave (lm_head) keep the first tiles."""
+    [8192, 1024] 1,024 x 1 -> 256 x 4, q_b [32768, 1024] 4,096 x 1 -> 256 x 16. Weights too tall for
+    one wave (flash's lm_head) keep the first tiles."""
     bk = next((b for b in (2048, 1024, 512, 256, 128, 64) if k % b == 0), 0)
     if not bk:
         return None
