@@ -87,6 +87,10 @@ def _specs():
                  (129280, 3072), (24576, 2048), (32000, 1024)):
         add("matvec", "matvec", [("_kernel", (n, k, bf16, None, True)), ("_kernel", (n, k, bf16, None, False))])
     add("matvec", "matvec", [("_kernel", (5632, 1024, bf16, None, False))])
+    # float32 outputs (the logits): the tests' shapes, plain and with the norm in the prologue
+    for n, k in ((1552, 1024), (8192, 64), (8064, 3072), (129280, 3072)):
+        add("matvec", "matvec", [("_kernel", (n, k, bf16, None, True, True)),
+                                 ("_kernel", (n, k, bf16, ("float32", 1e-6, False, False), True, True))])
     # the layer input's norm in the prologue (`rms_norm_linear`): the tests' shapes, `mini`'s fused inputs
     for n, k in ((1088, 1024), (5632, 1024), (3072, 3072), (8192, 3072), (384, 2048), (1552, 1024), (904, 1024),
                  (896, 1024), (648, 1024)):

@@ -86,3 +86,20 @@ def test_rms_norm_linear_is_the_norm_then_the_projection_on_the_cpu():
     p = rms_norm_linear(x, nw, 1e-6, w, res, return_normed=True)
     u = rms_norm(x + res, nw, 1e-6)
     assert torch.equal(p.s, x + res) and torch.equal(p.u, u) and torch.equal(p.y, linear(u, w))
+
+
+def test_linear_out_dtype_widens_the_values():
+    """``out_dtype=torch.float32``: the bf16 projection's values widened (what the logits are: the
+    lm_head's output, then ``.float()``), in the fused norm + projection's reference too."""
+    from deepinfer_kernels.ops.linear import rms_norm_linear, rms_norm_linear_ref
+
+    g = torch.Generator().manual_seed(11)
+    w = torch.randn(40, 64, generator=g).to(torch.bfloat16)
+    x = torch.randn(1, 64, generator=g).to(torch.bfloat16)
+    got = linear(x, w, out_dtype=torch.float32)
+    assert got.dtype == torch.float32 and torch.equal(got, F.linear(x, w).float())
+    assert linear(x, w, out_dtype=torch.bfloat16).dtype == torch.bfloat16
+    nw = torch.rand(64, generator=g) + 0.5
+    p = rms_norm_linear(x, nw, 1e-6, w, out_dtype=torch.float32)
+    q = rms_norm_linear_ref(x, nw, 1e-6, w)
+    assert p.y.dtype == torch.float32 and torch.equal(p.y, q.y.float())

@@ -45,6 +45,27 @@ def test_matvec_one_wave_tiles_match_float32_linear(n, k):
         torch.testing.assert_close(got.float(), want, atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.parametrize("n,k", [(1552, 1024), (8192, 64), (8064, 3072)])
+def test_matvec_float32_output_is_the_widened_projection(n, k):
+    """``out_dtype=torch.float32`` (the logits): the bf16 output's values widened, bit for bit, with
+    and without the norm in the prologue, and through the public ops."""
+    from deepinfer_kernels.ops.linear import linear, rms_norm_linear
+    from deepinfer_kernels.tilelang.matvec import matvec_tilelang, rms_norm_matvec_tilelang
+
+    g = torch.Generator().manual_seed(n + 3 * k)
+    x = torch.randn(1, k, generator=g).to(torch.bfloat16).cuda()
+    w = (torch.randn(n, k, generator=g) * k ** -0.5).to(torch.bfloat16).cuda()
+    nw = (torch.rand(k, generator=g) + 0.5).cuda()
+    got = matvec_tilelang(x, w, out_dtype=torch.float32)
+    assert got.dtype == torch.float32 and torch.equal(got, matvec_tilelang(x, w).float())
+    assert torch.equal(linear(x, w, out_dtype=torch.float32), got)
+    normed = rms_norm_matvec_tilelang(x, nw, 1e-6, w, out_dtype=torch.float32).y
+    assert normed.dtype == torch.float32 and torch.equal(normed, rms_norm_matvec_tilelang(x, nw, 1e-6, w).y.float())
+    assert torch.equal(rms_norm_linear(x, nw, 1e-6, w, out_dtype=torch.float32).y, normed)
+    with pytest.raises(ValueError, match="out_dtype"):
+        matvec_tilelang(x, w, out_dtype=torch.float16)
+
+
 def test_linear_takes_the_kernel_for_one_row_only():
     from deepinfer_kernels.ops.linear import MATVEC_MAX_WEIGHT_BYTES, linear
     from deepinfer_kernels.tilelang.matvec import matvec_tilelang

@@ -65,7 +65,8 @@ def test_one_row_norm_and_projection_in_one_launch_is_bit_identical(monkeypatch)
     """A layer's input norm and fused input projection, the q latent's norm before q_b and the
     indexer's query, and the post-attention add + norm before the MoE input projection, each in one
     launch at batch 1 (`rms_norm_linear`): a decode step's logits equal those of the same step with
-    the norms as launches of their own, bit for bit."""
+    the norms as launches of their own, bit for bit; so does the final norm + lm_head, whose kernel
+    writes the float32 logits itself."""
     import deepinfer_model.modules.norm as norm_module
     from deepinfer_kernels.platform import current_platform
     if not torch.cuda.is_available():
@@ -94,5 +95,6 @@ def test_one_row_norm_and_projection_in_one_launch_is_bit_identical(monkeypatch)
         got = model.forward(meta, drv.cache)
         torch.cuda.synchronize()
         assert fused_calls, "no norm + projection took the one-launch path"
+        assert tuple(model.lm_head.weight.shape) in fused_calls, "the final norm + lm_head (float32 logits)"
         assert torch.equal(got.logits, ref.logits), step
         seq.tokens.append(int(got.logits[0].argmax()))

@@ -143,7 +143,8 @@ class DecodeGraphRunner:
             block_tables=self.block_tables[:s], slot_mapping=self.slot_mapping[:g], block_size=self.block_size,
             is_prefill=False, is_last_chunk=self.is_last_chunk[:s], logit_rows=self.logit_rows[:g],
             return_dspark_features=self.write_main_keys, max_context_len=self.max_blocks * self.block_size,
-            row_req=self.inputs.row_req[:g])   # staged by the host (no repeat_interleave in the step)
+            row_req=self.inputs.row_req[:g],   # staged by the host (no repeat_interleave in the step)
+            logits_every_row=True)             # logit_rows is the static arange(G)
 
     def _inputs(self, g: int, all_greedy: bool = False, carry: bool = False) -> DecodeStepInputs:
         s = self.slots(g)

@@ -138,6 +138,7 @@ class ModelRunner:
             # prefill: the exact bound, known here, sizes the far-entry candidates without a device read
             max_context_len=int(out.context_lens.max()) if is_prefill and out.req_cnt else None,
             row_plan=plan.from_tensors(plan_tensors) if plan is not None else None,
+            logits_every_row=not is_prefill,   # decode: logit_rows is arange(total_q)
         )
 
     def apply_zos_fixup(self, meta: ForwardMetadata, out: SchedulerOutput, prev: DeviceStepState | None) -> None:

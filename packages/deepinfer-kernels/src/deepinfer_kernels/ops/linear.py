@@ -37,9 +37,10 @@ def matvec_serves(n: int, k: int, weight_bytes: int) -> bool:
     return tiles is not None and (weight_bytes <= MATVEC_MAX_WEIGHT_BYTES or k // tiles[1] >= MATVEC_LARGE_MIN_STEPS)
 
 
-def linear_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [..., K], weight [N, K] -> [..., N]."""
-    return F.linear(x, weight)
+def linear_ref(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x [..., K], weight [N, K] -> [..., N] in x's dtype, then converted to ``out_dtype`` if given."""
+    y = F.linear(x, weight)
+    return y if out_dtype is None or out_dtype == y.dtype else y.to(out_dtype)
 
 
 def _one_row_kernel(x: torch.Tensor, weight: torch.Tensor):
@@ -54,10 +55,14 @@ def _one_row_kernel(x: torch.Tensor, weight: torch.Tensor):
                              supported=matvec_serves(*weight.shape, weight.numel() * weight.element_size()))
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [..., K], weight [N, K] -> [..., N] in x's dtype (``F.linear`` without a bias)."""
+def linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x [..., K], weight [N, K] -> [..., N] in x's dtype (``F.linear`` without a bias); with
+    ``out_dtype=torch.float32`` those values widened (``.float()``), in the kernel's store where the
+    matrix-vector kernel serves the call (the logits: one launch fewer)."""
     kernel = _one_row_kernel(x, weight)
-    return kernel(x, weight) if kernel is not None else F.linear(x, weight)
+    if kernel is not None and out_dtype in (None, x.dtype, torch.float32):
+        return kernel(x, weight, out_dtype)
+    return linear_ref(x, weight, out_dtype)
 
 
 @dataclass
@@ -70,33 +75,36 @@ class NormedProjection:
 
 
 def rms_norm_linear_ref(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-                        residual: torch.Tensor | None = None, return_normed: bool = False) -> NormedProjection:
-    """x [..., K] (+ residual) -> linear(rms_norm(s, norm_weight, eps), weight) with s = x, or
-    `x + residual` in x's dtype: each op as its public self."""
+                        residual: torch.Tensor | None = None, return_normed: bool = False,
+                        out_dtype: torch.dtype | None = None) -> NormedProjection:
+    """x [..., K] (+ residual) -> linear(rms_norm(s, norm_weight, eps), weight, out_dtype) with s = x,
+    or `x + residual` in x's dtype: each op as its public self."""
     from deepinfer_kernels.ops.norm import add_rms_norm, rms_norm
 
     if residual is None:
         s, u = None, rms_norm(x, norm_weight, eps)
     else:
         s, u = add_rms_norm(x, residual, norm_weight, eps)
-    return NormedProjection(linear(u, weight), s, u if return_normed else None)
+    return NormedProjection(linear(u, weight, out_dtype), s, u if return_normed else None)
 
 
 def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-                    residual: torch.Tensor | None = None, return_normed: bool = False) -> NormedProjection:
+                    residual: torch.Tensor | None = None, return_normed: bool = False,
+                    out_dtype: torch.dtype | None = None) -> NormedProjection:
     """`rms_norm_linear_ref` (a layer's input norm and the projection after it; with `residual`, the
     residual add before the norm too) in one launch where the matrix-vector kernel serves the
     projection and the norm is the kernels package's (one bf16 / fp16 row, norm_weight float32 or
     x's dtype, K a multiple of 32 up to 8192): the norm runs in each CTA's prologue, bit-identical to
     the two kernels, while the CTA's first weight stages are in flight (s and, with `return_normed`,
-    u are written by its first CTA). Elsewhere the two ops."""
+    u are written by its first CTA). Elsewhere the two ops. ``out_dtype`` as in `linear` (the final
+    norm + lm_head + ``.float()`` of a batch-1 step in one launch)."""
     d = x.shape[-1]
     fused = (_one_row_kernel(x, weight) is not None and norm_weight.dim() == 1 and norm_weight.shape[0] == d
              and norm_weight.dtype in (torch.float32, x.dtype) and norm_weight.device == x.device
-             and d % 32 == 0 and 32 <= d <= 8192
+             and d % 32 == 0 and 32 <= d <= 8192 and out_dtype in (None, x.dtype, torch.float32)
              and (residual is None or (residual.shape == x.shape and residual.dtype == x.dtype
                                        and residual.device == x.device and residual.is_contiguous())))
     kernel = tilelang_launcher("rms_norm_linear", x.device, supported=fused) if fused else None
     if kernel is not None:
-        return kernel(x, norm_weight, eps, weight, residual, return_normed)
-    return rms_norm_linear_ref(x, norm_weight, eps, weight, residual, return_normed)
+        return kernel(x, norm_weight, eps, weight, residual, return_normed, out_dtype)
+    return rms_norm_linear_ref(x, norm_weight, eps, weight, residual, return_normed, out_dtype)

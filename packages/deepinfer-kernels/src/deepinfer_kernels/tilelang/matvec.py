@@ -55,17 +55,20 @@ def pick_tiles(n: int, k: int, one_wave: bool = True) -> tuple[int, int] | None:
     return bn, bk
 
 
-def _build(n: int, k: int, bn: int, bk: int, stages: int, dtype: str, norm: tuple | None = None):
+def _build(n: int, k: int, bn: int, bk: int, stages: int, dtype: str, norm: tuple | None = None,
+           out_dtype: str | None = None):
     """``norm`` = (weight dtype, eps, add, write_u): the row is first RMS-normalised (``add``: ``X + Res``
     rounded to the dtype first, written to ``Sum`` by CTA 0), exactly as ``norm.py``'s kernel does it
     (its lane layout and summation order, ``(x * rstd) * w`` rounded to the dtype), into shared
     memory (``write_u``: also to ``U``, by CTA 0), then multiplied: the same values as that norm
-    kernel followed by this one, in one launch."""
+    kernel followed by this one, in one launch. ``out_dtype`` "float32": Y holds each output rounded
+    to the dtype, then widened (the values of the dtype's output followed by ``.float()``)."""
     import tilelang.language as T
 
     from deepinfer_kernels.tilelang.norm import row_rstd_macro, threads_per_row
 
     w_dtype, eps, add, write_u = norm if norm is not None else ("float32", 0.0, False, False)
+    y_dtype = out_dtype or dtype
     TPR = threads_per_row(k)            # norm.py's layout of a row over threads
     PER_LANE = k // TPR
     row_rstd = row_rstd_macro(T, k, eps)
@@ -99,7 +102,7 @@ def _build(n: int, k: int, bn: int, bk: int, stages: int, dtype: str, norm: tupl
         def main(
             X: T.Tensor((1, k), dtype),
             W: T.Tensor((n, k), dtype),
-            Y: T.Tensor((1, n), dtype),
+            Y: T.Tensor((1, n), y_dtype),
         ):
             with T.Kernel(n // bn, threads=NT) as bx:
                 if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
@@ -116,13 +119,13 @@ def _build(n: int, k: int, bn: int, bk: int, stages: int, dtype: str, norm: tupl
                         acc[i, j] += T.cast(w_s[i, j], T.float32) * T.cast(x_s[0, j], T.float32)
                 T.reduce_sum(acc, y, dim=1)
                 for i in T.Parallel(bn):
-                    Y[0, bx * bn + i] = T.cast(y[i], dtype)
+                    Y[0, bx * bn + i] = T.cast(T.cast(y[i], dtype), y_dtype)
     else:
         @T.prim_func
         def main(
             X: T.Tensor((1, k), dtype),
             W: T.Tensor((n, k), dtype),
-            Y: T.Tensor((1, n), dtype),
+            Y: T.Tensor((1, n), y_dtype),
             NormW: T.Tensor((k,), w_dtype),
             Res: T.Tensor((1, k), dtype),
             Sum: T.Tensor((1, k), dtype),
@@ -144,19 +147,22 @@ def _build(n: int, k: int, bn: int, bk: int, stages: int, dtype: str, norm: tupl
                         acc[i, j] += T.cast(w_s[i, j], T.float32) * T.cast(u_s[0, ko * bk + j], T.float32)
                 T.reduce_sum(acc, y, dim=1)
                 for i in T.Parallel(bn):
-                    Y[0, bx * bn + i] = T.cast(y[i], dtype)
+                    Y[0, bx * bn + i] = T.cast(T.cast(y[i], dtype), y_dtype)
 
     return main
 
 
-def _kernel(n: int, k: int, dtype: torch.dtype, norm: tuple | None = None, one_wave: bool = True):
+def _kernel(n: int, k: int, dtype: torch.dtype, norm: tuple | None = None, one_wave: bool = True,
+            out_float32: bool = False):
     tiles = pick_tiles(n, k, one_wave)
     require(tiles is not None, f"W [{n}, {k}]: no matrix-vector tile divides it")
     bn, bk = tiles
     # a software pipeline of 128 threads, not TileLang's producer / consumer warpgroups: their
     # register split (240 + 24 per thread) leaves room for one CTA per SM, too few bytes in flight
-    key = (n, k, bn, bk, STAGES, _DT[dtype]) + (() if norm is None else ("norm",) + norm)
-    return compile_cached("matvec", key, lambda: _build(n, k, bn, bk, STAGES, _DT[dtype], norm),
+    out_dtype = "float32" if out_float32 else None
+    key = (n, k, bn, bk, STAGES, _DT[dtype]) + (() if norm is None else ("norm",) + norm) + \
+        (("out", out_dtype) if out_dtype else ())
+    return compile_cached("matvec", key, lambda: _build(n, k, bn, bk, STAGES, _DT[dtype], norm, out_dtype),
                           pass_configs={"tl.disable_warp_specialized": True})
 
 
@@ -168,26 +174,38 @@ def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
     require(x.is_contiguous() and weight.is_contiguous(), "x / weight: contiguous")
 
 
-def matvec_tilelang(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def matvec_tilelang(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x [..., K] holding one row, weight [N, K] -> [..., N] (x's dtype); like ``F.linear(x, weight)``.
-    bf16 / fp16, contiguous operands, tiles from ``pick_tiles``."""
+    bf16 / fp16, contiguous operands, tiles from ``pick_tiles``. ``out_dtype=torch.float32``: the
+    same values widened in the store (``F.linear(x, weight).float()`` in one launch)."""
     _check(x, weight)
+    _check_out_dtype(x, out_dtype)
     require_cuda(x=x, weight=weight)
     n, k = weight.shape
-    out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
-    _kernel(n, k, x.dtype)(x.view(1, k), weight, out.view(1, n))
+    out = torch.empty(*x.shape[:-1], n, dtype=out_dtype or x.dtype, device=x.device)
+    _kernel(n, k, x.dtype, out_float32=_widens(x, out_dtype))(x.view(1, k), weight, out.view(1, n))
     return out
 
 
+def _check_out_dtype(x: torch.Tensor, out_dtype: torch.dtype | None) -> None:
+    require(out_dtype in (None, x.dtype, torch.float32), f"out_dtype: x's dtype or float32, got {out_dtype}")
+
+
+def _widens(x: torch.Tensor, out_dtype: torch.dtype | None) -> bool:
+    return out_dtype is not None and out_dtype != x.dtype
+
+
 def rms_norm_matvec_tilelang(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-                             residual: torch.Tensor | None = None, return_normed: bool = False):
+                             residual: torch.Tensor | None = None, return_normed: bool = False,
+                             out_dtype: torch.dtype | None = None):
     """``matvec_tilelang(rms_norm_tilelang(s, norm_weight, eps), weight)`` in one launch, bit for bit,
     with s = x, or ``x + residual`` rounded to x's dtype -> ``NormedProjection`` (y; s with a
     residual; the normed row u with ``return_normed``). x / residual one row [..., K], norm_weight
-    [K] float32 or x's dtype, K a multiple of 32 up to 8192."""
+    [K] float32 or x's dtype, K a multiple of 32 up to 8192; ``out_dtype`` as in ``matvec_tilelang``."""
     from deepinfer_kernels.ops.linear import NormedProjection
 
     _check(x, weight)
+    _check_out_dtype(x, out_dtype)
     n, k = weight.shape
     require(norm_weight.dim() == 1 and norm_weight.shape[0] == k and norm_weight.dtype in (torch.float32, x.dtype),
             f"norm_weight: [{k}], float32 or x's dtype, got {norm_weight.dtype} {tuple(norm_weight.shape)}")
@@ -196,11 +214,12 @@ def rms_norm_matvec_tilelang(x: torch.Tensor, norm_weight: torch.Tensor, eps: fl
         require(residual.shape == x.shape and residual.dtype == x.dtype and residual.is_contiguous(),
                 f"residual: contiguous {tuple(x.shape)} {x.dtype}, got {tuple(residual.shape)} {residual.dtype}")
     require_cuda(x=x, weight=weight, norm_weight=norm_weight, **({} if residual is None else {"residual": residual}))
-    out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
+    out = torch.empty(*x.shape[:-1], n, dtype=out_dtype or x.dtype, device=x.device)
     s = None if residual is None else torch.empty_like(x)
     u = torch.empty_like(x) if return_normed else None
     norm = (_NORM_DT[norm_weight.dtype], float(eps), residual is not None, return_normed)
     res = x if residual is None else residual
-    _kernel(n, k, x.dtype, norm)(x.view(1, k), weight, out.view(1, n), norm_weight.contiguous(), res.view(1, k),
-                                 (x if s is None else s).view(1, k), (x if u is None else u).view(1, k))
+    kernel = _kernel(n, k, x.dtype, norm, out_float32=_widens(x, out_dtype))
+    kernel(x.view(1, k), weight, out.view(1, n), norm_weight.contiguous(), res.view(1, k),
+           (x if s is None else s).view(1, k), (x if u is None else u).view(1, k))
     return NormedProjection(out, s, u)

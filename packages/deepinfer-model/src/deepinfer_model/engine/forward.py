@@ -376,7 +376,9 @@ def engine_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
                 feats[l] = x
     else:
         x = take(x)
-    if decode:  # every row is a full row: logit_rows index x directly
+    if decode and meta.logits_every_row:   # every row is a full row and a logit row: x as it is
+        lrows = None
+    elif decode:  # every row is a full row: logit_rows index x directly
         lrows = meta.logit_rows.long()
     elif meta.row_plan is not None:
         lrows = meta.row_plan.logit_rows_in_full
@@ -386,7 +388,8 @@ def engine_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
         lrows = inv[meta.logit_rows.long()]
         if bool((lrows < 0).any()):
             raise MetadataError(LOGIT_ROW_OUTSIDE_REPLAY)
-    logits = model.lm_head(model.model.norm(x[lrows])).float()
+    # the final norm, lm_head and the float32 widening: one launch for a batch-1 row on SM90
+    logits = model.model.norm.linear(x if lrows is None else x[lrows], model.lm_head.weight, out_dtype=torch.float32)
     streams.join_all()   # the compressors' writes (a captured graph ends on its capture stream)
     out = ForwardOutput(logits=logits, full_rows=full_rows)
     if targets:  # no full row (a prefill step of non-last chunks only): no features either

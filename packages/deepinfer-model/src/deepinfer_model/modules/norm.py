@@ -36,13 +36,14 @@ class RMSNorm(nn.Module):
         s = x + residual
         return s, self(s)
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """`linear(self(x), weight)` (weight [N, dim]): for one row where `runs_kernels_op`, one launch
-        on SM90 (`rms_norm_linear`: the norm in the matrix-vector kernel's prologue, the same values);
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """`linear(self(x), weight, out_dtype)` (weight [N, dim]; ``out_dtype=torch.float32``: the
+        projection's values widened, the logits): for one row where `runs_kernels_op`, one launch on
+        SM90 (`rms_norm_linear`: the norm in the matrix-vector kernel's prologue, the same values);
         the two ops elsewhere."""
         if self.runs_kernels_op(x) and not torch.is_grad_enabled():
-            return rms_norm_linear(x, self.weight, self.eps, weight).y
-        return linear(self(x), weight)
+            return rms_norm_linear(x, self.weight, self.eps, weight, out_dtype=out_dtype).y
+        return linear(self(x), weight, out_dtype)
 
     def add_linear(self, x: torch.Tensor, residual: torch.Tensor,
                    weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
