@@ -129,8 +129,9 @@ class ForwardMetadata:
           `seqlens_q = context_lens = num_rows - total_q`, `first_token_pos = total_q`,
           positions `0 .. num_rows - total_q - 1`, `input_ids = 0`, `slot_mapping = -1`,
           `engram_ids = -1`, block table all -1, `is_last_chunk = True`;
-        - `logit_rows` gets the padding rows appended (`logits_every_row` stays true); `max_context_len` is kept (the bound must
-          not change between the batches of one captured graph).
+        - `logit_rows` gets the padding rows appended (`logits_every_row` stays true);
+          `max_context_len` is kept (the bound must not change between the batches of one captured
+          graph).
         Padding rows produce finite garbage and never write any cache (slot -1 everywhere);
         real rows produce exactly what the unpadded step produces.
         """
