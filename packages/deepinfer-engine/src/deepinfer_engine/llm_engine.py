@@ -21,6 +21,7 @@ from deepinfer_engine.config import EngineConfig
 from deepinfer_engine.envs import Envs
 from deepinfer_engine.errors import InvalidRequestError
 from deepinfer_engine.host_copy import arrays_to_device
+from deepinfer_engine.kernel_builds import describe_kernel_builds, kernel_build_seconds
 from deepinfer_engine.kv_sizing import num_kv_blocks, profile_activation_bytes
 from deepinfer_engine.model_loader import load_model, resolve_device
 from deepinfer_engine.model_runner import ModelRunner, StepResult
@@ -54,6 +55,7 @@ class LLMEngine(OutputPath):
     def __init__(self, config: EngineConfig):
         config.validate()
         self.config = config
+        kernel_builds_before = kernel_build_seconds()
         self.envs = Envs.from_environ()
         self.device = resolve_device(config.device)
         loaded = load_model(config.model, self.device, config.random_init_seed, config.dtype)
@@ -108,6 +110,9 @@ class LLMEngine(OutputPath):
         self._init_output_path()  # issue 9: structured output, text stops, streaming, batch invariance
         logger.info("engine: model %s on %s, %d KV blocks of %d tokens, max_model_len %d", self.model_source,
                     self.device, blocks, config.block_size, self.max_model_len)
+        builds = describe_kernel_builds(kernel_builds_before, kernel_build_seconds())
+        if builds is not None:   # the GPU: the activation profile and the graph captures built the kernels
+            logger.info(builds)
 
     # ------------------------------------------------------------------ requests
     def encode(self, prompt: str) -> list[int]:
