@@ -12,7 +12,6 @@ contract; see its docstring and docs/model.md, "Decode: static shapes and graph 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -68,10 +67,11 @@ class ForwardMetadata:
 
     @property
     def row_to_req(self) -> torch.Tensor:  # [total_q] int64
-        if self.row_req is not None:
-            return self.row_req
+        return self.row_req if self.row_req is not None else self._requests_of_rows()
+
+    def _requests_of_rows(self) -> torch.Tensor:  # [total_q] int64, derived from seqlens_q (no sync)
         return torch.repeat_interleave(torch.arange(self.num_reqs, device=self.seqlens_q.device),
-                                       self.seqlens_q.long(), output_size=self.total_q)  # no sync
+                                       self.seqlens_q.long(), output_size=self.total_q)
 
     def validate(self) -> None:
         """Check the ftp bridge and per-row consistency (host sync: call off the hot path).
@@ -91,7 +91,7 @@ class ForwardMetadata:
             raise MetadataError("first_token_pos: must be the exclusive prefix sum of seqlens_q ending at total_q")
         if bool((sl < 0).any()) or (self.is_prefill and bool((sl == 0).any())):
             raise MetadataError("seqlens_q: every request needs >= 1 row (decode padding requests: >= 0)")
-        req = dataclasses.replace(self, row_req=None).row_to_req
+        req = self._requests_of_rows()
         if self.row_req is not None and (self.row_req.shape != (t,) or self.row_req.dtype != torch.int64
                                          or bool((self.row_req != req).any())):
             raise MetadataError(f"row_req: must be [{t}] int64, each row's request index (seqlens_q repeated)")

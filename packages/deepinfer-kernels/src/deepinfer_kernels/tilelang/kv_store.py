@@ -20,6 +20,7 @@ row's record is written with 16-byte (FP8, D = 512) or 8-byte (FP4) vector store
 import torch
 
 from deepinfer_kernels.tilelang._common import PDL, compile_cached, pdl_sync, require, require_cuda
+from deepinfer_kernels.tilelang.rope import rotate_rn
 
 # No `from __future__ import annotations` (TileLang evaluates prim_func annotations).
 
@@ -145,8 +146,8 @@ def _build_fp8_normed(d: int, dn: int, in_dtype: str, w_dtype: str, idx_dtype: s
     the record equals that kernel's output stored, bit for bit. One warp per row.
 
     ``r > 0``: the last r columns are rotated first (RoPE from the rows' ``Cos`` / ``Sin`` tables,
-    ``rope.py``'s kernel step for step: two ``__fmul_rn`` and an ``__fadd_rn``, rounded to the
-    dtype), so the record equals ``rope_inplace`` then this store; the row itself is not written."""
+    with ``rope.py``'s own ``rotate_rn``, rounded to the dtype), so the record equals
+    ``rope_inplace`` then this store; the row itself is not written."""
     import tilelang.language as T
 
     REC = _record("fp8", d)[0]
@@ -159,9 +160,6 @@ def _build_fp8_normed(d: int, dn: int, in_dtype: str, w_dtype: str, idx_dtype: s
     SX = T.dynamic("SX")
     S = T.dynamic("S")
     quantize_store = _record_macro(T, "fp8", d)
-
-    def mul_rn(a, b):
-        return T.call_extern("float32", "__fmul_rn", a, b)
 
     @T.macro
     def store_row(X, W, Slots, Pool, Cos, Sin, bx):
@@ -198,8 +196,8 @@ def _build_fp8_normed(d: int, dn: int, in_dtype: str, w_dtype: str, idx_dtype: s
                 if c >= d - r:   # out_i = x_i cos_i + x_partner (+-sin)_i, the pair (i, i +- r/2)
                     i = c - (d - r)
                     partner = T.if_then_else(i < HALF, c + HALF, c - HALF)
-                    rot = T.call_extern("float32", "__fadd_rn", mul_rn(xv[v], Cos[safe_row, i]),
-                                        mul_rn(T.cast(X[safe_row, partner], T.float32), Sin[safe_row, i]))
+                    rot = rotate_rn(T, xv[v], Cos[safe_row, i], T.cast(X[safe_row, partner], T.float32),
+                                    Sin[safe_row, i])
                     xv[v] = T.cast(T.cast(rot, in_dtype), T.float32)
         quantize_store(Pool, xv, slot, part)
 

@@ -40,15 +40,20 @@ def _build(h: int, d: int, r: int, dtype: str):
                 a = T.cast(X[n, hh, d - r + i], T.float32)
                 b = T.cast(X[n, hh, d - r + half + i], T.float32)
                 # out_i = a cos_i + b (-sin)_i ; out_{i+half} = b cos_{i+half} + a sin_{i+half}
-                lo = T.call_extern("float32", "__fadd_rn", T.call_extern("float32", "__fmul_rn", a, Cos[n, i]),
-                                   T.call_extern("float32", "__fmul_rn", b, Sin[n, i]))
-                hi = T.call_extern("float32", "__fadd_rn",
-                                   T.call_extern("float32", "__fmul_rn", b, Cos[n, half + i]),
-                                   T.call_extern("float32", "__fmul_rn", a, Sin[n, half + i]))
+                lo = rotate_rn(T, a, Cos[n, i], b, Sin[n, i])
+                hi = rotate_rn(T, b, Cos[n, half + i], a, Sin[n, half + i])
                 X[n, hh, d - r + i] = T.cast(lo, dtype)
                 X[n, hh, d - r + half + i] = T.cast(hi, dtype)
 
     return main
+
+
+def rotate_rn(T, x, cos, partner, sin):
+    """One rotated value ``x cos + partner sin`` in float32, each product and the sum rounded on its
+    own (``__fmul_rn`` / ``__fadd_rn``: no fused multiply-add, as the torch formula rounds). Shared
+    with the normed FP8 store's RoPE (``kv_store.py``), which must equal this kernel bit for bit."""
+    return T.call_extern("float32", "__fadd_rn", T.call_extern("float32", "__fmul_rn", x, cos),
+                         T.call_extern("float32", "__fmul_rn", partner, sin))
 
 
 def _kernel(h: int, d: int, r: int, dtype: torch.dtype):
