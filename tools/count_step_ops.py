@@ -222,6 +222,7 @@ def count(model: str | None, nextn: int, batch: int, greedy: bool = True, sequen
     _wrap(net, "dspark_write_main_keys", lambda: counter.phase("DFlash main keys"), undo)
     _wrap(net, "dspark_draft", lambda: counter.phase("draft head"), undo)
     _wrap(Sampler, "sample", lambda: counter.phase("sampler"), undo)
+    _wrap(Sampler, "sample_tokens", lambda: counter.phase("sampler"), undo)   # a step without speculation
     counted = []
     step = cuda_graphs.run_decode_step
 

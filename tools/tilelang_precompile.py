@@ -82,6 +82,20 @@ def _specs():
                  (8, 1024), (1024, 384), (1024, 256), (1024, 3072)):
         for dt in (bf16, f16) if (n, k) != (1024, 3072) else (bf16,):
             add("matvec", "matvec", [("_kernel", (n, k, dt))])
+    # flash's one-row shapes (the benchmark, the one-wave tile tests), on both tile rules
+    for n, k in ((3072, 32768), (32768, 1024), (8192, 1024), (8064, 3072), (53760, 3072), (3072, 26880),
+                 (129280, 3072), (24576, 2048), (32000, 1024)):
+        add("matvec", "matvec", [("_kernel", (n, k, bf16, None, True)), ("_kernel", (n, k, bf16, None, False))])
+    add("matvec", "matvec", [("_kernel", (5632, 1024, bf16, None, False))])
+    # float32 outputs (the logits): the tests' shapes, plain and with the norm in the prologue
+    for n, k in ((1552, 1024), (8192, 64), (8064, 3072), (129280, 3072)):
+        add("matvec", "matvec", [("_kernel", (n, k, bf16, None, True, True)),
+                                 ("_kernel", (n, k, bf16, ("float32", 1e-6, False, False), True, True))])
+    # the layer input's norm in the prologue (`rms_norm_linear`): the tests' shapes, `mini`'s fused inputs
+    for n, k in ((1088, 1024), (5632, 1024), (3072, 3072), (8192, 3072), (384, 2048), (1552, 1024), (904, 1024),
+                 (896, 1024), (648, 1024)):
+        for w_dt, add_res in (("float32", False), ("float32", True), ("bfloat16", False), ("bfloat16", True)):
+            add("matvec", "matvec", [("_kernel", (n, k, bf16, (w_dt, 1e-6, add_res, add_res)))])
 
     # ---- SwiGLU activation (dense FFN 2816, shared expert 512, default model 48 / 192), a kernel per
     # row-stride pair: halves of the fused gate/up output (the model's), contiguous, the tests' slices

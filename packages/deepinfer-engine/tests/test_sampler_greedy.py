@@ -44,3 +44,20 @@ def test_greedy_fast_path_not_taken_for_top_logprobs_and_rejects_several_rows():
     with pytest.raises(ValueError, match="seqlens_q: at most 1"):
         Sampler.sample_greedy_without_drafts(logits, torch.tensor([0], dtype=torch.int32),
                                              torch.tensor([3], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("all_greedy", [True, False])
+def test_sample_tokens_is_what_sample_gives_without_the_verification_outputs(all_greedy):
+    """A decode step without speculation asks only for the main tokens (`Sampler.sample_tokens`, what
+    the whole step runs): the tokens and logprobs `sample` gives, greedy (the pick alone) or not."""
+    g = torch.Generator().manual_seed(9)
+    seqlens_q = torch.tensor([1, 0, 1, 1], dtype=torch.int32)
+    ftp = (torch.cumsum(seqlens_q, 0) - seqlens_q).to(torch.int32)
+    logits = torch.randn(3, 64, generator=g)
+    positions = torch.arange(3, dtype=torch.int64) + 9
+    batch = _batch(4, all_greedy)
+    sampler = Sampler()
+    tok, lp = sampler.sample_tokens(logits.clone(), batch, ftp, seqlens_q, positions, checked=False)
+    want = sampler.sample(logits.clone(), batch, ftp, seqlens_q, positions, checked=False)
+    assert tok.dtype == torch.int32 and torch.equal(tok, want.token_ids)
+    torch.testing.assert_close(lp, want.token_logprobs, rtol=0, atol=0)

@@ -204,3 +204,22 @@ def test_compiled_speculation_traces_whole_and_keeps_tokens(params, count_graph_
                                np.concatenate([o.token_logprobs for o in want]), rtol=0, atol=1e-5)
     assert 2 <= len(frames) <= 8          # main keys (prefill shapes too) + tail: static, then dynamic
     assert llm.engine.stats.num_accepted_tokens > 0
+
+
+def test_whole_step_without_speculation_returns_tokens_only():
+    """Without speculation a padded whole step verifies nothing: its outputs hold the tokens and
+    logprobs (int32 / float32, per request slot) and None for the verification outputs, so neither
+    the step nor the host copies spend launches on constants."""
+    import torch
+
+    llm = LLM(device="cpu", block_size=16, max_num_batched_tokens=128, max_num_seqs=4, max_model_len=256,
+              num_speculative_tokens=0)
+    llm.engine.runner.enable_cuda_graphs(4, llm.engine.max_model_len, interval=8)
+    graphs = llm.engine.runner.graphs
+    graphs.inputs.stage_padding(4, graphs.slots(4), 0, 0)   # a step of padding only, as a capture runs
+    graphs.inputs.upload()
+    out = graphs._run_step(graphs._inputs(4, all_greedy=True, carry=True))
+    assert out.token_ids.dtype == torch.int32 and out.token_ids.shape == (graphs.slots(4),)
+    assert out.token_logprobs.dtype == torch.float32
+    assert out.verified_token_ids is None and out.verified_logprobs is None
+    assert out.num_accepted is None and out.rejected_rows is None and out.confidence is None

@@ -173,3 +173,23 @@ def test_model_linear_is_a_bias_free_nn_linear():
     assert list(lin.state_dict()) == ["weight"] and torch.equal(lin(x), ref(x))
     with pytest.raises(ValueError, match="bias"):
         Linear(16, 8, bias=True)
+
+
+def test_normed_rows_norm_once_and_project_like_the_two_ops_on_the_cpu():
+    """`NormedRows` (a q latent's norm before q_b and the indexer's query): off the GPU the rows are
+    normalised once, up front, and each projection equals the norm then the projection; the fused
+    `FusedProjection.normed` / `RMSNorm.add_linear` equal their two-op compositions."""
+    from deepinfer_model.modules.norm import NormedRows, RMSNorm
+
+    g = torch.Generator().manual_seed(0)
+    norm = RMSNorm(64, 1e-6)
+    norm.weight.data = torch.rand(64, generator=g) + 0.5
+    x, r = torch.randn(1, 64, generator=g).bfloat16(), torch.randn(1, 64, generator=g).bfloat16()
+    w = torch.randn(32, 64, generator=g).bfloat16()
+    with torch.no_grad():
+        rows = NormedRows(x, norm)
+        assert not rows.per_projection and torch.equal(rows.normed(), norm(x))
+        assert torch.equal(rows.project(w), torch.nn.functional.linear(norm(x), w))
+        s, u, y = norm.add_linear(x, r, w)
+        assert torch.equal(s, x + r) and torch.equal(u, norm(x + r))
+        assert torch.equal(y, torch.nn.functional.linear(norm(x + r), w))

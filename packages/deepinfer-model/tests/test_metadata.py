@@ -53,3 +53,29 @@ def test_staged_row_req_is_what_the_forward_reads_and_padding_extends_it():
     p = m.pad_decode(4, 5)
     p.validate()
     assert p.row_to_req.tolist() == [0, 1, 4, 4]
+
+
+def test_logits_every_row_reads_the_rows_in_place():
+    """A decode step whose logit rows are all its rows in order (`logits_every_row`: the runner and the
+    graph buffers set it) projects x as it is: the same logits, bit for bit, as the gather through
+    `logit_rows`; padding keeps the flag, and `validate` rejects it beside other logit rows."""
+    import dataclasses
+
+    model = tiny_model()
+    drv = Driver(model, num_blocks=16, block_size=8)
+    seqs = [Seq(list(range(4, 24)), 20), Seq(list(range(30, 41)), 11)]
+    _, out = drv.prefill(seqs, [20, 11])
+    for s, lg in zip(seqs, out.logits, strict=True):
+        s.tokens.append(int(lg.argmax()))
+    meta = drv.decode_meta(seqs, [[7, 9], []])
+    assert meta.logits_every_row and meta.logit_rows.tolist() == [0, 1, 2, 3]
+    in_place = model.forward(meta, drv.cache).logits
+    gathered = model.forward(dataclasses.replace(meta, logits_every_row=False), drv.cache).logits
+    assert in_place.dtype == torch.float32 and torch.equal(in_place, gathered)
+    padded = meta.pad_decode(6, 4)
+    padded.validate()
+    assert padded.logits_every_row
+    bad = dataclasses.replace(meta, logit_rows=torch.tensor([0, 2, 1, 3]))
+    with pytest.raises(MetadataError, match="logits_every_row"):
+        bad.validate()
+    assert not ForwardMetadata.build([[5], [8]], [3, 4], [[0], [1]], 8, is_prefill=False).logits_every_row

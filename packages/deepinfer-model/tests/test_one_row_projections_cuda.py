@@ -57,3 +57,46 @@ def test_one_row_steps_take_the_matvec_kernel_and_match_cublas(monkeypatch):
     assert agree >= 7, f"greedy tokens agreed on {agree} of 8 steps"
     # Every projection the step multiplies by takes the kernel: at least q, kv, o and the FFN's per layer.
     assert len(set(kernel_rows)) >= 4, sorted(set(kernel_rows))
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_one_row_norm_and_projection_in_one_launch_is_bit_identical(monkeypatch):
+    """A layer's input norm and fused input projection, the q latent's norm before q_b and the
+    indexer's query, and the post-attention add + norm before the MoE input projection, each in one
+    launch at batch 1 (`rms_norm_linear`): a decode step's logits equal those of the same step with
+    the norms as launches of their own, bit for bit; so does the final norm + lm_head, whose kernel
+    writes the float32 logits itself."""
+    import deepinfer_model.modules.norm as norm_module
+    from deepinfer_kernels.platform import current_platform
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    if not current_platform().is_sm90:
+        pytest.skip("the matrix-vector kernel is built for SM90")
+    # bf16, with the float32 norm weights the engine keeps (`keep_float32_params`): the norms the
+    # one-launch path computes; with bf16 norm weights every norm stays a launch of its own
+    model = V41ForCausalLM(tiny(), device=torch.device("cuda")).init_random_weights(0).eval().keep_float32_params()
+    g = torch.Generator().manual_seed(1)
+    seq = Seq(torch.randint(4, 8192, (45,), generator=g).tolist(), 45)
+    drv = Driver(model, num_blocks=32, block_size=8)
+    _, out = drv.prefill([seq], [seq.prompt_len])
+    seq.tokens.append(int(out.logits[-1].argmax()))
+    fused_calls = []
+    fused_op = norm_module.rms_norm_linear
+
+    def counting(*args, **kwargs):
+        fused_calls.append(tuple(args[3].shape))
+        return fused_op(*args, **kwargs)
+
+    for step in range(4):
+        meta = drv.decode_meta([seq], [[]])
+        two_ops_cache = clone_cache(drv.cache)
+        monkeypatch.setattr(norm_module, "rms_norm_linear", linear_op.rms_norm_linear_ref)
+        ref = model.forward(meta, two_ops_cache)
+        monkeypatch.setattr(norm_module, "rms_norm_linear", counting)
+        got = model.forward(meta, drv.cache)
+        torch.cuda.synchronize()
+        assert fused_calls, "no norm + projection took the one-launch path"
+        assert tuple(model.lm_head.weight.shape) in fused_calls, "the final norm + lm_head (float32 logits)"
+        assert torch.equal(got.logits, ref.logits), step
+        seq.tokens.append(int(got.logits[0].argmax()))

@@ -74,10 +74,13 @@ def graph_sizes(max_rows: int, interval: int, min_rows: int = 1) -> list[int]:
 
 
 def _cut(o: DecodeStepOutputs, rows: int, requests: int) -> DecodeStepOutputs:
-    """A padded step's outputs cut to the step's own rows and requests."""
-    return DecodeStepOutputs(o.token_ids[:requests], o.token_logprobs[:requests], o.verified_token_ids[:rows],
-                             o.verified_logprobs[:rows], o.num_accepted[:requests],
-                             None if o.confidence is None else o.confidence[:requests], o.rejected_rows[:requests])
+    """A padded step's outputs cut to the step's own rows and requests (None stays None)."""
+    def cut(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
+        return None if t is None else t[:n]
+
+    return DecodeStepOutputs(o.token_ids[:requests], o.token_logprobs[:requests], cut(o.verified_token_ids, rows),
+                             cut(o.verified_logprobs, rows), cut(o.num_accepted, requests),
+                             cut(o.confidence, requests), cut(o.rejected_rows, requests))
 
 
 @dataclass
@@ -143,7 +146,8 @@ class DecodeGraphRunner:
             block_tables=self.block_tables[:s], slot_mapping=self.slot_mapping[:g], block_size=self.block_size,
             is_prefill=False, is_last_chunk=self.is_last_chunk[:s], logit_rows=self.logit_rows[:g],
             return_dspark_features=self.write_main_keys, max_context_len=self.max_blocks * self.block_size,
-            row_req=self.inputs.row_req[:g])   # staged by the host (no repeat_interleave in the step)
+            row_req=self.inputs.row_req[:g],   # staged by the host (no repeat_interleave in the step)
+            logits_every_row=True)             # logit_rows is the static arange(G)
 
     def _inputs(self, g: int, all_greedy: bool = False, carry: bool = False) -> DecodeStepInputs:
         s = self.slots(g)
@@ -295,7 +299,8 @@ class DecodeGraphRunner:
         if prev is not None:
             n = prev[0].shape[0]
             self.carry_token_ids[:n].copy_(prev[0])
-            self.carry_rejected_rows[:n].copy_(prev[1])
+            if prev[1] is not None:   # None: that step rejected nothing (no drafts)
+                self.carry_rejected_rows[:n].copy_(prev[1])
         self.inputs.upload()
         res = self._replay_or_run(graphs, g, self._run_step, lambda size: self._inputs(size, all_greedy, carry=True))
         return _cut(res, t, r)

@@ -48,8 +48,9 @@ class StepCarry:
                                  #   token -1), else -1
     row_remap: torch.Tensor      # [G] int64 the row's request's remap (-1: new request, padding)
     row_req: torch.Tensor        # [G] int64 the row's request slot
-    token_ids: torch.Tensor      # [max_slots] int64 previous step's main token per request
-    rejected_rows: torch.Tensor  # [max_slots] int64 rows the previous step rejected per request
+    token_ids: torch.Tensor      # [max_slots] int64 (or int32) previous step's main token per request
+    rejected_rows: torch.Tensor | None  # [max_slots] int64 rows the previous step rejected per request
+                                        #   (read only when rows move)
     rows_move: bool = True       # False without speculation: no step rejects rows, only tokens carry over
 
 
@@ -82,15 +83,16 @@ class DecodeStepInputs:
 
 @dataclass
 class DecodeStepOutputs:
-    """Per request [S] / per row [G]; the caller keeps the step's own prefix."""
+    """Per request [S] / per row [G]; the caller keeps the step's own prefix. Without speculation
+    (one row per request, no drafts) nothing is verified, accepted or rejected: those are None."""
 
-    token_ids: torch.Tensor           # [S] int64 main token
-    token_logprobs: torch.Tensor      # [S] float32
-    verified_token_ids: torch.Tensor  # [G] int32 (VERIFIED_END past the accepted drafts)
-    verified_logprobs: torch.Tensor   # [G] float32
-    num_accepted: torch.Tensor        # [S] int32
-    confidence: torch.Tensor | None   # [S, nextn] float32 next step's draft confidences
-    rejected_rows: torch.Tensor       # [S] int64 rows the ledger will not keep (a carry holds it next)
+    token_ids: torch.Tensor                  # [S] int32 main token
+    token_logprobs: torch.Tensor             # [S] float32
+    verified_token_ids: torch.Tensor | None  # [G] int32 (VERIFIED_END past the accepted drafts)
+    verified_logprobs: torch.Tensor | None   # [G] float32
+    num_accepted: torch.Tensor | None        # [S] int32
+    confidence: torch.Tensor | None          # [S, nextn] float32 next step's draft confidences
+    rejected_rows: torch.Tensor | None       # [S] int64 rows the ledger will not keep (a carry holds it next)
 
 
 def apply_remap(meta: ForwardMetadata, carry: StepCarry) -> ForwardMetadata:
@@ -137,22 +139,19 @@ def run_decode_tail(cache, spec, sampler: Sampler, inputs: DecodeStepInputs, log
 def decode_tail(cache, spec, sampler: Sampler, inputs: DecodeStepInputs, logits: torch.Tensor,
                 read_rows: torch.Tensor | None) -> DecodeStepOutputs:
     meta, batch = inputs.meta, inputs.batch
-    drafts = q = None
-    if spec is not None:
-        drafts, q = spec.verify_inputs(read_rows, need_probs=not batch.all_greedy)
+    if spec is None:   # one row per request: the main tokens only (plain greedy: two launches)
+        token_ids, token_logprobs = sampler.sample_tokens(logits, batch, meta.first_token_pos, meta.seqlens_q,
+                                                          meta.positions, masks=inputs.masks, checked=False)
+        return DecodeStepOutputs(token_ids, token_logprobs, None, None, None, None, None)
+    drafts, q = spec.verify_inputs(read_rows, need_probs=not batch.all_greedy)
     res = sampler.sample(logits, batch, meta.first_token_pos, meta.seqlens_q, meta.positions, drafts, q,
                          masks=inputs.masks, checked=False)
-    confidence = None
-    if spec is not None:
-        final_row = res.final_row.long()
-        proposal = spec.propose(cache, meta.positions[final_row], res.token_ids, meta.block_tables,
-                                meta.block_size, batch.seeds, batch.is_greedy, batch.all_greedy, inputs.mtp_slots)
-        confidence = proposal.confidence
-        rejected = meta.seqlens_q.long() - 1 - res.num_accepted.long()
-    else:   # one row per request, nothing to reject
-        rejected = torch.zeros_like(res.token_ids, dtype=torch.int64)
-    return DecodeStepOutputs(res.token_ids.long(), res.token_logprobs, res.verified_token_ids,
-                             res.verified_logprobs, res.num_accepted, confidence, rejected)
+    final_row = res.final_row.long()
+    proposal = spec.propose(cache, meta.positions[final_row], res.token_ids, meta.block_tables,
+                            meta.block_size, batch.seeds, batch.is_greedy, batch.all_greedy, inputs.mtp_slots)
+    rejected = meta.seqlens_q.long() - 1 - res.num_accepted.long()
+    return DecodeStepOutputs(res.token_ids, res.token_logprobs, res.verified_token_ids,
+                             res.verified_logprobs, res.num_accepted, proposal.confidence, rejected)
 
 
 def run_decode_step(model, cache, spec, sampler: Sampler, inputs: DecodeStepInputs) -> DecodeStepOutputs:

@@ -51,9 +51,9 @@ class StepResult:
 class DeviceStepState:
     """What step N leaves on the device for step N+1's inputs (per request of step N)."""
 
-    token_ids: torch.Tensor      # [req_cnt_N] int64 main token sampled (0 where none was)
-    rejected_rows: torch.Tensor  # [req_cnt_N] int64 rows the ledger will not keep (rejected drafts)
-    has_drafts: bool = True      # step N verified drafts (False: rejected_rows is all 0, rows do not move)
+    token_ids: torch.Tensor      # [req_cnt_N] int64 / int32 main token sampled (0 where none was)
+    rejected_rows: torch.Tensor | None  # [req_cnt_N] int64 rows the ledger will not keep (rejected drafts)
+    has_drafts: bool = True      # step N verified drafts (False: rejected_rows is all 0 or None, rows do not move)
     in_carry: bool = False       # a whole-step graph left these in the graphs' carry (decode_step.StepCarry)
 
 
@@ -138,6 +138,7 @@ class ModelRunner:
             # prefill: the exact bound, known here, sizes the far-entry candidates without a device read
             max_context_len=int(out.context_lens.max()) if is_prefill and out.req_cnt else None,
             row_plan=plan.from_tensors(plan_tensors) if plan is not None else None,
+            logits_every_row=not is_prefill,   # decode: logit_rows is arange(total_q)
         )
 
     def apply_zos_fixup(self, meta: ForwardMetadata, out: SchedulerOutput, prev: DeviceStepState | None) -> None:
@@ -232,8 +233,9 @@ class ModelRunner:
         else:
             token_ids, token_logprobs = res.token_ids.long(), res.token_logprobs
             rejected = seqlens.long() - 1 - res.num_accepted.long()
-            host["verified_token_ids"], host["verified_logprobs"] = res.verified_token_ids, res.verified_logprobs
-            host["num_accepted"] = res.num_accepted
+            if self.spec is not None:   # without speculation nothing is verified: no copies of it
+                host["verified_token_ids"], host["verified_logprobs"] = res.verified_token_ids, res.verified_logprobs
+                host["num_accepted"] = res.num_accepted
         host["token_ids"], host["token_logprobs"] = token_ids, token_logprobs
         if res.top_values is not None:
             host["top_values"], host["top_ids"] = res.top_values, res.top_ids
@@ -316,13 +318,14 @@ class ModelRunner:
         return self._whole_step_result(out, res, True, started, cpu_start)
 
     def _whole_step_result(self, out: SchedulerOutput, res, in_carry: bool, started, cpu_start) -> InFlightStep:
-        host = {"token_ids": res.token_ids, "token_logprobs": res.token_logprobs,
-                "verified_token_ids": res.verified_token_ids, "verified_logprobs": res.verified_logprobs,
-                "num_accepted": res.num_accepted}
-        if res.confidence is not None:
-            host["confidence"] = res.confidence
+        # without speculation the step verified nothing: its outputs are the tokens and logprobs only
+        host = {k: v for k, v in (("token_ids", res.token_ids), ("token_logprobs", res.token_logprobs),
+                                  ("verified_token_ids", res.verified_token_ids),
+                                  ("verified_logprobs", res.verified_logprobs), ("num_accepted", res.num_accepted),
+                                  ("confidence", res.confidence)) if v is not None}
         return self._finish_launch(out, host, started, cpu_start, [0] * out.req_cnt,
-                                   DeviceStepState(res.token_ids, res.rejected_rows, in_carry=in_carry))
+                                   DeviceStepState(res.token_ids, res.rejected_rows,
+                                                   has_drafts=res.rejected_rows is not None, in_carry=in_carry))
 
     def _finish_launch(self, out, host, started, cpu_start, top_counts, state) -> InFlightStep:
         done = None

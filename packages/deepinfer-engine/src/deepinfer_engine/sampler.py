@@ -124,6 +124,26 @@ class Sampler:
         return SampleResult(result.token_ids, token_logprobs, verified, verified_logprobs, result.num_accepted,
                             result.final_row, top_values, top_ids)
 
+    def sample_tokens(
+        self,
+        logits: torch.Tensor,           # [num_rows, vocab] one row per request (no drafts)
+        batch: SamplingBatch,
+        ftp: torch.Tensor,              # [req_cnt] int32
+        seqlens_q: torch.Tensor,        # [req_cnt] int32, each 0 or 1
+        positions: torch.Tensor,        # [num_rows] int64
+        masks: tuple[torch.Tensor, torch.Tensor] | None = None,
+        checked: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(token_ids int32 [req_cnt], token_logprobs float32 [req_cnt]) of a step without drafts:
+        what `sample` gives for them. An all-greedy step without masks or top logprobs runs only the
+        greedy pick (two launches on SM90): no verification outputs, which a step without drafts
+        has no use for (a decode step without speculation)."""
+        if batch.all_greedy and masks is None and not any(batch.num_top_logprobs):
+            token_ids, token_logprobs, _ = greedy_pick(logits, ftp, seqlens_q, checked)
+            return token_ids, token_logprobs
+        res = self.sample(logits, batch, ftp, seqlens_q, positions, masks=masks, checked=checked)
+        return res.token_ids, res.token_logprobs
+
     @staticmethod
     def sample_greedy_without_drafts(
         logits: torch.Tensor,       # [num_rows, vocab] float

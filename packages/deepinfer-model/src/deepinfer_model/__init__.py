@@ -16,7 +16,7 @@ from deepinfer_model.paged_cache import CacheLayout, PagedKVCache, allocate_kv_c
 from deepinfer_model.presets import PRESETS, get_preset
 from deepinfer_model.topology import LayerKind, Topology
 
-__version__ = "0.1.5"
+__version__ = "0.1.6"
 __all__ = [
     "CacheLayout", "CheckpointError", "ConfigError", "DraftMetadata", "DraftOutput", "ForwardMetadata",
     "ForwardOutput", "LayerKind", "MetadataError", "PRESETS", "PagedKVCache", "ParamCounts", "Topology",

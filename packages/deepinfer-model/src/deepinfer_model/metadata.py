@@ -47,6 +47,8 @@ class ForwardMetadata:
                                             #   reads); None = the forward derives them (syncs)
     row_req: torch.Tensor | None = None     # [total_q] int64 each row's request, staged by the host
                                             #   (graph buffers); None = derived from seqlens_q (4 launches)
+    logits_every_row: bool = False          # logit_rows is arange(total_q) (a decode step: the runner,
+                                            #   graph buffers): the logits read the rows in place, no gather
 
     @property
     def context_bound(self) -> int:
@@ -101,6 +103,8 @@ class ForwardMetadata:
             raise MetadataError("is_last_chunk: must be all true in a decode step")
         if self.logit_rows.numel() and (int(self.logit_rows.min()) < 0 or int(self.logit_rows.max()) >= t):
             raise MetadataError("logit_rows: out of range")
+        if self.logits_every_row and not torch.equal(self.logit_rows.long().cpu(), torch.arange(t)):
+            raise MetadataError(f"logit_rows: logits_every_row needs logit_rows = arange({t})")
         bound = self.context_bound
         if n and int(self.context_lens.max()) > bound:
             raise MetadataError(f"context_lens: max {int(self.context_lens.max())} exceeds the static bound "
@@ -125,8 +129,9 @@ class ForwardMetadata:
           `seqlens_q = context_lens = num_rows - total_q`, `first_token_pos = total_q`,
           positions `0 .. num_rows - total_q - 1`, `input_ids = 0`, `slot_mapping = -1`,
           `engram_ids = -1`, block table all -1, `is_last_chunk = True`;
-        - `logit_rows` gets the padding rows appended; `max_context_len` is kept (the bound must
-          not change between the batches of one captured graph).
+        - `logit_rows` gets the padding rows appended (`logits_every_row` stays true);
+          `max_context_len` is kept (the bound must not change between the batches of one captured
+          graph).
         Padding rows produce finite garbage and never write any cache (slot -1 everywhere);
         real rows produce exactly what the unpadded step produces.
         """
@@ -156,7 +161,8 @@ class ForwardMetadata:
             return_dspark_features=self.return_dspark_features,
             engram_ids=None if self.engram_ids is None else cat(self.engram_ids, -1, pad_rows),
             max_context_len=self.context_bound,
-            row_req=None if self.row_req is None else cat(self.row_req, nr - 1, pad_rows))
+            row_req=None if self.row_req is None else cat(self.row_req, nr - 1, pad_rows),
+            logits_every_row=self.logits_every_row)
 
     @classmethod
     def build(cls, rows_token_ids: list[list[int]], num_computed: list[int], block_tables: list[list[int]],
@@ -196,7 +202,8 @@ class ForwardMetadata:
             context_lens=i32([nc + s for nc, s in zip(num_computed, seqlens, strict=False)]),
             block_tables=i32(tables).reshape(n, width), slot_mapping=i64(slots), block_size=block_size,
             is_prefill=is_prefill, is_last_chunk=torch.tensor(last, dtype=torch.bool, device=device),
-            logit_rows=i64(lrows), return_dspark_features=return_dspark_features)
+            logit_rows=i64(lrows), return_dspark_features=return_dspark_features,
+            logits_every_row=logits == "all")
 
 
 @dataclass

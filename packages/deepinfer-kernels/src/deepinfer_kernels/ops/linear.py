@@ -10,6 +10,8 @@ Everything else, and batch-invariant mode, autograd, ``torch.compile`` and ``DEE
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -29,14 +31,16 @@ def matvec_serves(n: int, k: int, weight_bytes: int) -> bool:
     of K. H200, 2026-12-02, in a graph, L2 flushed, matvec vs cuBLAS: flash's o_proj [3072, 32768]
     55.6 vs 59.9 us, dense gate/up [53760, 3072] 81.9 vs 88.6, down [3072, 26880] 47.2 vs 51.1,
     lm_head [129280, 3072] 182.1 vs 187.8; at K = 1024 a CTA's whole K is one step and cuBLAS wins
-    (q_b [32768, 1024] 30.3 vs 24.9 us), so `mini`'s 65 MB lm_head stays on cuBLAS."""
-    tiles = pick_tiles(n, k)
+    (q_b [32768, 1024] 30.3 vs 24.9 us), so `mini`'s 65 MB lm_head stays on cuBLAS. The steps are
+    counted on the tiles those measurements ran (``one_wave=False``), so this choice stays as measured."""
+    tiles = pick_tiles(n, k, one_wave=False)
     return tiles is not None and (weight_bytes <= MATVEC_MAX_WEIGHT_BYTES or k // tiles[1] >= MATVEC_LARGE_MIN_STEPS)
 
 
-def linear_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [..., K], weight [N, K] -> [..., N]."""
-    return F.linear(x, weight)
+def linear_ref(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x [..., K], weight [N, K] -> [..., N] in x's dtype, then converted to ``out_dtype`` if given."""
+    y = F.linear(x, weight)
+    return y if out_dtype is None or out_dtype == y.dtype else y.to(out_dtype)
 
 
 def _one_row_kernel(x: torch.Tensor, weight: torch.Tensor):
@@ -51,7 +55,56 @@ def _one_row_kernel(x: torch.Tensor, weight: torch.Tensor):
                              supported=matvec_serves(*weight.shape, weight.numel() * weight.element_size()))
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [..., K], weight [N, K] -> [..., N] in x's dtype (``F.linear`` without a bias)."""
+def linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x [..., K], weight [N, K] -> [..., N] in x's dtype (``F.linear`` without a bias); with
+    ``out_dtype=torch.float32`` those values widened (``.float()``), in the kernel's store where the
+    matrix-vector kernel serves the call (the logits: one launch fewer)."""
     kernel = _one_row_kernel(x, weight)
-    return kernel(x, weight) if kernel is not None else F.linear(x, weight)
+    if kernel is not None and out_dtype in (None, x.dtype, torch.float32):
+        return kernel(x, weight, out_dtype)
+    return linear_ref(x, weight, out_dtype)
+
+
+@dataclass
+class NormedProjection:
+    """What `rms_norm_linear` returns: the projection and, where asked, the rows it normalised."""
+
+    y: torch.Tensor                # [..., N] linear(u, weight)
+    s: torch.Tensor | None = None  # [..., K] x + residual in x's dtype (None without a residual)
+    u: torch.Tensor | None = None  # [..., K] rms_norm(s) (None unless return_normed)
+
+
+def rms_norm_linear_ref(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+                        residual: torch.Tensor | None = None, return_normed: bool = False,
+                        out_dtype: torch.dtype | None = None) -> NormedProjection:
+    """x [..., K] (+ residual) -> linear(rms_norm(s, norm_weight, eps), weight, out_dtype) with s = x,
+    or `x + residual` in x's dtype: each op as its public self."""
+    from deepinfer_kernels.ops.norm import add_rms_norm, rms_norm
+
+    if residual is None:
+        s, u = None, rms_norm(x, norm_weight, eps)
+    else:
+        s, u = add_rms_norm(x, residual, norm_weight, eps)
+    return NormedProjection(linear(u, weight, out_dtype), s, u if return_normed else None)
+
+
+def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+                    residual: torch.Tensor | None = None, return_normed: bool = False,
+                    out_dtype: torch.dtype | None = None) -> NormedProjection:
+    """`rms_norm_linear_ref` (a layer's input norm and the projection after it; with `residual`, the
+    residual add before the norm too) in one launch where the matrix-vector kernel serves the
+    projection and the norm is the kernels package's (one bf16 / fp16 row, norm_weight float32 or
+    x's dtype, K a multiple of 32 up to 8192): the norm runs in each CTA's prologue, bit-identical to
+    the two kernels, while the CTA's first weight stages are in flight (s and, with `return_normed`,
+    u are written by its first CTA). Elsewhere the two ops. ``out_dtype`` as in `linear` (the final
+    norm + lm_head + ``.float()`` of a batch-1 step in one launch)."""
+    d = x.shape[-1]
+    fused = (_one_row_kernel(x, weight) is not None and norm_weight.dim() == 1 and norm_weight.shape[0] == d
+             and norm_weight.dtype in (torch.float32, x.dtype) and norm_weight.device == x.device
+             and d % 32 == 0 and 32 <= d <= 8192 and out_dtype in (None, x.dtype, torch.float32)
+             and (residual is None or (residual.shape == x.shape and residual.dtype == x.dtype
+                                       and residual.device == x.device and residual.is_contiguous())))
+    kernel = tilelang_launcher("rms_norm_linear", x.device, supported=fused) if fused else None
+    if kernel is not None:
+        return kernel(x, norm_weight, eps, weight, residual, return_normed, out_dtype)
+    return rms_norm_linear_ref(x, norm_weight, eps, weight, residual, return_normed, out_dtype)

@@ -16,7 +16,7 @@ bucket (the static dims: heads, head dim, ...) and cached for the process
 | ``norm`` | ``rms_norm_tilelang``, ``add_rms_norm_tilelang`` |
 | ``activation`` | ``silu_mul_tilelang`` |
 | ``moe_route`` | ``moe_route_tilelang`` |
-| ``matvec`` | ``matvec_tilelang`` (the one-row ``linear``) |
+| ``matvec`` | ``matvec_tilelang`` (the one-row ``linear``), ``rms_norm_matvec_tilelang`` (``rms_norm_linear``: the norm in its prologue) |
 | ``shared_keys`` | ``shared_key_lists_tilelang`` (row pairs' union key lists for the grouped sparse MLA) |
 """
 
@@ -54,6 +54,7 @@ LAUNCHERS = {
     "write_rows": "write_rows:write_rows_tilelang",
     "greedy_pick": "greedy:greedy_pick_tilelang",
     "linear": "matvec:matvec_tilelang",
+    "rms_norm_linear": "matvec:rms_norm_matvec_tilelang",
     "shared_key_lists": "shared_keys:shared_key_lists_tilelang",
 }
 

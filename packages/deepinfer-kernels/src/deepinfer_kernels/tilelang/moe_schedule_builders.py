@@ -141,15 +141,32 @@ def _build_permute(E: int, topk: int, bm: int):
     return main
 
 
+COMBINE_VEC = 8   # values per thread and load (16 bytes of bf16)
+
+
+def combine_ctas_per_token(H: int) -> int:
+    """CTAs that share one token's row in the combine: 128 threads of COMBINE_VEC columns each when
+    H divides into such chunks (flash's 3,072: 3), else one CTA with every column."""
+    nt = min(128, H // COMBINE_VEC)
+    return H // (nt * COMBINE_VEC) if H % (nt * COMBINE_VEC) == 0 else 1
+
+
 def _build_combine(topk: int, H: int, dtype: str, add_shared: bool = False, add_residual: bool = False):
-    """out[t] = sum_j w[t, j] * y[inv[t * topk + j]] in fp32, j ascending, one CTA row per token;
-    rounded to dtype, then ``+ shared[t]`` and ``residual[t] + ...`` each rounded again when asked
-    (the roundings of torch's ``residual + (routed + shared)`` in dtype, so bit-identical to it).
-    Unused addend operands are never read (the launcher passes ``out`` for them)."""
+    """out[t] = sum_j w[t, j] * y[inv[t * topk + j]] in fp32, j ascending; rounded to dtype, then
+    ``+ shared[t]`` and ``residual[t] + ...`` each rounded again when asked (the roundings of torch's
+    ``residual + (routed + shared)`` in dtype, so bit-identical to it). Unused addend operands are
+    never read (the launcher passes ``out`` for them).
+
+    ``combine_ctas_per_token(H)`` CTAs per token, each thread 8 columns: the token's rows and
+    weights are read first, then every expert row's 16-byte load is issued before the sums (a
+    decode token's combine was one CTA walking its experts one dependent load after another: 5-6 us
+    at flash's width, H200)."""
     import tilelang.language as T
 
-    NT = min(128, H // 8)
-    PER = H // NT
+    CPT = combine_ctas_per_token(H)
+    NT = min(128, H // COMBINE_VEC)
+    PER = H // (NT * CPT)                # columns per thread: COMBINE_VEC when the row splits
+    assert NT * CPT * PER == H, f"combine: H={H} must split evenly over {NT} threads"
     T_ = T.dynamic("T")
     NY = T.dynamic("NY")
     NI = T.dynamic("NI")                 # = T * topk
@@ -163,29 +180,37 @@ def _build_combine(topk: int, H: int, dtype: str, add_shared: bool = False, add_
         Residual: T.Tensor((T_, H), dtype),
         Out: T.Tensor((T_, H), dtype),
     ):
-        with T.Kernel(T_, threads=NT) as t:
+        with T.Kernel(CPT, T_, threads=NT) as (bx, t):
             if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
                 T.evaluate(pdl_sync())
             tx = T.get_thread_binding()
+            col = (bx * NT + tx) * PER
+            rows = T.alloc_local((topk,), T.int32)
+            wv = T.alloc_local((topk,), T.float32)
             acc = T.alloc_local((PER,), T.float32)
-            yv = T.alloc_local((PER,), dtype)
+            yv = T.alloc_local((topk, PER), dtype)
+            ov = T.alloc_local((PER,), dtype)
+            for j in T.unroll(topk):
+                rows[j] = Inv[t * topk + j]
+                wv[j] = Wk[t, j]
+            for j in T.unroll(topk):
+                for v in T.vectorized(PER):
+                    yv[j, v] = Y[rows[j], col + v]
             for v in T.vectorized(PER):
                 acc[v] = 0.0
-            for j in T.serial(topk):
+            for j in T.unroll(topk):
                 for v in T.vectorized(PER):
-                    yv[v] = Y[Inv[t * topk + j], tx * PER + v]
-                for v in T.vectorized(PER):
-                    acc[v] = acc[v] + T.cast(yv[v], T.float32) * Wk[t, j]
+                    acc[v] = acc[v] + T.cast(yv[j, v], T.float32) * wv[j]
             for v in T.vectorized(PER):
-                yv[v] = T.cast(acc[v], dtype)
+                ov[v] = T.cast(acc[v], dtype)
             if add_shared:
                 for v in T.vectorized(PER):
-                    yv[v] = T.cast(T.cast(yv[v], T.float32) + T.cast(Shared[t, tx * PER + v], T.float32), dtype)
+                    ov[v] = T.cast(T.cast(ov[v], T.float32) + T.cast(Shared[t, col + v], T.float32), dtype)
             if add_residual:
                 for v in T.vectorized(PER):
-                    yv[v] = T.cast(T.cast(Residual[t, tx * PER + v], T.float32) + T.cast(yv[v], T.float32), dtype)
+                    ov[v] = T.cast(T.cast(Residual[t, col + v], T.float32) + T.cast(ov[v], T.float32), dtype)
             for v in T.vectorized(PER):
-                Out[t, tx * PER + v] = yv[v]
+                Out[t, col + v] = ov[v]
 
     return main
 

@@ -20,17 +20,56 @@ WIDE_ROW = 2048       # from this width (a multiple of NT) a row gets the whole 
 _DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
+def threads_per_row(d: int) -> int:
+    """Threads that share one row of d values: a warp, or the whole CTA from WIDE_ROW."""
+    return NT if d >= WIDE_ROW and d % NT == 0 else 32
+
+
+def row_rstd_macro(T, d: int, eps: float):
+    """A ``T.macro`` ``row_rstd(xv, rstd)``: rsqrt(mean of squares + eps) of one row whose values lane
+    l of the row's ``threads_per_row(d)`` threads holds in ``xv`` (l, l + tpr, ...; float32), into
+    ``rstd[0]`` on every thread of the row. The one summation order of this module's norm, which the
+    kernels that normalise a row themselves (``matvec.py``'s prologue) share: per lane in order, a
+    butterfly of shuffles within each warp, the warps' sums in warp order through shared memory."""
+    tpr = threads_per_row(d)
+    wpr, per_lane = tpr // 32, d // tpr
+
+    @T.macro
+    def row_rstd(xv, rstd):
+        tx = T.get_thread_binding()
+        total = T.alloc_var(T.float32)
+        total = 0.0
+        for k in T.serial(per_lane):
+            total = total + xv[k] * xv[k]
+        total = total + T.shfl_xor(total, 16)   # butterfly: every lane ends with its warp's sum
+        total = total + T.shfl_xor(total, 8)
+        total = total + T.shfl_xor(total, 4)
+        total = total + T.shfl_xor(total, 2)
+        total = total + T.shfl_xor(total, 1)
+        if wpr > 1:                             # a row over several warps: their sums, in warp order
+            part = T.alloc_shared((wpr,), T.float32)
+            if tx % 32 == 0:
+                part[tx // 32] = total
+            T.sync_threads()
+            total = part[0]
+            for w in T.serial(wpr - 1):
+                total = total + part[w + 1]
+        rstd[0] = T.rsqrt(total / T.float32(d) + T.float32(eps))
+
+    return row_rstd
+
+
 def _build(d: int, x_dtype: str, w_dtype: str, eps: float, add: bool = False):
     """``add``: the row is ``X + Res`` rounded to x's dtype (torch's add), written to ``Sum`` and
     normalised; otherwise ``Res`` / ``Sum`` are not touched (the launcher passes X / Y)."""
     import tilelang.language as T
 
-    TPR = NT if d >= WIDE_ROW and d % NT == 0 else 32   # threads per row
-    WPR = TPR // 32                                      # warps per row
+    TPR = threads_per_row(d)
     ROWS_PER_CTA = NT // TPR
     PER_LANE = d // TPR
     N = T.dynamic("N")
     SX = T.dynamic("SX")                # row stride of X: a column slice of a wider output reads in place
+    row_rstd = row_rstd_macro(T, d, eps)
 
     @T.prim_func
     def main(
@@ -47,34 +86,18 @@ def _build(d: int, x_dtype: str, w_dtype: str, eps: float, add: bool = False):
             lane = tx % TPR                         # the thread's place in its row
             row = bx * ROWS_PER_CTA + tx // TPR
             xv = T.alloc_local((PER_LANE,), T.float32)
-            total = T.alloc_var(T.float32)
-            rstd = T.alloc_var(T.float32)
+            rstd = T.alloc_local((1,), T.float32)
             safe_row = T.min(row, N - 1)
-            total = 0.0
             for k in T.serial(PER_LANE):
                 if add:
                     xv[k] = T.cast(T.cast(T.cast(X[safe_row, lane + TPR * k], T.float32)
                                           + T.cast(Res[safe_row, lane + TPR * k], T.float32), x_dtype), T.float32)
                 else:
                     xv[k] = T.cast(X[safe_row, lane + TPR * k], T.float32)
-                total = total + xv[k] * xv[k]
-            total = total + T.shfl_xor(total, 16)   # butterfly: every lane ends with its warp's sum
-            total = total + T.shfl_xor(total, 8)
-            total = total + T.shfl_xor(total, 4)
-            total = total + T.shfl_xor(total, 2)
-            total = total + T.shfl_xor(total, 1)
-            if WPR > 1:                             # a row over several warps: their sums, in warp order
-                part = T.alloc_shared((WPR,), T.float32)
-                if tx % 32 == 0:
-                    part[tx // 32] = total
-                T.sync_threads()
-                total = part[0]
-                for w in T.serial(WPR - 1):
-                    total = total + part[w + 1]
-            rstd = T.rsqrt(total / T.float32(d) + T.float32(eps))
+            row_rstd(xv, rstd)
             if row < N:
                 for k in T.serial(PER_LANE):
-                    Y[row, lane + TPR * k] = T.cast(xv[k] * rstd * T.cast(W[lane + TPR * k], T.float32), x_dtype)
+                    Y[row, lane + TPR * k] = T.cast(xv[k] * rstd[0] * T.cast(W[lane + TPR * k], T.float32), x_dtype)
                     if add:
                         Sum[row, lane + TPR * k] = T.cast(xv[k], x_dtype)
 

@@ -189,7 +189,8 @@ class FarSelection:
 
 def far_selection(model, layer, q_lat, index_weights, rows: _Rows, meta: ForwardMetadata, cache,
                   max_far: int | None = None) -> FarSelection | None:
-    """The indexer's top-k blocks of far compressed entries (None: no row has any). q_lat [N, qr],
+    """The indexer's top-k blocks of far compressed entries (None: no row has any). q_lat [N, qr]
+    (or `NormedRows`: at batch 1 the indexer's query projection normalises its own row),
     index_weights = W_iw u [N, ni] (`AttentionInputs.index_weights`).
 
     `max_far`: static candidate width (decode; rows' counts are clamped to it, which only matters
@@ -224,9 +225,9 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
     if layer.engram is not None:   # the Engram add and the input norm: one launch
         streams.join_part("rows", "engram")
         x, u = layer.input_layernorm.add_forward(x, layer.engram.gated(x, rows.engram_memory(layer.engram, l)))
-    else:
-        u = layer.input_layernorm(x)
-    fused = attn.fused_input(u)                      # every projection of u: one GEMM
+        fused = attn.fused_input(u)                  # every projection of u: one GEMM
+    else:   # the norm and the projection: one launch at batch 1 on SM90
+        fused = attn.fused_input_normed(x, layer.input_layernorm)
     streams.join_part("rows", "rope")                # the RoPE tables (decode: computed beside the GEMM)
     rope = rows.rope(attn.rope_dim, attn.theta)
     plane = cache.layout.window_planes[l]
@@ -244,7 +245,7 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
     with streams.on("query", reads=(fused,)):
         q_lat = attn.fused_query_latent(fused)
         if layer.ratio > 0:   # the indexer's chain beside the q_b GEMM
-            with streams.on("indexer", reads=(fused, q_lat)):
+            with streams.on("indexer", reads=(fused, q_lat.value)):
                 # static when the metadata bounds the context on the host (decode always; prefill from the
                 # engine's runner, whose bound is the step's exact max); else the batch's max, read on the host
                 static = not meta.is_prefill or meta.max_context_len is not None
@@ -265,8 +266,14 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
         idx = attention_indices(rows.window_slots(meta, cfg.sliding_window), plane * ns, far.blocks, far.n_far,
                                 far.entry_slots, far.base, cfg.index_block_size)
         o, _ = sparse_mla_attention(q, cache.kv_flat, idx, attn.sm_scale, shared_keys=shared)
-    x, u = layer.post_attention_layernorm.add_forward(x, attn.output(o))   # the add and the norm: one launch
-    if isinstance(layer.mlp, MoE):   # the residual add happens in the routed experts' combine
+    post = layer.post_attention_layernorm
+    if isinstance(layer.mlp, MoE) and layer.mlp.input_projection is not None and not torch.is_grad_enabled():
+        # the add, the norm and the MoE input projection: one launch at batch 1 on SM90; the residual
+        # add of the output happens in the routed experts' combine
+        x, u, projected = post.add_linear(x, attn.output(o), layer.mlp.input_projection.weight())
+        return layer.mlp(u, residual=x, streams=streams, projected=projected)
+    x, u = post.add_forward(x, attn.output(o))   # the add and the norm: one launch
+    if isinstance(layer.mlp, MoE):
         return layer.mlp(u, residual=x, streams=streams)
     return x + layer.mlp(u)
 
@@ -369,7 +376,9 @@ def engine_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
                 feats[l] = x
     else:
         x = take(x)
-    if decode:  # every row is a full row: logit_rows index x directly
+    if decode and meta.logits_every_row:   # every row is a full row and a logit row: x as it is
+        lrows = None
+    elif decode:  # every row is a full row: logit_rows index x directly
         lrows = meta.logit_rows.long()
     elif meta.row_plan is not None:
         lrows = meta.row_plan.logit_rows_in_full
@@ -379,7 +388,8 @@ def engine_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
         lrows = inv[meta.logit_rows.long()]
         if bool((lrows < 0).any()):
             raise MetadataError(LOGIT_ROW_OUTSIDE_REPLAY)
-    logits = model.lm_head(model.model.norm(x[lrows])).float()
+    # the final norm, lm_head and the float32 widening: one launch for a batch-1 row on SM90
+    logits = model.model.norm.linear(x if lrows is None else x[lrows], model.lm_head.weight, out_dtype=torch.float32)
     streams.join_all()   # the compressors' writes (a captured graph ends on its capture stream)
     out = ForwardOutput(logits=logits, full_rows=full_rows)
     if targets:  # no full row (a prefill step of non-last chunks only): no features either

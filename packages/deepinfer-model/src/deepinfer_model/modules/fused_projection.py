@@ -119,6 +119,12 @@ class FusedProjection:
             return torch.cat(outs, dim=-1)
         return linear(x, self.weight())   # one row on SM90: the matrix-vector kernel
 
+    def normed(self, x: torch.Tensor, norm) -> torch.Tensor:
+        """`self(norm(x))` for an `RMSNorm` norm; one launch for one row on SM90 (`RMSNorm.linear`)."""
+        if torch.is_grad_enabled() and any(m.weight.requires_grad for m in self.members):
+            return self(norm(x))
+        return norm.linear(x, self.weight())
+
     def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """y [N, out_features] -> each member's columns [N, out_i] (views)."""
         return tuple(y[..., start: start + width] for start, width in zip(self.offsets, self.widths, strict=True))

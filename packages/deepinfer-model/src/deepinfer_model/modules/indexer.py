@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from deepinfer_model.modules.linear import Linear
+from deepinfer_model.modules.norm import NormedRows
 
 
 class LightningIndexer(nn.Module):
@@ -28,8 +29,11 @@ class LightningIndexer(nn.Module):
         way, and a bf16 query is what the TileLang indexer kernel takes."""
         return self.query_heads(q_latent), self.head_weights(self.weights_proj(u))
 
-    def query_heads(self, q_latent: torch.Tensor) -> torch.Tensor:
-        """q_latent [N, qr] -> q_idx [N, ni, Di] in the weights' dtype."""
+    def query_heads(self, q_latent: torch.Tensor | NormedRows) -> torch.Tensor:
+        """q_latent [N, qr] (or the rows its norm makes: one launch at batch 1 on SM90) -> q_idx
+        [N, ni, Di] in the weights' dtype."""
+        if isinstance(q_latent, NormedRows):
+            return q_latent.project(self.wq_b.weight).view(-1, self.n_heads, self.head_dim)
         return self.wq_b(q_latent).view(-1, self.n_heads, self.head_dim)
 
     @property

@@ -29,7 +29,7 @@ from deepinfer_model.modules.compressor import Compressor
 from deepinfer_model.modules.fused_projection import FusedProjection
 from deepinfer_model.modules.indexer import LightningIndexer
 from deepinfer_model.modules.linear import Linear
-from deepinfer_model.modules.norm import RMSNorm
+from deepinfer_model.modules.norm import NormedRows, RMSNorm
 from deepinfer_model.modules.rope import RopeTable, apply_rope, apply_rope_inplace, rope_table
 
 
@@ -96,7 +96,7 @@ class MLAAttention(nn.Module):
         fused = self.fused_input(u)
         self.rotate_latent_tail(fused, table)
         q_lat = self.fused_query_latent(fused)
-        return AttentionInputs(self.queries(q_lat, table), q_lat, self.fused_latent(fused),
+        return AttentionInputs(self.queries(q_lat, table), q_lat.normed(), self.fused_latent(fused),
                                self.fused_index_weights(fused), self.fused_compressor_terms(fused))
 
     # `project_input` in parts (the engine's decode runs the query and the latent on two streams)
@@ -104,19 +104,24 @@ class MLAAttention(nn.Module):
         """u [N, H] -> the fused projection [N, qr + ... + pad + D] (contiguous; pad: fused_projection.py)."""
         return self.input_projection(u)
 
+    def fused_input_normed(self, x: torch.Tensor, norm) -> torch.Tensor:
+        """`fused_input(norm(x))` (the layer's input norm and projection): one launch for one row on SM90."""
+        return self.input_projection.normed(x, norm)
+
     def rotate_latent_tail(self, fused: torch.Tensor, table: RopeTable) -> None:
         """RoPE of the latent's tail kv[:, dc:], in place (the last columns of the fused row; the
         other columns are not touched)."""
         apply_rope_inplace(fused.view(fused.shape[0], 1, -1), table, self.theta)
 
-    def fused_query_latent(self, fused: torch.Tensor) -> torch.Tensor:
-        """-> q_latent [N, qr] = RMSNorm(W_qa u)."""
-        return self.q_a_layernorm(fused[:, : self.q_a_proj.out_features])
+    def fused_query_latent(self, fused: torch.Tensor) -> NormedRows:
+        """-> q_latent [N, qr] = RMSNorm(W_qa u), as rows its projections read (at batch 1 on SM90
+        each of them, q_b and the indexer's query, normalises W_qa u in its own launch)."""
+        return NormedRows(fused[:, : self.q_a_proj.out_features], self.q_a_layernorm)
 
-    def queries(self, q_lat: torch.Tensor, table: RopeTable) -> torch.Tensor:
+    def queries(self, q_lat: NormedRows, table: RopeTable) -> torch.Tensor:
         """q_latent [N, qr] -> q [N, nh, D] with RoPE."""
-        q = self.q_b_proj(q_lat).view(q_lat.shape[0], self.num_heads, self.head_dim)   # fresh: rotated in place
-        apply_rope_inplace(q, table, self.theta)
+        q = q_lat.project(self.q_b_proj.weight).view(q_lat.x.shape[0], self.num_heads, self.head_dim)   # fresh:
+        apply_rope_inplace(q, table, self.theta)                                                         # rotated in place
         return q
 
     def fused_latent(self, fused: torch.Tensor) -> torch.Tensor:

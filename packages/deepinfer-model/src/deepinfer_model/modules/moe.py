@@ -64,14 +64,16 @@ class MoE(nn.Module):
         return self.route_logits(self.gate(x))
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
-                streams: DecodeStreams | None = None) -> torch.Tensor:  # [N, H] -> [N, H]
-        """The MoE output, plus `residual` [N, H] when given (`residual + moe(x)`, added inside the
-        routed experts' combine on SM90 together with the shared expert's output). `streams`
-        (decode): the shared expert runs beside the routing and the routed experts' GEMMs."""
+                streams: DecodeStreams | None = None, projected: torch.Tensor | None = None) -> torch.Tensor:
+        """x [N, H] -> [N, H]: the MoE output, plus `residual` [N, H] when given (`residual + moe(x)`,
+        added inside the routed experts' combine on SM90 together with the shared expert's output).
+        `streams` (decode): the shared expert runs beside the routing and the routed experts' GEMMs.
+        `projected`: `input_projection(x)` already made (decode, batch 1: in the launch of the norm
+        that made x, `RMSNorm.add_linear`)."""
         if self.input_projection is None:
             weights, ids = self.route(x)
             return routed_experts(x, weights, ids, self.experts.w13, self.experts.w2, residual=residual)
-        fused = self.input_projection(x)
+        fused = self.input_projection(x) if projected is None else projected
         logits, gate, up = self.input_projection.split(fused)
         with streams.on("shared", reads=(fused,)) if streams is not None else contextlib.nullcontext():
             shared = self.shared_experts.from_gate_up(gate, up)
