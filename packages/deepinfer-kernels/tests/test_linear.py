@@ -59,15 +59,20 @@ def test_linear_launcher_is_the_matvec_kernel():
 
 def test_matvec_serves_large_weights_only_with_several_pipeline_steps():
     """Up to 32 MB every tileable weight; above, only weights whose CTAs stream >= 3 pipeline steps of
-    K (flash's o_proj, dense FFN and lm_head), not K = 1024 ones (one step: q_b, `mini`'s lm_head)."""
+    K on the tiles the kernel runs (one-wave): flash's o_proj, dense FFN and lm_head, and K = 1024
+    weights that fit one wave of 64-wide stages (q_b, `mini`'s lm_head: 16 steps); not a K = 1024
+    weight too tall for one wave (its CTAs keep one step of K)."""
     from deepinfer_kernels.ops.linear import MATVEC_MAX_WEIGHT_BYTES, matvec_serves
+    from deepinfer_kernels.tilelang.matvec import pick_tiles
 
     def serves(n, k):
         return matvec_serves(n, k, n * k * 2)
 
     assert serves(1024, 8192) and serves(8192, 1024)                  # mini-size: <= 32 MB
     assert serves(3072, 32768) and serves(53760, 3072) and serves(3072, 26880) and serves(129280, 3072)
-    assert not serves(32768, 1024) and not serves(32000, 1024)        # > 32 MB in one step of K
+    assert serves(32768, 1024) and serves(32000, 1024)                # > 32 MB, 16 steps of 64 a CTA
+    assert pick_tiles(32000, 1024) == (128, 64)
+    assert not serves(129280, 1024) and pick_tiles(129280, 1024) == (8, 1024)   # > 32 MB, one step of K
     assert not serves(8065, 3072)                                     # no tile divides it
     assert 32768 * 1024 * 2 > MATVEC_MAX_WEIGHT_BYTES
 

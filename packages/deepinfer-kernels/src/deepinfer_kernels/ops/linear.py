@@ -28,12 +28,13 @@ MATVEC_LARGE_MIN_STEPS = 3           # larger weights: only with >= this many pi
 def matvec_serves(n: int, k: int, weight_bytes: int) -> bool:
     """Whether W [n, k] goes to the matrix-vector kernel: tiles divide it, and it is at most
     ``MATVEC_MAX_WEIGHT_BYTES`` or its CTAs each stream >= ``MATVEC_LARGE_MIN_STEPS`` pipeline steps
-    of K. H200, 2026-12-02, in a graph, L2 flushed, matvec vs cuBLAS: flash's o_proj [3072, 32768]
-    55.6 vs 59.9 us, dense gate/up [53760, 3072] 81.9 vs 88.6, down [3072, 26880] 47.2 vs 51.1,
-    lm_head [129280, 3072] 182.1 vs 187.8; at K = 1024 a CTA's whole K is one step and cuBLAS wins
-    (q_b [32768, 1024] 30.3 vs 24.9 us), so `mini`'s 65 MB lm_head stays on cuBLAS. The steps are
-    counted on the tiles those measurements ran (``one_wave=False``), so this choice stays as measured."""
-    tiles = pick_tiles(n, k, one_wave=False)
+    of K on the tiles the kernel runs (``pick_tiles``, one-wave). H200, 2026-12-02, in a graph, L2
+    flushed, median of 10, matvec (one-wave tiles) vs cuBLAS: `mini`'s lm_head [32000, 1024] 38.2 vs
+    49.8 us, flash's q_b [32768, 1024] 39.4 vs 46.1, o_proj [3072, 32768] 71.2 vs 86.9, dense gate/up
+    [53760, 3072] 100.8 vs 118.6, lm_head [129280, 3072] 197.8 vs 228.8. On the tiles before the
+    one-wave rule a K = 1024 CTA streamed its whole K in one step and cuBLAS won (q_b 30.3 vs 24.9 us,
+    session 24's table): those weights now stream 16 steps of 64."""
+    tiles = pick_tiles(n, k)
     return tiles is not None and (weight_bytes <= MATVEC_MAX_WEIGHT_BYTES or k // tiles[1] >= MATVEC_LARGE_MIN_STEPS)
 
 
