@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from deepinfer_kernels.batch_invariant import batch_invariant_enabled
 from deepinfer_kernels.envs import MATVEC_ENV, env_flag
 from deepinfer_kernels.platform import tilelang_launcher
-from deepinfer_kernels.tilelang.matvec import pick_tiles
+from deepinfer_kernels.tilelang.matvec import pick_tiles, serves_out_dtype
 
 MATVEC_ENABLED = env_flag(MATVEC_ENV, True)   # read once per process
 MATVEC_MAX_WEIGHT_BYTES = 32 << 20   # every tileable weight up to this size
@@ -61,7 +61,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None 
     ``out_dtype=torch.float32`` those values widened (``.float()``), in the kernel's store where the
     matrix-vector kernel serves the call (the logits: one launch fewer)."""
     kernel = _one_row_kernel(x, weight)
-    if kernel is not None and out_dtype in (None, x.dtype, torch.float32):
+    if kernel is not None and serves_out_dtype(x.dtype, out_dtype):
         return kernel(x, weight, out_dtype)
     return linear_ref(x, weight, out_dtype)
 
@@ -102,7 +102,7 @@ def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weig
     d = x.shape[-1]
     fused = (_one_row_kernel(x, weight) is not None and norm_weight.dim() == 1 and norm_weight.shape[0] == d
              and norm_weight.dtype in (torch.float32, x.dtype) and norm_weight.device == x.device
-             and d % 32 == 0 and 32 <= d <= 8192 and out_dtype in (None, x.dtype, torch.float32)
+             and d % 32 == 0 and 32 <= d <= 8192 and serves_out_dtype(x.dtype, out_dtype)
              and (residual is None or (residual.shape == x.shape and residual.dtype == x.dtype
                                        and residual.device == x.device and residual.is_contiguous())))
     kernel = tilelang_launcher("rms_norm_linear", x.device, supported=fused) if fused else None

@@ -187,8 +187,14 @@ def matvec_tilelang(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtyp
     return out
 
 
+def serves_out_dtype(dtype: torch.dtype, out_dtype: torch.dtype | None) -> bool:
+    """Whether the kernel stores ``out_dtype`` for rows of ``dtype``: their own dtype (None too) or
+    float32 (the values widened in the store)."""
+    return out_dtype in (None, dtype, torch.float32)
+
+
 def _check_out_dtype(x: torch.Tensor, out_dtype: torch.dtype | None) -> None:
-    require(out_dtype in (None, x.dtype, torch.float32), f"out_dtype: x's dtype or float32, got {out_dtype}")
+    require(serves_out_dtype(x.dtype, out_dtype), f"out_dtype: x's dtype or float32, got {out_dtype}")
 
 
 def _widens(x: torch.Tensor, out_dtype: torch.dtype | None) -> bool:
