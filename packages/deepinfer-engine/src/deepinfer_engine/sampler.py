@@ -82,6 +82,12 @@ class SampleResult:
     top_ids: torch.Tensor | None      # [num_rows, n_max] int64
 
 
+def _greedy_pick_serves(batch: SamplingBatch, masks: tuple[torch.Tensor, torch.Tensor] | None) -> bool:
+    """A step without drafts samples by `greedy_pick` alone: all greedy, no grammar masks, no top
+    logprobs asked."""
+    return batch.all_greedy and masks is None and not any(batch.num_top_logprobs)
+
+
 class Sampler:
     def sample(
         self,
@@ -97,8 +103,7 @@ class Sampler:
     ) -> SampleResult:
         req_cnt = ftp.shape[0]
         rows = logits.shape[0]
-        if (batch.all_greedy and draft_token_ids is None and masks is None
-                and not any(batch.num_top_logprobs)):
+        if draft_token_ids is None and _greedy_pick_serves(batch, masks):
             return self.sample_greedy_without_drafts(logits, ftp, seqlens_q, checked)
         raw = compute_logprobs(logits)  # [num_rows, vocab] float32, before any mask
         if masks is not None:
@@ -138,7 +143,7 @@ class Sampler:
         what `sample` gives for them. An all-greedy step without masks or top logprobs runs only the
         greedy pick (two launches on SM90): no verification outputs, which a step without drafts
         has no use for (a decode step without speculation)."""
-        if batch.all_greedy and masks is None and not any(batch.num_top_logprobs):
+        if _greedy_pick_serves(batch, masks):
             token_ids, token_logprobs, _ = greedy_pick(logits, ftp, seqlens_q, checked)
             return token_ids, token_logprobs
         res = self.sample(logits, batch, ftp, seqlens_q, positions, masks=masks, checked=checked)
