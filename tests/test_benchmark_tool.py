@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,6 +56,28 @@ def test_batch_one_reports_the_weight_bytes_a_step_reads(tmp_path):
     assert plain["weight_bytes_per_step"] > 0
     assert abs(plain["weight_read_tb_s"] - plain["weight_bytes_per_step"] * plain["avg_sps"] / 1e12) < 1e-12
     assert "weight_bytes_per_step" not in spec
+
+
+@pytest.mark.gpu
+def test_steady_state_period_on_gpu(tmp_path):
+    """On CUDA a decode row also reports the period between step completions (CUDA events, idle
+    included): at least the median device span, the rate its inverse, and the roofline fraction
+    over it beside the wall-clock one."""
+    out = tmp_path / "rows.jsonl"
+    res = subprocess.run([sys.executable, str(ROOT / "tools" / "benchmark.py"), "--device", "cuda",
+                          "--model", "preset:tiny", "--prompt-len", "24", "--max-model-len", "256",
+                          "--no-prefill", "--warmup-steps", "4", "--steps", "12", "--rounds", "2",
+                          "--decode-batch-sizes", "1", "--result-jsonl", str(out)],
+                         capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    ceilings, row = rows
+    assert ceilings["kind"] == "ceilings" and row["kind"] == "decode"
+    assert row["period_ms"] >= 0.9 * row["device_step_ms"] > 0
+    assert abs(row["avg_sps_period"] * row["period_ms"] - 1e3) < 1e-6
+    assert abs(row["weight_read_tb_s_period"] - row["weight_bytes_per_step"] * row["avg_sps_period"] / 1e12) < 1e-12
+    assert abs(row["weight_read_fraction_of_copy_period"] * ceilings["copy_bw_tb_s"]
+               - row["weight_read_tb_s_period"]) < 1e-9
 
 
 def test_host_timers_need_one_round(tmp_path):

@@ -10,14 +10,20 @@ formula) and real: tokens actually emitted / s.
 Prefill (bench_prefill.py): rounds of --prefill-batch fresh prompts (prefix cache off, max_tokens 1);
 skip 5 warm-up prefill steps, time 10 steps; tokens/s = prompt tokens computed / s;
 --prefill-pipelined also over queued rounds with ZOS on.
+Steady-state period (CUDA): the device time between the first and the last window step's completion
+events over the steps between them (`period_ms`, idle included; `avg_sps_period`). The wall-clock
+`avg_sps` also counts the work already queued when the window starts (with ZOS one step is in
+flight, so a window of S steps holds ~S + 1 steps of device work): it reads low by ~1/S, which
+longer windows (--steps) shrink.
 ZOS idle: with CUDA events at each step's device start and end, the idle gap between consecutive
 decode steps as a fraction of the step time. A whole-step graph's start event is recorded once
 its host work is done, right before its input copies, so the gap is the device's idle time
 (before session 12 it was recorded as `launch` began, and the host-paced eager launches of the
 fix-up then counted as step time, not idle: 0.4-0.7% was reported while the device idled ~25%).
 Decode at batch 1 without speculation also reports the weight bytes a step must read and
-weights / step time (`weight_read_tb_s`, and its fraction of the measured copy bandwidth on CUDA:
-issue 6's `flash-slice` roofline, e.g. `--model preset:flash-slice --decode-batch-sizes 1`).
+weights / step time (`weight_read_tb_s` over the wall-clock window, `weight_read_tb_s_period` over
+the steady-state period, and their fractions of the measured copy bandwidth on CUDA: issue 6's
+`flash-slice` roofline, e.g. `--model preset:flash-slice --decode-batch-sizes 1`).
 Every row of --result-jsonl is one measurement with its configuration.
 """
 
@@ -78,6 +84,7 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
     rounds = max(args.rounds, 1)
     prompts = make_prompts(batch * rounds, args.prompt_len, engine.vocab_size, seed=batch, code=args.code_prompts)
     host_s, host_window, spans, gaps = None, None, [], []
+    period_ms = period_steps = 0.0   # completion to completion inside each window (CUDA events)
     steps = elapsed = tokens = prefill_steps = drafts = 0
     for r in range(rounds):
         for p in prompts[r * batch: (r + 1) * batch]:
@@ -111,6 +118,8 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
             tl = engine.runner.timeline
             spans += [s.elapsed_time(d) for s, d in tl]
             gaps += [tl[i][1].elapsed_time(tl[i + 1][0]) for i in range(len(tl) - 1)]
+            period_ms += tl[0][1].elapsed_time(tl[-1][1])
+            period_steps += len(tl) - 1
         engine.runner.timeline = None
         _abort_all(engine)
     sps = steps / elapsed
@@ -134,9 +143,13 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
     if spans:
         row.update(device_step_ms=float(np.median(spans)), idle_gap_ms=float(np.median(gaps)),
                    idle_fraction=float(np.median(gaps) / np.median(spans)))
+    if period_steps:
+        row.update(period_ms=period_ms / period_steps, avg_sps_period=1e3 * period_steps / period_ms)
     if batch == 1 and engine.nextn == 0:   # issue 6's decode roofline: bytes that must be read / step time
         wbytes = weight_bytes_per_decode_step(engine.runner.model)
         row.update(weight_bytes_per_step=wbytes, weight_read_tb_s=wbytes * sps / 1e12)
+        if period_steps:
+            row["weight_read_tb_s_period"] = wbytes * row["avg_sps_period"] / 1e12
     if engine._structured is not None:
         engine._structured.shutdown()
     del engine
@@ -272,6 +285,8 @@ def main() -> None:
     for row in rows:
         if copy_bw and "weight_read_tb_s" in row:
             row["weight_read_fraction_of_copy"] = row["weight_read_tb_s"] / copy_bw
+        if copy_bw and "weight_read_tb_s_period" in row:
+            row["weight_read_fraction_of_copy_period"] = row["weight_read_tb_s_period"] / copy_bw
         print(json.dumps(row), flush=True)
     if args.result_jsonl:
         with args.result_jsonl.open("a") as f:
