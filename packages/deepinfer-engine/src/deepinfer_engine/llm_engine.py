@@ -84,6 +84,8 @@ class LLMEngine(OutputPath):
             nextn=self.nextn, min_final_chunk_tokens=min_final_chunk,
             enable_prefix_caching=config.enable_prefix_caching, eos_token_ids=loaded.eos_token_ids))
         self.model.decode_streams = self.envs.decode_streams if config.decode_streams is None else config.decode_streams
+        prefetch_mb = self.envs.l2_prefetch_mb if config.l2_prefetch_mb is None else config.l2_prefetch_mb
+        self.model.l2_prefetch_bytes = prefetch_mb << 20
         self.runner = ModelRunner(self.model, blocks, config.block_size, config.max_num_seqs, self.nextn)
         if config.cuda_graphs and self.device.type == "cuda":
             max_rows = min(self.max_num_batched_tokens, config.max_num_seqs * (self.nextn + 1))
