@@ -163,15 +163,6 @@ def _specs():
     for w, src_dt, dst_dt in ((1, torch.int32, torch.int32), (97, f32, f32), (641, f32, f32), (641, bf16, f32)):
         for idx_dt in (torch.int64, torch.int32):
             add("write_rows", "write_rows", [("_kernel", (w, src_dt, dst_dt, idx_dt))])
-    # ---- L2 prefetch: bytes per region row (a contiguous prefix's 16 KB pieces; flash o_proj's 8 KB of
-    # every row at the default 24 MB, 1.3 KB... at other budgets; the tests' shapes)
-    from deepinfer_kernels.ops.l2_prefetch import prefetch_region
-    meta = lambda *shape: torch.empty(*shape, dtype=bf16, device="meta")  # noqa: E731
-    regions = [prefetch_region(meta(*shape), mb << 20) for shape, mb in
-               (((3072, 32768), 24), ((3072, 32768), 4), ((3072, 32768), 8), ((3072, 32768), 16),
-                ((3072, 32768), 32), ((3072, 26880), 24), ((16, 1 << 20), 8), ((129280, 3072), 24))]
-    for row_bytes in sorted({min(r.row_bytes, 16384) for r in regions} | {4800, 1024}):
-        add("l2_prefetch", "l2_prefetch", [("_kernel", (row_bytes,))])
 
     uniq, seen = [], set()
     for item in out:

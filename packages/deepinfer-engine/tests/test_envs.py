@@ -7,8 +7,7 @@ from deepinfer_engine.envs import Envs
 
 KNOBS = ("DEEPINFER_USE_NEXTN_DECODE", "DEEPINFER_ENABLE_MTP_VARLEN", "DEEPINFER_ZERO_OVERHEAD_SCHEDULING",
          "DEEPINFER_CUDAGRAPH_BATCH_SIZE_INTERVAL", "DEEPINFER_COMPILE_DECODE", "DEEPINFER_COMPILE_SPECULATION",
-         "DEEPINFER_BATCH_INVARIANT", "DEEPINFER_MAX_BACKTRACKING_TOKENS", "DEEPINFER_DECODE_STREAMS",
-         "DEEPINFER_L2_PREFETCH_MB")
+         "DEEPINFER_BATCH_INVARIANT", "DEEPINFER_MAX_BACKTRACKING_TOKENS", "DEEPINFER_DECODE_STREAMS")
 
 
 @pytest.fixture
@@ -25,7 +24,6 @@ def test_defaults(clean_env):
     assert e.zero_overhead_scheduling is True and e.cudagraph_batch_size_interval == 8
     assert not (e.compile_decode or e.compile_speculation or e.batch_invariant)
     assert e.decode_streams is True
-    assert e.l2_prefetch_mb == 24
 
 
 def test_bad_values_name_the_variable(clean_env):
@@ -52,19 +50,6 @@ def test_engine_sets_decode_streams_from_the_environment_unless_configured(clean
     clean_env.setenv("DEEPINFER_DECODE_STREAMS", "0")
     assert LLM(**kw).engine.model.decode_streams is False
     assert LLM(decode_streams=True, **kw).engine.model.decode_streams is True
-
-
-def test_engine_sets_the_l2_prefetch_budget_from_the_environment_unless_configured(clean_env):
-    kw = dict(device="cpu", max_num_seqs=2, max_model_len=256)
-    assert LLM(**kw).engine.model.l2_prefetch_bytes == 24 << 20   # used where decode streams run (prefetch.py)
-    clean_env.setenv("DEEPINFER_L2_PREFETCH_MB", "0")
-    assert LLM(**kw).engine.model.l2_prefetch_bytes == 0
-    assert LLM(l2_prefetch_mb=8, **kw).engine.model.l2_prefetch_bytes == 8 << 20
-    with pytest.raises(ValueError, match="l2_prefetch_mb: must be an integer >= 0, got -1"):
-        LLM(l2_prefetch_mb=-1, **kw)
-    clean_env.setenv("DEEPINFER_L2_PREFETCH_MB", "-2")
-    with pytest.raises(ValueError, match="DEEPINFER_L2_PREFETCH_MB=-2: must be >= 0"):
-        Envs.from_environ()
 
 
 def test_a_bad_kernel_knob_fails_at_engine_start(clean_env):

@@ -1,13 +1,10 @@
-"""GPU: a decode step with its independent chains on side streams (engine/streams.py), with and
-without the L2 warm-up of the next weights (engine/prefetch.py), gives the same logits, DSpark
-features and cache contents, bit for bit, as on one stream: eager, and captured in a CUDA graph and
-replayed over new batches."""
+"""GPU: a decode step with its independent chains on side streams (engine/streams.py) gives the
+same logits, DSpark features and cache contents, bit for bit, as on one stream: eager, and
+captured in a CUDA graph and replayed over new batches."""
 
 import pytest
 import torch
 
-from deepinfer_model.engine.forward import next_weight
-from deepinfer_model.engine.prefetch import WeightPrefetch
 from deepinfer_model.engine.streams import DecodeStreams
 from deepinfer_model.metadata import ForwardMetadata
 from deepinfer_model.model import V41ForCausalLM
@@ -35,15 +32,12 @@ def _setup():
     return model, drv, seqs, g
 
 
-PREFETCH_BYTES = 64 << 10   # tiny's weights: some warmed whole, o_proj and lm_head in part
-
-
-def _forward(model, meta, cache, streams: bool, prefetch_bytes: int = 0):
-    model.decode_streams, model.l2_prefetch_bytes = streams, prefetch_bytes
+def _forward(model, meta, cache, streams: bool):
+    model.decode_streams = streams
     try:
         return model.forward(meta, cache)
     finally:
-        model.decode_streams, model.l2_prefetch_bytes = False, 0
+        model.decode_streams = False
 
 
 def test_decode_streams_are_used_only_where_they_are_safe():
@@ -54,33 +48,18 @@ def test_decode_streams_are_used_only_where_they_are_safe():
     assert not DecodeStreams(torch.device("cpu"), True).enabled        # no streams off the GPU
     model.decode_streams = False
     assert not DecodeStreams.usable(model, decode=True)
-    # the L2 warm-up runs on a side stream: only where the streams do, and with a budget
-    assert not WeightPrefetch(DecodeStreams(torch.device("cpu"), True), 1 << 20).enabled
-
-
-def test_next_weight_follows_the_layer_order_then_lm_head():
-    """After layer l's FFN the forward reads the next layer's input projection (encoder layers, then
-    the YOCO consumer layers), and lm_head after the last layer."""
-    model = V41ForCausalLM(tiny())
-    topo = model.config.topology
-    order = list(topo.encoder_layers) + list(topo.consumer_layers)
-    assert sorted(order) == list(range(model.config.num_hidden_layers))
-    for a, b in zip(order, order[1:]):
-        assert next_weight(model, a) is model.model.layers[b].self_attn.input_projection.weight()
-    assert next_weight(model, order[-1]) is model.lm_head.weight
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("prefetch_bytes", [0, PREFETCH_BYTES])
 @torch.no_grad()
-def test_decode_streams_eager_equal_one_stream_bit_for_bit(prefetch_bytes):
+def test_decode_streams_eager_equal_one_stream_bit_for_bit():
     model, drv, seqs, g = _setup()
     for step in range(6):   # steps with draft rows: rows of one request close entries the others do not read
         drafts = [[int(t) for t in torch.randint(4, 8192, (d,), generator=g)] for d in (0, 3, 5, 1, 0, 2, 4)]
         meta = drv.decode_meta(seqs, drafts, features=True)
         one_cache = clone_cache(drv.cache)
         one = _forward(model, meta, one_cache, streams=False)
-        side = _forward(model, meta, drv.cache, streams=True, prefetch_bytes=prefetch_bytes)
+        side = _forward(model, meta, drv.cache, streams=True)
         torch.cuda.synchronize()
         assert torch.equal(side.logits, one.logits), step
         assert torch.equal(side.dspark_features, one.dspark_features), step
@@ -91,9 +70,8 @@ def test_decode_streams_eager_equal_one_stream_bit_for_bit(prefetch_bytes):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("prefetch_bytes", [0, PREFETCH_BYTES])
 @torch.no_grad()
-def test_decode_streams_captured_graph_replays_like_one_stream_eager(prefetch_bytes):
+def test_decode_streams_captured_graph_replays_like_one_stream_eager():
     model, drv, seqs, g = _setup()
 
     def batch(idx, drafts):
@@ -109,13 +87,13 @@ def test_decode_streams_captured_graph_replays_like_one_stream_eager(prefetch_by
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):   # warm-up outside the graph
         for _ in range(2):
-            _forward(model, static, cache, streams=True, prefetch_bytes=prefetch_bytes)
+            _forward(model, static, cache, streams=True)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    model.decode_streams, model.l2_prefetch_bytes = True, prefetch_bytes
+    model.decode_streams = True
     with torch.cuda.graph(graph):
         s_out = model.forward(static, cache)
-    model.decode_streams, model.l2_prefetch_bytes = False, 0
+    model.decode_streams = False
     for m in batches:
         for name, v in vars(m).items():
             if isinstance(v, torch.Tensor):

@@ -34,8 +34,6 @@ class EngineConfig:
     compile_decode: bool | None = None     # torch.compile the graphed decode step; None = DEEPINFER_COMPILE_DECODE
     decode_streams: bool | None = None     # decode steps run independent kernel chains on side CUDA streams;
                                            #   None = DEEPINFER_DECODE_STREAMS (default on)
-    l2_prefetch_mb: int | None = None      # MB of the next weight a decode step warms in L2 at each latency-bound
-                                           #   stretch (0 = off); None = DEEPINFER_L2_PREFETCH_MB (default 24)
     compile_speculation: bool | None = None  # torch.compile the step's speculative part (CUDA graphs);
                                            #   None = DEEPINFER_COMPILE_SPECULATION
     seed: int = 0                          # engine seed: draws per-request seeds when none is given
@@ -62,8 +60,6 @@ class EngineConfig:
             raise ValueError(f"max_model_len: must be positive, got {self.max_model_len}")
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ValueError(f"num_kv_blocks: must be positive, got {self.num_kv_blocks}")
-        if self.l2_prefetch_mb is not None and (not isinstance(self.l2_prefetch_mb, int) or self.l2_prefetch_mb < 0):
-            raise ValueError(f"l2_prefetch_mb: must be an integer >= 0, got {self.l2_prefetch_mb!r}")
         if self.num_speculative_tokens is not None and self.num_speculative_tokens < 0:
             raise ValueError(f"num_speculative_tokens: must be >= 0, got {self.num_speculative_tokens}")
         if not self.structured_output_compile_timeout_s > 0:

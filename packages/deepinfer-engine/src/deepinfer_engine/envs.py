@@ -35,11 +35,6 @@ def _floats(name: str) -> tuple[float, ...] | None:
         raise ValueError(f"{name}={raw!r}: expected a float or a comma-separated list of floats") from None
 
 
-# L2 warm-up per latency-bound stretch of a decode step (deepinfer_model/engine/prefetch.py): about
-# half the H200's 50 MB L2, so the warmed bytes outlive the small kernels before their read
-DEFAULT_L2_PREFETCH_MB = 24
-
-
 @dataclass(frozen=True)
 class Envs:
     use_nextn_decode: int                  # DEEPINFER_USE_NEXTN_DECODE: drafts per step, 0 = no speculation
@@ -52,8 +47,6 @@ class Envs:
     compile_speculation: bool              # DEEPINFER_COMPILE_SPECULATION: inductor-compile main keys, verification, draft head
     batch_invariant: bool                  # DEEPINFER_BATCH_INVARIANT
     decode_streams: bool                   # DEEPINFER_DECODE_STREAMS: side streams for a decode step's independent chains
-    l2_prefetch_mb: int                    # DEEPINFER_L2_PREFETCH_MB: MB of the next weight a decode step warms in L2
-                                           #   at each latency-bound stretch (0 = off; needs decode_streams)
     confidence_head_temperature: tuple[float, ...] | None  # DEEPINFER_DFLASH_CONFIDENCE_HEAD_TEMPERATURE
     prefill_attempt_interval: int          # DEEPINFER_PREFILL_ATTEMPT_INTERVAL (DP vote, ALL points)
     prefill_any_attempt_interval: int      # DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL (DP vote, ANY points)
@@ -74,7 +67,6 @@ class Envs:
             compile_speculation=env_flag("DEEPINFER_COMPILE_SPECULATION", False),
             batch_invariant=env_flag("DEEPINFER_BATCH_INVARIANT", False),
             decode_streams=env_flag("DEEPINFER_DECODE_STREAMS", True),
-            l2_prefetch_mb=_int("DEEPINFER_L2_PREFETCH_MB", DEFAULT_L2_PREFETCH_MB, minimum=0),
             confidence_head_temperature=_floats("DEEPINFER_DFLASH_CONFIDENCE_HEAD_TEMPERATURE"),
             prefill_attempt_interval=_int("DEEPINFER_PREFILL_ATTEMPT_INTERVAL", 70, minimum=1),
             prefill_any_attempt_interval=_int("DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL", 100, minimum=1),

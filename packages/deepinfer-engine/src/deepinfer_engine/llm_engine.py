@@ -20,7 +20,6 @@ import torch
 from deepinfer_engine.config import EngineConfig
 from deepinfer_engine.envs import Envs
 from deepinfer_engine.errors import InvalidRequestError
-from deepinfer_engine.gc_freeze import freeze_startup_objects
 from deepinfer_engine.host_copy import arrays_to_device
 from deepinfer_engine.kernel_builds import describe_kernel_builds, kernel_build_seconds
 from deepinfer_engine.kv_sizing import num_kv_blocks, profile_activation_bytes
@@ -85,8 +84,6 @@ class LLMEngine(OutputPath):
             nextn=self.nextn, min_final_chunk_tokens=min_final_chunk,
             enable_prefix_caching=config.enable_prefix_caching, eos_token_ids=loaded.eos_token_ids))
         self.model.decode_streams = self.envs.decode_streams if config.decode_streams is None else config.decode_streams
-        prefetch_mb = self.envs.l2_prefetch_mb if config.l2_prefetch_mb is None else config.l2_prefetch_mb
-        self.model.l2_prefetch_bytes = prefetch_mb << 20
         self.runner = ModelRunner(self.model, blocks, config.block_size, config.max_num_seqs, self.nextn)
         if config.cuda_graphs and self.device.type == "cuda":
             max_rows = min(self.max_num_batched_tokens, config.max_num_seqs * (self.nextn + 1))
@@ -116,8 +113,6 @@ class LLMEngine(OutputPath):
         builds = describe_kernel_builds(kernel_builds_before, kernel_build_seconds())
         if builds is not None:   # the GPU: the activation profile and the graph captures built the kernels
             logger.info(builds)
-        if self.device.type == "cuda":   # ~1 ms decode steps: no full GC walk over the start's objects
-            logger.info("engine: %d objects of the start frozen out of the cyclic GC", freeze_startup_objects())
 
     # ------------------------------------------------------------------ requests
     def encode(self, prompt: str) -> list[int]:

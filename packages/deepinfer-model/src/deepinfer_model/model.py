@@ -78,10 +78,6 @@ class V41ForCausalLM(nn.Module):
         # decode steps on CUDA launch their independent chains on side streams (engine/streams.py);
         # the engine sets it from EngineConfig.decode_streams / DEEPINFER_DECODE_STREAMS
         self.decode_streams = False
-        # bytes of the next weight a decode step warms in L2 at each latency-bound stretch
-        # (engine/prefetch.py; 0 = off, needs decode_streams); the engine sets it from
-        # EngineConfig.l2_prefetch_mb / DEEPINFER_L2_PREFETCH_MB
-        self.l2_prefetch_bytes = 0
 
     @property
     def device(self) -> torch.device:

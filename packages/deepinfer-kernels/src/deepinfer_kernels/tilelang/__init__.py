@@ -18,7 +18,6 @@ bucket (the static dims: heads, head dim, ...) and cached for the process
 | ``moe_route`` | ``moe_route_tilelang`` |
 | ``matvec`` | ``matvec_tilelang`` (the one-row ``linear``), ``rms_norm_matvec_tilelang`` (``rms_norm_linear``: the norm in its prologue) |
 | ``shared_keys`` | ``shared_key_lists_tilelang`` (row pairs' union key lists for the grouped sparse MLA) |
-| ``l2_prefetch`` | ``l2_prefetch_tilelang`` (a weight's head into L2 ahead of its kernel; no result) |
 """
 
 from __future__ import annotations
@@ -57,7 +56,6 @@ LAUNCHERS = {
     "linear": "matvec:matvec_tilelang",
     "rms_norm_linear": "matvec:rms_norm_matvec_tilelang",
     "shared_key_lists": "shared_keys:shared_key_lists_tilelang",
-    "l2_prefetch": "l2_prefetch:l2_prefetch_tilelang",
 }
 
 

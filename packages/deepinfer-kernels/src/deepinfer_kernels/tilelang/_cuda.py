@@ -247,16 +247,3 @@ def regs_pv_dim(row):
     """Latent dim (within a 64-dim chunk) of the PV fragment's logical row ``row`` (``REGS_SRC``;
     an int or a TileLang expression)."""
     return (row // 16) * 16 + 2 * (row % 8) + (row % 16) // 8
-
-# L2 prefetch by the TMA unit (cp.async.bulk.prefetch.L2, SM90): the bytes [src, src + bytes) are
-# fetched into L2 with no destination, no completion to wait for and no registers held, so the
-# issuing thread moves on at once and the kernel may exit while the fill is under way. src 16-byte
-# aligned, bytes a multiple of 16.
-PREFETCH_SRC = r"""
-#ifndef DI_PREFETCH_SRC
-#define DI_PREFETCH_SRC
-__device__ __forceinline__ void di_prefetch_l2(const void* src, unsigned bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(src), "r"(bytes) : "memory");
-}
-#endif
-"""

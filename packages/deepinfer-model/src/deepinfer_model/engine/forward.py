@@ -40,7 +40,6 @@ from deepinfer_kernels.ops.indexer import indexer_topk_blocks
 from deepinfer_kernels.ops.paged_slots import far_entry_slots, num_far_entries, window_slots
 from deepinfer_kernels.ops.sparse_mla import shared_keys_enabled, sparse_mla_attention
 from deepinfer_model.engine.compressed import update_compressed_source
-from deepinfer_model.engine.prefetch import WeightPrefetch
 from deepinfer_model.engine.prefill_plan import LOGIT_ROW_OUTSIDE_REPLAY, short_last_chunk_error
 from deepinfer_model.engine.streams import DecodeStreams
 from deepinfer_model.metadata import ForwardMetadata, ForwardOutput, MetadataError
@@ -217,20 +216,8 @@ def _closing_rows(meta: ForwardMetadata) -> dict[int, torch.Tensor] | None:
     return meta.row_plan.closing_rows if meta.is_prefill and meta.row_plan is not None else None
 
 
-def next_weight(model, l: int) -> torch.Tensor:
-    """The first weight the forward reads after layer l's FFN: the next layer's input projection
-    (encoder layers, then the YOCO consumer layers), or lm_head after the last layer."""
-    topo = model.config.topology
-    order = list(topo.encoder_layers) + (list(topo.consumer_layers) if topo.yoco_enabled else [])
-    i = order.index(l)
-    if i + 1 == len(order):
-        return model.lm_head.weight
-    return model.model.layers[order[i + 1]].self_attn.input_projection.weight()
-
-
 def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata, cache,
-              streams: DecodeStreams, prefetch: WeightPrefetch | None = None) -> torch.Tensor:
-    """Layer l over the rows; `prefetch` (decode): warm o_proj and the next weight in L2 (prefetch.py)."""
+              streams: DecodeStreams) -> torch.Tensor:
     cfg = model.config
     layer = model.model.layers[l]
     attn = layer.self_attn
@@ -265,8 +252,6 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
                 max_far = static_max_far(meta, cfg.sliding_window, layer.ratio) if static else None
                 far = far_selection(model, layer, q_lat, attn.fused_index_weights(fused), rows, meta, cache, max_far)
         q = attn.queries(q_lat, rope)
-        if prefetch is not None:   # o_proj's head, once q_b is read: beside the indexer chain and the attention
-            prefetch.warm(attn.o_proj.weight)
     # the latent's RoPE (columns no side stream reads) and store: the layer's own plane, slots index it
     attn.store_latent(fused, cache.kv[plane], rows.slots, rope)
     streams.join("query", outputs=(q,))
@@ -282,20 +267,15 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
                                 far.entry_slots, far.base, cfg.index_block_size)
         o, _ = sparse_mla_attention(q, cache.kv_flat, idx, attn.sm_scale, shared_keys=shared)
     post = layer.post_attention_layernorm
-    # the next weight's head, once the experts' down GEMM is read: beside their combine
-    warm_next = None if prefetch is None else (lambda: prefetch.warm(next_weight(model, l)))
     if isinstance(layer.mlp, MoE) and layer.mlp.input_projection is not None and not torch.is_grad_enabled():
         # the add, the norm and the MoE input projection: one launch at batch 1 on SM90; the residual
         # add of the output happens in the routed experts' combine
         x, u, projected = post.add_linear(x, attn.output(o), layer.mlp.input_projection.weight())
-        return layer.mlp(u, residual=x, streams=streams, projected=projected, before_combine=warm_next)
+        return layer.mlp(u, residual=x, streams=streams, projected=projected)
     x, u = post.add_forward(x, attn.output(o))   # the add and the norm: one launch
     if isinstance(layer.mlp, MoE):
-        return layer.mlp(u, residual=x, streams=streams, before_combine=warm_next)
-    out = layer.mlp(u)
-    if warm_next is not None:
-        warm_next()
-    return x + out
+        return layer.mlp(u, residual=x, streams=streams)
+    return x + layer.mlp(u)
 
 
 def _replay_start(model, meta: ForwardMetadata) -> torch.Tensor | None:
@@ -336,8 +316,6 @@ def engine_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
     req = meta.row_to_req
     positions, slots = meta.positions.long(), meta.slot_mapping.long()
     streams = DecodeStreams(positions.device, DecodeStreams.usable(model, decode))
-    warm = WeightPrefetch(streams, getattr(model, "l2_prefetch_bytes", 0))
-    prefetch = warm if warm.enabled else None
     # 1. Engram ids first. At decode the rows' RoPE tables, the Engram windows and buckets and the
     # rows' window / far-entry slots are computed on side stream "rows" (joined where a layer first
     # reads them): none of it waits on the main stream's chain to the first GEMM.
@@ -377,7 +355,7 @@ def engine_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
     # 3. Encoder layers over every row.
     x = model.model.embed_tokens(meta.input_ids.long())
     for l in topo.encoder_layers:
-        x = run_layer(model, l, x, rows, meta, cache, streams, prefetch)
+        x = run_layer(model, l, x, rows, meta, cache, streams)
         if l in targets:
             feats[l] = take(x)
     # 4./5. YOCO shared hidden, consumer compressors, consumer layers over the full rows.
@@ -393,7 +371,7 @@ def engine_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
         x = take(x)
         frows = rows if decode else rows.subset(full_rows, lo[full_rows])
         for l in (topo.consumer_layers if full_rows.numel() else ()):  # no last chunk: encoder side only
-            x = run_layer(model, l, x, frows, meta, cache, streams, prefetch)
+            x = run_layer(model, l, x, frows, meta, cache, streams)
             if l in targets:
                 feats[l] = x
     else:

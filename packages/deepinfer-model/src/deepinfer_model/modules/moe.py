@@ -11,7 +11,6 @@ plain per-expert loop (the oracle).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -65,31 +64,24 @@ class MoE(nn.Module):
         return self.route_logits(self.gate(x))
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
-                streams: DecodeStreams | None = None, projected: torch.Tensor | None = None,
-                before_combine: Callable[[], None] | None = None) -> torch.Tensor:
+                streams: DecodeStreams | None = None, projected: torch.Tensor | None = None) -> torch.Tensor:
         """x [N, H] -> [N, H]: the MoE output, plus `residual` [N, H] when given (`residual + moe(x)`,
         added inside the routed experts' combine on SM90 together with the shared expert's output).
         `streams` (decode): the shared expert runs beside the routing and the routed experts' GEMMs.
         `projected`: `input_projection(x)` already made (decode, batch 1: in the launch of the norm
-        that made x, `RMSNorm.add_linear`). `before_combine`: called once the expert GEMMs are
-        launched, before their combine (engine/prefetch.py launches the next weight's L2 warm-up there)."""
+        that made x, `RMSNorm.add_linear`)."""
         if self.input_projection is None:
             weights, ids = self.route(x)
-            return routed_experts(x, weights, ids, self.experts.w13, self.experts.w2, residual=residual,
-                                  before_combine=before_combine)
+            return routed_experts(x, weights, ids, self.experts.w13, self.experts.w2, residual=residual)
         fused = self.input_projection(x) if projected is None else projected
         logits, gate, up = self.input_projection.split(fused)
         with streams.on("shared", reads=(fused,)) if streams is not None else contextlib.nullcontext():
             shared = self.shared_experts.from_gate_up(gate, up)
         weights, ids = self.route_logits(logits)
         # decode: the routing and the expert GEMMs run beside the shared expert, joined at the combine
-        def hook() -> None:
-            if streams is not None:
-                streams.join("shared", outputs=(shared,))
-            if before_combine is not None:
-                before_combine()
+        join = None if streams is None else (lambda: streams.join("shared", outputs=(shared,)))
         return routed_experts(x, weights, ids, self.experts.w13, self.experts.w2, shared=shared, residual=residual,
-                              before_combine=hook if streams is not None or before_combine is not None else None)
+                              before_combine=join)
 
     def route_reference(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The oracle's routing (written out, independent of the op): x [N, H] -> (weights float32
