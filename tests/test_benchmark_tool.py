@@ -29,6 +29,7 @@ def test_decode_rows_pool_rounds_and_count_drafts(tmp_path):
     for r in rows:
         assert r["kind"] == "decode" and r["batch"] == 2 and r["rounds"] == 2
         assert r["avg_sps"] > 0 and r["tokens_per_s_real"] > 0 and r["prefill_steps_in_window"] == 0
+        assert isinstance(r["gc_pauses_in_window"], dict)
     plain, fixed, varlen = rows
     assert plain["drafts_verified_per_step"] == 0
     assert fixed["drafts_verified_per_step"] == 2 * 3          # every request verifies nextn drafts
@@ -74,6 +75,7 @@ def test_steady_state_period_on_gpu(tmp_path):
     ceilings, row = rows
     assert ceilings["kind"] == "ceilings" and row["kind"] == "decode"
     assert row["period_ms"] >= 0.9 * row["device_step_ms"] > 0
+    assert row["idle_gap_max_ms"] >= row["idle_gap_ms"] and row["num_slow_gaps"] >= len(row["slow_gaps"])
     assert abs(row["avg_sps_period"] * row["period_ms"] - 1e3) < 1e-6
     assert abs(row["weight_read_tb_s_period"] - row["weight_bytes_per_step"] * row["avg_sps_period"] / 1e12) < 1e-12
     assert abs(row["weight_read_fraction_of_copy_period"] * ceilings["copy_bw_tb_s"]

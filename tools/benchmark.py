@@ -16,7 +16,9 @@ events over the steps between them (`period_ms`, idle included; `avg_sps_period`
 flight, so a window of S steps holds ~S + 1 steps of device work): it reads low by ~1/S, which
 longer windows (--steps) shrink.
 ZOS idle: with CUDA events at each step's device start and end, the idle gap between consecutive
-decode steps as a fraction of the step time. A whole-step graph's start event is recorded once
+decode steps as a fraction of the step time. Host stalls: the window's largest and total idle
+(`idle_gap_max_ms`, `idle_gap_total_ms`), the gaps over SLOW_GAP_MS (`slow_gaps`: round, window
+step, ms) and Python's garbage collections in the window by generation (`gc_pauses_in_window`). A whole-step graph's start event is recorded once
 its host work is done, right before its input copies, so the gap is the device's idle time
 (before session 12 it was recorded as `launch` began, and the host-paced eager launches of the
 fix-up then counted as step time, not idle: 0.4-0.7% was reported while the device idled ~25%).
@@ -30,6 +32,7 @@ Every row of --result-jsonl is one measurement with its configuration.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -85,6 +88,8 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
     prompts = make_prompts(batch * rounds, args.prompt_len, engine.vocab_size, seed=batch, code=args.code_prompts)
     host_s, host_window, spans, gaps = None, None, [], []
     period_ms = period_steps = 0.0   # completion to completion inside each window (CUDA events)
+    slow_gaps = []                    # (round, window step, ms) of idle gaps over SLOW_GAP_MS
+    pauses = GcPauses()
     steps = elapsed = tokens = prefill_steps = drafts = 0
     for r in range(rounds):
         for p in prompts[r * batch: (r + 1) * batch]:
@@ -100,10 +105,11 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
         tok0, steps0, prefills0, drafts0 = (engine.stats.num_generated_tokens, engine.stats.num_decode_steps,
                                             engine.stats.num_prefill_steps, engine.stats.num_draft_tokens)
         start = time.perf_counter()
-        for _ in range(args.steps):
-            engine.step()
-        if engine.device.type == "cuda":
-            torch.cuda.synchronize()
+        with pauses:
+            for _ in range(args.steps):
+                engine.step()
+            if engine.device.type == "cuda":
+                torch.cuda.synchronize()
         elapsed += time.perf_counter() - start
         if host_s is not None:
             host_window = dict(host_s)   # the window only, not the abort steps after it
@@ -120,6 +126,8 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
             gaps += [tl[i][1].elapsed_time(tl[i + 1][0]) for i in range(len(tl) - 1)]
             period_ms += tl[0][1].elapsed_time(tl[-1][1])
             period_steps += len(tl) - 1
+            slow_gaps += [(r, i, round(tl[i][1].elapsed_time(tl[i + 1][0]), 3)) for i in range(len(tl) - 1)
+                          if tl[i][1].elapsed_time(tl[i + 1][0]) > SLOW_GAP_MS]
         engine.runner.timeline = None
         _abort_all(engine)
     sps = steps / elapsed
@@ -144,7 +152,10 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
         row.update(device_step_ms=float(np.median(spans)), idle_gap_ms=float(np.median(gaps)),
                    idle_fraction=float(np.median(gaps) / np.median(spans)))
     if period_steps:
-        row.update(period_ms=period_ms / period_steps, avg_sps_period=1e3 * period_steps / period_ms)
+        row.update(period_ms=period_ms / period_steps, avg_sps_period=1e3 * period_steps / period_ms,
+                   idle_gap_max_ms=float(np.max(gaps)), idle_gap_total_ms=float(np.sum(gaps)),
+                   device_step_max_ms=float(np.max(spans)), slow_gaps=slow_gaps[:20], num_slow_gaps=len(slow_gaps))
+    row["gc_pauses_in_window"] = pauses.summary()
     if batch == 1 and engine.nextn == 0:   # issue 6's decode roofline: bytes that must be read / step time
         wbytes = weight_bytes_per_decode_step(engine.runner.model)
         row.update(weight_bytes_per_step=wbytes, weight_read_tb_s=wbytes * sps / 1e12)
@@ -155,6 +166,36 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
     del engine
     free_device_memory()
     return row
+
+
+SLOW_GAP_MS = 0.2   # an idle gap between decode steps this long is listed (a host stall, not the pipeline)
+
+
+class GcPauses:
+    """Python's cyclic garbage collections while the context is open (it may be entered again):
+    count and ms per generation. A collection runs on the host between launches; with ZOS it shows
+    as device idle only when it outlasts the step in flight."""
+
+    def __init__(self):
+        self.by_gen: dict[int, list[float]] = {}
+        self._t0 = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.by_gen.setdefault(info["generation"], []).append((time.perf_counter() - self._t0) * 1e3)
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self)
+
+    def summary(self) -> dict:
+        return {f"gen{g}": {"count": len(v), "total_ms": round(sum(v), 3), "max_ms": round(max(v), 3)}
+                for g, v in sorted(self.by_gen.items())}
 
 
 def weight_bytes_per_decode_step(model) -> int:
