@@ -16,12 +16,13 @@ events over the steps between them (`period_ms`, idle included; `avg_sps_period`
 flight, so a window of S steps holds ~S + 1 steps of device work): it reads low by ~1/S, which
 longer windows (--steps) shrink.
 ZOS idle: with CUDA events at each step's device start and end, the idle gap between consecutive
-decode steps as a fraction of the step time. Host stalls: the window's largest and total idle
-(`idle_gap_max_ms`, `idle_gap_total_ms`), the gaps over SLOW_GAP_MS (`slow_gaps`: round, window
-step, ms) and Python's garbage collections in the window by generation (`gc_pauses_in_window`). A whole-step graph's start event is recorded once
+decode steps as a fraction of the step time. A whole-step graph's start event is recorded once
 its host work is done, right before its input copies, so the gap is the device's idle time
 (before session 12 it was recorded as `launch` began, and the host-paced eager launches of the
 fix-up then counted as step time, not idle: 0.4-0.7% was reported while the device idled ~25%).
+Host stalls: the window's largest and total idle (`idle_gap_max_ms`, `idle_gap_total_ms`), the
+gaps over SLOW_GAP_MS (`slow_gaps`: round, window step, ms) and Python's garbage collections in
+the window by generation (`gc_pauses_in_window`).
 Decode at batch 1 without speculation also reports the weight bytes a step must read and
 weights / step time (`weight_read_tb_s` over the wall-clock window, `weight_read_tb_s_period` over
 the steady-state period, and their fractions of the measured copy bandwidth on CUDA: issue 6's
@@ -87,7 +88,7 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
     rounds = max(args.rounds, 1)
     prompts = make_prompts(batch * rounds, args.prompt_len, engine.vocab_size, seed=batch, code=args.code_prompts)
     host_s, host_window, spans, gaps = None, None, [], []
-    period_ms = period_steps = 0.0   # completion to completion inside each window (CUDA events)
+    period_ms, period_steps = 0.0, 0   # completion to completion inside each window (CUDA events)
     slow_gaps = []                    # (round, window step, ms) of idle gaps over SLOW_GAP_MS
     pauses = GcPauses()
     steps = elapsed = tokens = prefill_steps = drafts = 0
@@ -123,11 +124,11 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
         if engine.runner.timeline:
             tl = engine.runner.timeline
             spans += [s.elapsed_time(d) for s, d in tl]
-            gaps += [tl[i][1].elapsed_time(tl[i + 1][0]) for i in range(len(tl) - 1)]
+            window_gaps = [tl[i][1].elapsed_time(tl[i + 1][0]) for i in range(len(tl) - 1)]
+            gaps += window_gaps
+            slow_gaps += [(r, i, round(g, 3)) for i, g in enumerate(window_gaps) if g > SLOW_GAP_MS]
             period_ms += tl[0][1].elapsed_time(tl[-1][1])
             period_steps += len(tl) - 1
-            slow_gaps += [(r, i, round(tl[i][1].elapsed_time(tl[i + 1][0]), 3)) for i in range(len(tl) - 1)
-                          if tl[i][1].elapsed_time(tl[i + 1][0]) > SLOW_GAP_MS]
         engine.runner.timeline = None
         _abort_all(engine)
     sps = steps / elapsed
