@@ -147,20 +147,21 @@ def _regs_edit() -> ModuleEdit:
     i12, i24, i32 = " " * 12, " " * 24, " " * 32
     c = "tw == 0"
     return ModuleEdit("sparse_mla_regs", (
-        ("T.import_source(DEQUANT_SRC + BULK_COPY_SRC + REGS_SRC)",
-         f"T.import_source(DEQUANT_SRC + BULK_COPY_SRC + REGS_SRC + {MARK_SRC!r})"),
-        ("a_qk, a_pv, st, scale):\n", "a_qk, a_pv, st, scale, Opart, r):\n"),
-        ("a_qk, a_pv, st, scale)\n", "a_qk, a_pv, st, scale, Opart, r)\n"),
+        ("T.import_source(DEQUANT_SRC + BULK_COPY_SRC + REGS_SRC + FP8_QK_SRC)",
+         f"T.import_source(DEQUANT_SRC + BULK_COPY_SRC + REGS_SRC + FP8_QK_SRC + {MARK_SRC!r})"),
+        ("accs, a_pv, st,\n                scale):\n", "accs, a_pv, st,\n                scale, Opart, r):\n"),
+        ("accs, a_pv, st,\n                scale)\n", "accs, a_pv, st,\n                scale, Opart, r)\n"),
         ("            T.barrier_wait(ready[s], (i // NST) & 1)\n",
          "            T.barrier_wait(ready[s], (i // NST) & 1)\n" + _mark("4 * w", "i", c, i12)),
-        ("            T.copy(acc_s, S_sm[:, 0:HB])\n", _mark("4 * w + 1", "i", c, i12) + "            T.copy(acc_s, S_sm[:, 0:HB])\n"),
+        ("            _consumer_sync(T, PAIR_BARRIERS[w])      # S_sm complete",
+         _mark("4 * w + 1", "i", c, i12) + "            _consumer_sync(T, PAIR_BARRIERS[w])      # S_sm complete"),
         ("            _consumer_sync(T, PAIR_BARRIERS[w])      # P_s and alpha_s complete\n",
          "            _consumer_sync(T, PAIR_BARRIERS[w])      # P_s and alpha_s complete\n" + _mark("4 * w + 2", "i", c, i12)),
         ("            T.barrier_arrive(empty[s])\n", "            T.barrier_arrive(empty[s])\n" + _mark("4 * w + 3", "i", c, i12)),
         ("                        T.barrier_wait(full[s], (i // NST) & 1)\n",
-         "                        T.barrier_wait(full[s], (i // NST) & 1)\n" + _mark(REGS_EV["prep_full"], "i", "pt == 0", i24)),
+         "                        T.barrier_wait(full[s], (i // NST) & 1)\n" + _mark(REGS_EV["prep_full"], "i", "lane == 0", i24)),
         ("                        T.barrier_arrive(ready[s])\n",
-         "                        T.barrier_arrive(ready[s])\n" + _mark(REGS_EV["prep_ready"], "i", "pt == 0", i24)),
+         "                        T.barrier_arrive(ready[s])\n" + _mark(REGS_EV["prep_ready"], "i", "lane == 0", i24)),
         ("                                T.barrier_wait(empty[i % NST], (i // NST) & 1)\n",
          "                                T.barrier_wait(empty[i % NST], (i // NST) & 1)\n" + _mark(REGS_EV["i_free"], "i", "tp == 0", i32)),
         ("                                issue_block(Pool, K8, ix_s, full, i % NST, tp, ib, u * (RPL + 1))\n",
@@ -169,9 +170,9 @@ def _regs_edit() -> ModuleEdit:
     ))
 
 
-def regs_prim_func():
-    """The instrumented "regs" kernel's prim_func (no split)."""
-    return load_variant([_regs_edit()], "timeline_regs")._build_regs(HEADS, D, False)
+def regs_prim_func(**options):
+    """The instrumented "regs" kernel's prim_func (no split; ``options``: ``_build_regs``'s)."""
+    return load_variant([_regs_edit()], "timeline_regs")._build_regs(HEADS, D, False, **options)
 
 
 def regs_phases(marks, nblk: int) -> dict[str, float]:

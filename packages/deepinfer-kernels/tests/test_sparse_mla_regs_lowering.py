@@ -1,6 +1,6 @@
-"""The register-operand sparse MLA decode kernel (``sparse_mla_regs.py``, experimental): its index
-permutations, and its lowering (register-A wgmmas fed by the FP8 fills, no bf16 tile, shared
-memory within the SM90 limit, no spill). No GPU needed; the lowering tests run where TileLang is
+"""The register-operand sparse MLA decode kernel (``sparse_mla_regs.py``, experimental): its PV row
+permutation, and its lowering (FP8 QK and register-A PV wgmmas, no bf16 tile, shared memory
+within the SM90 limit, no spill). No GPU needed; the lowering tests run where TileLang is
 installed, the spill test where nvcc is too. Its results are checked on the GPU in
 ``test_tilelang_sparse_mla.py -k regs``."""
 
@@ -13,18 +13,9 @@ import subprocess
 
 import pytest
 
-from deepinfer_kernels.tilelang._cuda import regs_pv_dim, regs_qk_column
+from deepinfer_kernels.tilelang._cuda import regs_pv_dim
 
 SMEM_PER_BLOCK = 232_448        # SM90 opt-in maximum, static + dynamic
-
-
-def test_qk_column_permutation_matches_the_ldmatrix_bytes():
-    """Lane (g, t) of ``ldmatrix`` holds bytes 4t..4t+3 of a 16-byte half; the wgmma fragment wants
-    logical columns 2t, 2t+1 (register 0) and 2t+8, 2t+9 (register 2) from them, in that order."""
-    assert sorted(regs_qk_column(l) for l in range(16)) == list(range(16))
-    for t in range(4):
-        assert [regs_qk_column(2 * t), regs_qk_column(2 * t + 1)] == [4 * t, 4 * t + 1]
-        assert [regs_qk_column(2 * t + 8), regs_qk_column(2 * t + 9)] == [4 * t + 2, 4 * t + 3]
 
 
 def test_pv_row_permutation_pairs_each_lanes_two_dims():
@@ -59,8 +50,9 @@ def lowered(request):
 def test_register_operand_wgmmas_only(lowered):
     _, src, dyn = lowered
     assert "wgmma_ss" not in src                      # no bf16 tile in shared memory
-    assert src.count("wgmma_rs<") == 2 * (1 + 8)      # per consumer: one QK loop, 8 PV fragments
-    assert src.count("di_fill_qk<528, 512, 4>(") == 2 and src.count("di_fill_pv<528>(") == 2 * 8
+    assert src.count("wgmma_rs<") == 2 * 8            # per consumer: 8 PV fragments
+    assert src.count("di_qk_fp8<528, 512, 17, 4>(") == 2 and src.count("di_fill_pv<528>(") == 2 * 8
+    assert src.count("warpgroup_reg_alloc<232>") == 2 and src.count("warpgroup_reg_dealloc<40>") == 1
     assert dyn + 1024 <= SMEM_PER_BLOCK
 
 
