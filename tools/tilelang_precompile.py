@@ -59,6 +59,8 @@ def _specs():
     for width in (128, 384, 1024):   # pairs at 16 heads too (DEEPINFER_SPARSE_MLA_GROUP_ROWS=2, the tests' pairs)
         add("sparse_mla", "sparse_mla", [("get_shared_keys_kernel", (width,)), ("get_groups_kernel", (16, 512))])
     add("sparse_mla", "sparse_mla", [("get_shared_keys_kernel", (128, 4))])   # quads of window-only rows
+    # the experimental register-operand decode kernel (variant="regs": heads <= 16 at D 512, whole rows and split)
+    add("sparse_mla_regs", "sparse_mla", [("get_kernel", (h, 512, "regs", split)) for h in (8, 16) for split in (False, True)])
     # the experimental two-consumer bulk kernel (sparse_mla_attention_tilelang(..., consumers=2)), untrimmed and trimmed
     add("sparse_mla", "sparse_mla", [("get_kernel", (16, 512, "bulk", True, 16, 0, trim, 2)) for trim in (False, True)])
 
