@@ -42,7 +42,7 @@ def test_bulk_with_two_consumer_warpgroups_matches_the_reference(rows, heads, d,
     (3, 16, 64, None, dict(q_scale=8.0)),                         # one block: the second consumer has none
     (2, 16, 1, None, dict()),                                     # width 1
     (4, 16, 300, None, dict(duplicates=True)),                    # duplicate slots count twice
-    (7, 16, 640, None, dict(empty_frac=0.5)),                     # half the records invalid: zeroed in the stage
+    (7, 16, 640, None, dict(empty_frac=0.5)),                     # half the records invalid: never copied, masked
     (132, 16, 2048, None, dict(paged=128)),                       # the decode benchmark's KV-block layout
     (4, 16, 256, None, dict(pool_scale=2.0 ** 16, q_scale=2.0 ** -16)),   # scale bytes over 134: two-multiply PV fills
     (4, 16, 256, None, dict(pool_scale=2.0 ** -20, q_scale=4.0)),  # tiny latents: Q's hi / lo scales

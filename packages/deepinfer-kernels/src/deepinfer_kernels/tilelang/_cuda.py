@@ -229,7 +229,7 @@ __device__ __forceinline__ void di_fill_pv(void* frag, const void* stage, const 
 # a, b per head (``di_q8_prep``), 32 rows (hi heads 0..15, lo heads 16..31) in the no-swizzle K-major
 # layout: byte (n, k) at (k / 16) 512 + 16 n + k % 16 (core matrices 8 rows x 16 bytes; 512 bytes
 # between the two 16-byte halves of a k-step, 128 between 8-row groups). hi + lo holds every bf16
-# element exactly unless it sits ~9 binades below its head's largest (then lo is subnormal).
+# element exactly unless it sits more than ~13 binades below its head's largest (lo then subnormal).
 # Records of invalid slots are not copied (garbage, maybe e4m3 NaN): their rows are selected to -inf.
 FP8_QK_SRC = r"""
 #ifndef DI_FP8_QK_SRC

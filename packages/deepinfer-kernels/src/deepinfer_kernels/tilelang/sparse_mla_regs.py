@@ -107,9 +107,9 @@ def _build_regs(heads: int, d: int, split: bool, qk_buffers: int = QK_BUFFERS, p
     def consume(w, tw, nblk, K8, vm, sft, one_mul, Q8_s, qsc_s, S_sm, P_s, alpha_s, ready, empty, accs, a_pv, st,
                 scale):
         # consumer w's blocks 2j + w: QK, online softmax, PV; stage handed back after PV. S_sm, P_s,
-        # alpha_s: consumer w's own. Each fragment's wgmmas are waited for before the next fill: two
-        # alternating fragments with the wait one wgmma later measured slower (154 vs 120 us over
-        # 132 rows x 32 KV blocks, H200 2026-12-01)
+        # alpha_s: consumer w's own. pv_overlap: two alternating A fragments, fragment mc's wgmma
+        # waited for after fragment mc + 1's fill (within the runs' spread of the one-fragment loop
+        # on the H200, 2026-12-02)
         for j in T.serial((nblk - w + 1) // 2):
             i = 2 * j + w
             s = i % NST
@@ -151,7 +151,7 @@ def _build_regs(heads: int, d: int, split: bool, qk_buffers: int = QK_BUFFERS, p
             T.clear(acc_c)
         st[0] = NEG_INIT
         st[1] = 0.0
-        T.sync_threads(Q_LOAD_BARRIER, 256)         # Q_s complete before either consumer's first QK
+        T.sync_threads(Q_LOAD_BARRIER, 256)         # Q8_s, qsc_s complete before either consumer's first QK
         consume(w, tw, nblk, K8, vm, sft, one_mul, Q8_s, qsc_s, S_sm, P_s, alpha_s, ready, empty, accs, a_pv, st,
                 scale)
         if w == 1:
