@@ -83,7 +83,7 @@ case "$MODE" in
       --invariant-compare > "$OUT/batch64_nextn0.log" 2>&1 ;;
   flashslice)
     stage flashslice 560 "${BENCH[@]}" --model preset:flash-slice --decode-batch-sizes 1 --max-num-seqs 1 \
-      --no-prefill --prompt-len 512 --max-model-len 1024 --warmup-steps 20 --steps 40 > "$OUT/flashslice.log" 2>&1 ;;
+      --no-prefill --prompt-len 512 --max-model-len 1024 --warmup-steps 20 --steps 400 > "$OUT/flashslice.log" 2>&1 ;;
   ops)
     stage ops_b1 200 "$PY" tools/profile_ops.py --model preset:mini --batch 1 > "$OUT/ops_b1.log" 2>&1
     stage ops_b64 150 "$PY" tools/profile_ops.py --model preset:mini --batch 64 > "$OUT/ops_b64.log" 2>&1
