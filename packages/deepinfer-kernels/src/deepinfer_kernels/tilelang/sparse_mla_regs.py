@@ -35,9 +35,10 @@ but still slower than ``bulk`` where the keys come in runs: 113 vs 75 us over KV
 (first version 121), 119 vs 124 us over random slots (133), 32 vs 20 us on the engine's packed
 indices (52). Its timeline (``tools/sparse_mla_decode_timeline.py regs``): per block and consumer
 ~3,000 cycles of QK, ~1,250 of softmax and ~5,500 of PV; deeper QK pipelining (2 to 6 wgmmas in
-flight) and overlapping PV's fills with its wgmmas changed nothing measurable, so the consumers'
-register-operand wgmmas and PV's conversions (3 integer operations a value pair) bound it. Kept as
-the base of that design, not dispatched.
+flight) and overlapping PV's fills with its wgmmas changed nothing measurable. A timing-only probe
+(16 wgmmas, one wait, scores unscaled) ran QK in ~1,350 cycles: the per-group waits before each
+scaling serialize it, not the register-operand fences. PV's conversions (3 integer operations a
+value pair) are the larger half. Kept as the base of that design, not dispatched.
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations at
