@@ -1,7 +1,8 @@
 """tools/sparse_mla_quads_diag.py and tools/sparse_mla_decode_diag.py: every variant still finds the
 code it compiles out (the kernels' source moves on; a substitution that no longer applies must
 fail, not time the base kernel), and builds its TileLang prim_func where TileLang is installed.
-tools/sparse_mla_decode_timeline.py: its marks land where it says and its phase arithmetic."""
+tools/sparse_mla_decode_timeline.py: its marks land where it says and its phase arithmetic.
+tools/sparse_mla_regs_qk_probe.py: its probes replace the regs kernel's QK."""
 
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import kernel_variants  # noqa: E402
 import sparse_mla_decode_diag  # noqa: E402
 import sparse_mla_decode_timeline  # noqa: E402
 import sparse_mla_quads_diag  # noqa: E402
+import sparse_mla_regs_qk_probe  # noqa: E402
 
 TOOLS = {"quads": sparse_mla_quads_diag, "decode": sparse_mla_decode_diag}
 CASES = [(tool, name) for tool, module in TOOLS.items() for name in sorted(module.VARIANTS)]
@@ -121,3 +123,16 @@ def test_regs_timeline_prim_func_builds():
     pytest.importorskip("tilelang")
     func = sparse_mla_decode_timeline.regs_prim_func()
     assert "Opart" in {b.name for b in func.buffer_map.values()}
+
+
+@pytest.mark.parametrize("fence_each", [0, 1])
+def test_qk_probe_swaps_the_regs_kernels_qk(fence_each):
+    src = kernel_variants.edited_source(sparse_mla_regs_qk_probe.probe_edit(fence_each), "qk_probe")
+    compile(src, "r.py", "exec")
+    assert f'di_qk_probe<{{REC}}, {{d}}, {{SST}}, {{qk_buffers}}, {fence_each}>' in src
+    assert "di_qk_fp8<" not in src and src.count('"di_mark", T.access_ptr') == 8
+
+
+def test_qk_probe_prim_func_builds():
+    pytest.importorskip("tilelang")
+    assert "Opart" in {b.name for b in sparse_mla_regs_qk_probe.probe_func(1).buffer_map.values()}

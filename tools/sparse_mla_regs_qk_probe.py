@@ -1,0 +1,92 @@
+"""Where the FP8 QK of the register-operand sparse MLA kernel (``sparse_mla_regs.py``) loses its time:
+the kernel's per-phase timeline (``sparse_mla_decode_timeline.py regs``) beside two timing-only
+probes whose QK skips the per-group scaling (their scores are wrong; never merged):
+
+    probe 1: all 16 A fragments loaded first, one fence, 16 wgmmas into one accumulator, one wait
+    probe 2: the same with a fence and a commit around each wgmma
+
+H200, 2026-12-02: QK 3,040-3,151 cycles a block as is, 1,334-1,369 in both probes: the waits for
+each group's result before scaling it serialize QK, not the register-operand fences.
+
+    python tools/sparse_mla_regs_qk_probe.py
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import sparse_mla_decode_timeline as TL  # noqa: E402
+from kernel_variants import ModuleEdit, compile_variant, load_variant  # noqa: E402
+
+PROBE = r'''
+template <int REC, int D, int SST, int NBUF, int FENCE_EACH>
+__device__ __forceinline__ void di_qk_probe(const void* stage, const void* q8, const float* qsc, const float* vm,
+                                            float* S_sm, int tx) {
+  constexpr int NG = D / 32;
+  const int lane = tx & 31, w = (tx >> 5) & 3, g = lane >> 2, t = lane & 3;
+  const unsigned char* st = reinterpret_cast<const unsigned char*>(stage);
+  const unsigned row = (unsigned)__cvta_generic_to_shared(
+      st + (16 * w + ((lane >> 3) & 1) * 8 + (lane & 7)) * REC + (lane >> 4) * 16);
+  const unsigned long long desc0 = (unsigned long long)((__cvta_generic_to_shared(q8) >> 4) & 0x3fff)
+                                   | (32ull << 16) | (8ull << 32);
+  unsigned a[NG][4];
+#pragma unroll
+  for (int G = 0; G < NG; ++G) di_ldsm_x4_s(row + 32 * G, a[G][0], a[G][1], a[G][2], a[G][3]);
+  float d[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) d[i] = 0.f;
+  if (!FENCE_EACH) di_wgmma_fence();
+#pragma unroll
+  for (int G = 0; G < NG; ++G) {
+    if (FENCE_EACH) di_wgmma_fence();
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+        "{%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[G][0]), "r"(a[G][1]), "r"(a[G][2]), "r"(a[G][3]), "l"(desc0 + (unsigned long long)(64 * G)), "r"(1));
+    if (FENCE_EACH) di_wgmma_commit();
+  }
+  if (!FENCE_EACH) di_wgmma_commit();
+  di_wgmma_wait<0>();
+  di_pin16(d);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int tok = 16 * w + g + 8 * ((i >> 1) & 1), h = 8 * (i >> 2) + 2 * t + (i & 1);
+    const float s = fmaf(d[(i >> 2) * 4 + (i & 3)], qsc[h], d[8 + (i >> 2) * 4 + (i & 3)] * qsc[16 + h]);
+    S_sm[tok * SST + h] = vm[tok] == 0.f ? s : __int_as_float(0xff800000);
+  }
+}
+'''
+
+
+def probe_edit(fence_each: int) -> ModuleEdit:
+    """The timeline's marks plus the probe QK (``fence_each``: 0 = probe 1, 1 = probe 2)."""
+    base = TL._regs_edit()
+    subs = base.substitutions + (
+        ("REGS_SRC + FP8_QK_SRC + ", f"REGS_SRC + FP8_QK_SRC + {PROBE!r} + "),
+        ('QK_FP8 = f"di_qk_fp8<{REC}, {d}, {SST}, {qk_buffers}>"',
+         f'QK_FP8 = f"di_qk_probe<{{REC}}, {{d}}, {{SST}}, {{qk_buffers}}, {fence_each}>"'),
+    )
+    return ModuleEdit(base.name, subs)
+
+
+def probe_func(fence_each: int):
+    """The instrumented probe kernel's prim_func (no split)."""
+    return load_variant([probe_edit(fence_each)], f"qk_probe{fence_each}")._build_regs(TL.HEADS, TL.D, False)
+
+
+def main() -> None:
+    for label, pf in (("kernel as is", TL.regs_prim_func()), ("probe1: one fence", probe_func(0)),
+                      ("probe2: fence + commit per wgmma", probe_func(1))):
+        print(f"== {label}", flush=True)
+        TL._timeline(compile_variant(pf), TL.regs_phases, len(TL.REGS_EVENTS))
+
+
+if __name__ == "__main__":
+    main()
