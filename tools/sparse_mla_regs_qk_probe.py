@@ -42,14 +42,7 @@ __device__ __forceinline__ void di_qk_probe(const void* stage, const void* q8, c
 #pragma unroll
   for (int G = 0; G < NG; ++G) {
     if (FENCE_EACH) di_wgmma_fence();
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-        "{%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "r"(a[G][0]), "r"(a[G][1]), "r"(a[G][2]), "r"(a[G][3]), "l"(desc0 + (unsigned long long)(64 * G)), "r"(1));
+    di_wgmma_e4m3_n32(a[G], desc0 + (unsigned long long)(64 * G), d, 1);
     if (FENCE_EACH) di_wgmma_commit();
   }
   if (!FENCE_EACH) di_wgmma_commit();

@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from deepinfer_kernels.tilelang._cuda import regs_pv_dim
+from deepinfer_kernels.tilelang._cuda_regs import regs_pv_dim
 
 SMEM_PER_BLOCK = 232_448        # SM90 opt-in maximum, static + dynamic
 

@@ -7,13 +7,13 @@ both wgmmas then read (QK, and PV transposed): ~300 KB of shared-memory traffic 
 80% of copy bandwidth. Here no bf16 tile exists; the only tile traffic is the TMA's write, one
 ``ldmatrix`` read of the FP8 bytes for each wgmma and Q / P (~135 KB per block):
 
-* QK by FP8 wgmmas (``_cuda.FP8_QK_SRC``): a 32-value scale group is one ``m64n32k32`` e4m3
+* QK by FP8 wgmmas (``_cuda_regs.FP8_QK_SRC``): a 32-value scale group is one ``m64n32k32`` e4m3
   k-step, so the stage's raw bytes are the A operand and each group's ue8m0 scale multiplies its
   fp32 result in registers; Q is two e4m3 rows a head (hi, and lo of the residual; power-of-two
   scales), which hold its bf16 values exactly but for elements far below the head's largest. The
   tensor cores' FP8 accumulator keeps fewer bits than float32: lse within ~5e-5 of the reference
   on unit-scale data (``bulk``: ~1e-6), so this kernel is checked at the reference's tolerance.
-* PV with its register A operand converted from the FP8 stage (``_cuda.REGS_SRC``: ``ldmatrix``
+* PV with its register A operand converted from the FP8 stage (``_cuda_regs.REGS_SRC``: ``ldmatrix``
   on byte pairs, exact bf16 conversion, the latent rows permuted: ``regs_pv_dim``, the output
   written back through it), scaled by a per-stage table one producer warp builds.
 
@@ -45,7 +45,8 @@ value pair) are the larger half. Kept as the base of that design, not dispatched
 # decoration time against the builder locals.
 
 from deepinfer_kernels.tilelang._common import PDL, pdl_sync
-from deepinfer_kernels.tilelang._cuda import BULK_COPY_SRC, DEQUANT_SRC, FP8_QK_SRC, REGS_SRC, regs_pv_dim
+from deepinfer_kernels.tilelang._cuda import BULK_COPY_SRC, DEQUANT_SRC
+from deepinfer_kernels.tilelang._cuda_regs import FP8_QK_SRC, REGS_SRC, regs_pv_dim
 from deepinfer_kernels.tilelang.sparse_mla_builders import (
     BLOCK_TOKENS,
     LOG2E,
