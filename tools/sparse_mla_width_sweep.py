@@ -1,0 +1,100 @@
+"""Sparse MLA decode (132 rows x 16 heads, D 512) by keys per row: every variant checked against the
+reference and timed in CUDA graphs with the L2 flushed (``testing.cuda_time_us``), then a straight
+line fitted through each variant's times. The slope is the steady state (a 64-key block after the
+pipeline is full, as a share of copy bandwidth); the intercept is what a call costs whatever its
+width (launch, the first loads, the last block and the output). Issue 5's decode target is a
+share of copy bandwidth: the fit says how much of the gap is the kernel's steady state.
+
+    python tools/sparse_mla_width_sweep.py                                   # 2,048 .. 16,384 keys
+    python tools/sparse_mla_width_sweep.py --widths 2048,8192 --layouts paged128 --variants bulk
+
+Layouts: ``paged128`` (every row reads whole KV blocks of 128 consecutive slots, the engine's pool)
+and ``random`` (distinct random slots; one TMA request per record for ``bulk``, up to 8,192 keys).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+ROWS, HEADS, D = 132, 16, 512
+RECORD_BYTES = D + D // 32
+VARIANTS = {
+    "bulk": {"variant": "bulk"},
+    "bulk_c2": {"variant": "bulk", "consumers": 2},
+    "regs": {"variant": "regs"},
+}
+RANDOM_MAX_WIDTH = 8192
+
+
+def fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares (slope, intercept) of (x, y) points; at least two distinct x."""
+    n = len(points)
+    if n < 2 or len({x for x, _ in points}) < 2:
+        raise ValueError(f"need two distinct widths to fit, got {points}")
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
+    return slope, my - slope * mx
+
+
+def steady_state(points_us: list[tuple[int, float]], copy_tbs: float, rows: int = ROWS) -> tuple[float, float]:
+    """(steady-state share of copy bandwidth, fixed us per call) from (width, us) points: the slope
+    is us per key of every row, i.e. ``rows`` records."""
+    slope, fixed = fit_line([(float(w), us) for w, us in points_us])
+    if slope <= 0:
+        raise ValueError(f"time does not grow with width: {points_us}")
+    return rows * RECORD_BYTES / (slope * 1e-6) / (copy_tbs * 1e12), fixed
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--widths", type=lambda s: [int(w) for w in s.split(",")], default=[2048, 4096, 8192, 16384])
+    p.add_argument("--layouts", type=lambda s: s.split(","), default=["paged128", "random"])
+    p.add_argument("--variants", type=lambda s: s.split(","), default=list(VARIANTS))
+    p.add_argument("--copy-tbs", type=float, default=4.29, help="device copy bandwidth, TB/s")
+    args = p.parse_args(argv)
+    bad = [v for v in args.variants if v not in VARIANTS] + [lay for lay in args.layouts
+                                                               if lay not in ("paged128", "random")]
+    if bad:
+        p.error(f"unknown {bad}: variants {sorted(VARIANTS)}, layouts paged128 / random")
+
+    import torch
+
+    from deepinfer_kernels.ops.sparse_mla import sparse_mla_attention_ref
+    from deepinfer_kernels.tilelang import testing as T
+    from deepinfer_kernels.tilelang.sparse_mla import sparse_mla_attention_tilelang
+
+    slots = ROWS * max(args.widths) + 4096
+    pool = T.make_pool(slots, D, "cuda", seed=0)
+    times: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    for layout in args.layouts:
+        for width in args.widths:
+            if layout == "random" and width > RANDOM_MAX_WIDTH:
+                continue
+            kw = {"paged": 128} if layout == "paged128" else {"distinct": True}
+            c = T.make_sparse_mla_case(ROWS, HEADS, D, width, slots, "cuda", pool=pool, seed=1, **kw)
+            ref_out, ref_lse = sparse_mla_attention_ref(c.q, c.pool, c.indices, c.sm_scale)
+            finite = torch.isfinite(ref_lse)
+            for name in args.variants:
+                def fn(name=name, c=c):
+                    return sparse_mla_attention_tilelang(c.q, c.pool, c.indices, c.sm_scale, **VARIANTS[name])
+                out, lse = fn()
+                out_err = (out.float() - ref_out.float()).abs().max().item()
+                lse_err = (lse[finite] - ref_lse[finite]).abs().max().item()
+                us = T.cuda_time_us(fn, graph=True)["median_us"]
+                times.setdefault((layout, name), []).append((width, us))
+                share = c.unique_bytes() / (us * 1e-6) / (args.copy_tbs * 1e12)
+                print(f"{layout:9s} w{width:<6d} {name:8s} {us:8.1f} us  {share:6.1%} of copy"
+                      f"  out err {out_err:.3g}  lse err {lse_err:.3g}", flush=True)
+            del ref_out, ref_lse
+            torch.cuda.empty_cache()
+    for (layout, name), pts in times.items():
+        if len(pts) >= 2:
+            share, fixed = steady_state(pts, args.copy_tbs)
+            print(f"{layout:9s} {name:8s} steady state {share:6.1%} of copy, fixed {fixed:5.1f} us a call "
+                  f"(widths {pts[0][0]}..{pts[-1][0]})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
