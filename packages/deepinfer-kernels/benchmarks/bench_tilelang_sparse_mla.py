@@ -2,8 +2,9 @@
 
 Effective bytes = records read (each valid index once per row, and each distinct slot once) +
 q + out + lse + indices; ratios against 4.29 TB/s. Three decode layouts: random slots (the worst
-case), whole KV blocks of 128 consecutive slots, and the engine's mix (a 128-slot window run +
-16 blocks of 16 ratio-4 compressed entries, 4 slots apart). Run: pytest packages/deepinfer-kernels
+case), whole KV blocks of 128 consecutive slots (at 2,048 keys a row, and at 8,192: the shape of
+the MLA decode anchor, 16 heads x batch 132 x 8K context), and the engine's mix (a 128-slot window
+run + 16 blocks of 16 ratio-4 compressed entries, 4 slots apart). Run: pytest packages/deepinfer-kernels
 --benchmark-only -k sparse_mla (GPU; skipped on CPU).
 """
 
@@ -15,6 +16,7 @@ T = pytest.importorskip("deepinfer_kernels.tilelang.testing")
 pytest.importorskip("deepinfer_kernels.ops.kv_fp8")
 
 SLOTS = 400_000
+LONG_SLOTS = 132 * 8192 + 4096    # every row its own 64 KV blocks at 8,192 keys
 _pool = {}
 
 
@@ -26,6 +28,10 @@ def _case(name):
         return T.make_sparse_mla_case(132, 16, 512, 2048, SLOTS, "cuda", pool=pool, distinct=True, seed=1)
     if name == "decode_132x16_w2048_paged128":     # 16 KV blocks of 128 consecutive slots per row
         return T.make_sparse_mla_case(132, 16, 512, 2048, SLOTS, "cuda", pool=pool, paged=128, seed=1)
+    if name == "decode_132x16_w8192_paged128":     # the MLA decode anchor's shape (16 heads, batch 132, 8K context)
+        if "long" not in _pool:
+            _pool["long"] = T.make_pool(LONG_SLOTS, 512, "cuda", seed=0)
+        return T.make_sparse_mla_case(132, 16, 512, 8192, LONG_SLOTS, "cuda", pool=_pool["long"], paged=128, seed=1)
     if name == "decode_132x16_engine_w384":       # 128 window slots + 16 blocks of 16 ratio-4 entries
         return T.make_engine_decode_case(132, 16, 512, 128, 16, 16, 4, SLOTS, "cuda", pool=pool, seed=5)
     if name == "decode_132x16_engine_packed_w384":  # the same with packed entries (the engine since session 11)
@@ -50,7 +56,8 @@ def _case(name):
                                      pytest.param("bulk", id="bulkcopy"),
                                      pytest.param("pipelined", id="pipelined"),
                                      pytest.param("regs", id="regsoperand")])
-@pytest.mark.parametrize("name", ["decode_132x16_w2048", "decode_132x16_w2048_paged128", "decode_132x16_engine_w384",
+@pytest.mark.parametrize("name", ["decode_132x16_w2048", "decode_132x16_w2048_paged128", "decode_132x16_w8192_paged128",
+                                  "decode_132x16_engine_w384",
                                   "decode_132x16_engine_packed_w384",
                                   "verify_64req_x6_w2048", "decode_16x16_w2048_splitkv",
                                   "prefill_4096x16_w384", "prefill_16x512_engine_w384",
