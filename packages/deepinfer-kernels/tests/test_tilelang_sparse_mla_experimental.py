@@ -88,3 +88,29 @@ def test_two_consumer_warpgroups_are_bulk_only():
     with pytest.raises(ValueError, match="D a multiple of 512"):
         sparse_mla_attention_tilelang(small_d.q, small_d.pool, small_d.indices, small_d.sm_scale, variant="bulk",
                                       consumers=2)
+
+
+@pytest.mark.parametrize("pool_scale,q_scale", [(1.0, 1.0), (2.0 ** 16, 2.0 ** -16)])
+def test_regs_kernel_with_one_fill_path_matches_the_default_build(pool_scale, q_scale):
+    """``_build_regs(..., single_fill_path=True)`` (the table never folds 2^120: every fill takes the
+    two-multiply branch) against the reference and the default build, bit for bit: both paths
+    multiply exactly, unit-scale latents (where the default folds) and 2^16 ones (where it cannot)."""
+    from deepinfer_kernels.tilelang._common import compile_cached
+    from deepinfer_kernels.tilelang.sparse_mla import sparse_mla_attention_tilelang
+    from deepinfer_kernels.tilelang.sparse_mla_builders import LOG2E, NO_AUTO_SYNC
+    from deepinfer_kernels.tilelang.sparse_mla_regs import _build_regs
+
+    pool = T.make_pool(5000, 512, "cuda", seed=11, scale=pool_scale)
+    case = T.make_sparse_mla_case(6, 16, 512, 300, 5000, "cuda", seed=12, pool=pool, q_scale=q_scale, empty_frac=0.1)
+    kernel = compile_cached("sparse_mla_regs_one_fill_path", (16, 512, False),
+                            lambda: _build_regs(16, 512, False, single_fill_path=True), pass_configs=NO_AUTO_SYNC)
+    rows, width = case.indices.shape
+    out = torch.empty(rows, 16, 512, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(rows, 16, dtype=torch.float32, device="cuda")
+    unused_o = torch.empty(1, 1, 16, 512, dtype=torch.float32, device="cuda")
+    unused_l = torch.empty(1, 1, 16, dtype=torch.float32, device="cuda")
+    kernel(case.q, case.pool, case.indices, out, lse, unused_o, unused_l, float(case.sm_scale) * LOG2E, -(-width // 64))
+    ref_out, ref_lse = sparse_mla_attention_tilelang(case.q, case.pool, case.indices, case.sm_scale, variant="regs")
+    torch.cuda.synchronize()
+    T.check_sparse_mla(case, out, lse, atol=2e-2 * pool_scale)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)

@@ -239,7 +239,8 @@ __device__ __forceinline__ void di_qk_fp8(const void* stage, const void* q8, con
 // invalid tokens) and the -inf mask vm of its 64 tokens. When every valid scale byte is <= 134 the
 // words are 2^(s - 7) (bits (s + 120) << 7; s = 0 gives 0): the fill's e4m3 bits (the value times
 // 2^-120) then need one multiply, and *one_mul = 1; otherwise 2^(s - 127) (bits s << 7) and 0.
-template <int REC, int D>
+// FOLD = false: always the latter (a kernel whose fills take the two-multiply path only).
+template <int REC, int D, bool FOLD = true>
 __device__ __forceinline__ void di_pv_scale_table(const void* stage, const int* ix, unsigned* sft, float* vm,
                                                   int* one_mul, int lane) {
   const unsigned char* st = reinterpret_cast<const unsigned char*>(stage);
@@ -256,7 +257,7 @@ __device__ __forceinline__ void di_pv_scale_table(const void* stage, const int* 
   for (int k = 0; k < 4; ++k) {
     big |= __vcmpgtu4(w0[k], 0x86868686u) != 0u || __vcmpgtu4(w1[k], 0x86868686u) != 0u;
   }
-  const bool fold = !__any_sync(0xffffffffu, big);
+  const bool fold = FOLD && !__any_sync(0xffffffffu, big);
 #pragma unroll
   for (int G = 0; G < D / 32; ++G) {
     unsigned b0 = (w0[G / 4] >> (8 * (G % 4))) & 0xffu, b1 = (w1[G / 4] >> (8 * (G % 4))) & 0xffu;

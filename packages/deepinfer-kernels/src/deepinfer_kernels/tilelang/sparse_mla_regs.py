@@ -66,13 +66,18 @@ PRODUCER_REGS = 40
 PV_OVERLAP = True        # fill PV fragment i + 1 while fragment i's wgmma runs
 PV_DIMS = 64             # latent dims of one PV fragment (16 registers a thread)
 MERGE_BARRIER = 4        # both consumers: the second's partial result is in shared memory
+SINGLE_FILL_PATH = False  # PV fills always multiply twice (the one-multiply branch out of the code)
 
 
-def _build_regs(heads: int, d: int, split: bool, qk_buffers: int = QK_BUFFERS, pv_overlap: bool = PV_OVERLAP):
+def _build_regs(heads: int, d: int, split: bool, qk_buffers: int = QK_BUFFERS, pv_overlap: bool = PV_OVERLAP,
+                single_fill_path: bool = SINGLE_FILL_PATH):
     """Register-operand decode kernel; same signature and dynamic shapes as ``_build_bulk`` (one
     query row x ``heads`` <= 16 heads per CTA; ``bps`` blocks per split). ``qk_buffers``: QK
     accumulators (wgmmas in flight, ``di_qk_fp8``); ``pv_overlap``: each PV fragment's fill overlaps
-    the previous fragment's wgmma (two A fragments)."""
+    the previous fragment's wgmma (two A fragments). ``single_fill_path``: the scale table never
+    folds the conversion's 2^120, so the fills' one-multiply branch is not in the code (one more
+    exact multiply a value pair, 126 -> 107 KB of code): Nsight Compute put instruction fetch first
+    among this kernel's stalls (H200, 2026-12-02)."""
     import tilelang.language as T
 
     BI = BLOCK_TOKENS
@@ -92,7 +97,7 @@ def _build_regs(heads: int, d: int, split: bool, qk_buffers: int = QK_BUFFERS, p
     softmax = [_softmax_macros(T, HB, d, H, split, explicit_sync=True, barrier=PAIR_BARRIERS[w])[0] for w in (0, 1)]
     QK_FP8 = f"di_qk_fp8<{REC}, {d}, {SST}, {qk_buffers}>"
     Q8_PREP = f"di_q8_prep<{d}>"
-    PV_TABLE = f"di_pv_scale_table<{REC}, {d}>"
+    PV_TABLE = f"di_pv_scale_table<{REC}, {d}, {'false' if single_fill_path else 'true'}>"
     FILL_PV = f"di_fill_pv<{REC}>"
 
     R = T.dynamic("R")
@@ -127,7 +132,7 @@ def _build_regs(heads: int, d: int, split: bool, qk_buffers: int = QK_BUFFERS, p
                     acc_c[m, h] *= alpha_s[h]
                 a_mc = a_pv[mc % 2] if pv_overlap else a_pv[0]
                 T.call_extern("handle", FILL_PV, a_mc.data, T.access_ptr(K8[s, 0, 0], "r"),
-                              T.access_ptr(sft[s, 0], "r"), tw, mc, one_mul[s])
+                              T.access_ptr(sft[s, 0], "r"), tw, mc, 0 if single_fill_path else one_mul[s])
                 if pv_overlap:     # fragment mc - 1's wgmma done: its A registers are refilled next
                     T.wgmma_gemm(a_mc, P_s, acc_c)
                     T.wait_wgmma(1)
