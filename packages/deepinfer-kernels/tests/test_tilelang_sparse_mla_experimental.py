@@ -91,26 +91,31 @@ def test_two_consumer_warpgroups_are_bulk_only():
 
 
 @pytest.mark.parametrize("pool_scale,q_scale", [(1.0, 1.0), (2.0 ** 16, 2.0 ** -16)])
-def test_regs_kernel_with_one_fill_path_matches_the_default_build(pool_scale, q_scale):
-    """``_build_regs(..., single_fill_path=True)`` (the table never folds 2^120: every fill takes the
-    two-multiply branch) against the reference and the default build, bit for bit: both paths
-    multiply exactly, unit-scale latents (where the default folds) and 2^16 ones (where it cannot)."""
+def test_regs_kernel_fill_paths_agree_bit_for_bit(pool_scale, q_scale):
+    """``_build_regs(..., single_fill_path=True)`` (the default: the table never folds 2^120, every
+    fill multiplies twice) against the build with the one-multiply branch, both launched the same
+    way (one CTA a row, no split): bit for bit, since both multiply exactly; unit-scale latents
+    (where the other build folds) and 2^16 ones (where it cannot); and against the reference."""
     from deepinfer_kernels.tilelang._common import compile_cached
-    from deepinfer_kernels.tilelang.sparse_mla import sparse_mla_attention_tilelang
     from deepinfer_kernels.tilelang.sparse_mla_builders import LOG2E, NO_AUTO_SYNC
     from deepinfer_kernels.tilelang.sparse_mla_regs import _build_regs
 
     pool = T.make_pool(5000, 512, "cuda", seed=11, scale=pool_scale)
     case = T.make_sparse_mla_case(6, 16, 512, 300, 5000, "cuda", seed=12, pool=pool, q_scale=q_scale, empty_frac=0.1)
-    kernel = compile_cached("sparse_mla_regs_one_fill_path", (16, 512, False),
-                            lambda: _build_regs(16, 512, False, single_fill_path=True), pass_configs=NO_AUTO_SYNC)
     rows, width = case.indices.shape
-    out = torch.empty(rows, 16, 512, dtype=torch.bfloat16, device="cuda")
-    lse = torch.empty(rows, 16, dtype=torch.float32, device="cuda")
     unused_o = torch.empty(1, 1, 16, 512, dtype=torch.float32, device="cuda")
     unused_l = torch.empty(1, 1, 16, dtype=torch.float32, device="cuda")
-    kernel(case.q, case.pool, case.indices, out, lse, unused_o, unused_l, float(case.sm_scale) * LOG2E, -(-width // 64))
-    ref_out, ref_lse = sparse_mla_attention_tilelang(case.q, case.pool, case.indices, case.sm_scale, variant="regs")
+    results = []
+    for single in (True, False):
+        kernel = compile_cached("sparse_mla_regs_fill_paths", (16, 512, single),
+                                lambda single=single: _build_regs(16, 512, False, single_fill_path=single),
+                                pass_configs=NO_AUTO_SYNC)
+        out = torch.empty(rows, 16, 512, dtype=torch.bfloat16, device="cuda")
+        lse = torch.empty(rows, 16, dtype=torch.float32, device="cuda")
+        kernel(case.q, case.pool, case.indices, out, lse, unused_o, unused_l, float(case.sm_scale) * LOG2E,
+               -(-width // 64))
+        results.append((out, lse))
     torch.cuda.synchronize()
-    T.check_sparse_mla(case, out, lse, atol=2e-2 * pool_scale)
-    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    (one_path_out, one_path_lse), (two_path_out, two_path_lse) = results
+    T.check_sparse_mla(case, one_path_out, one_path_lse, atol=2e-2 * pool_scale)
+    assert torch.equal(one_path_out, two_path_out) and torch.equal(one_path_lse, two_path_lse)
