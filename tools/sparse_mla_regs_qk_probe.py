@@ -26,12 +26,9 @@ template <int REC, int D, int SST, int NBUF, int FENCE_EACH>
 __device__ __forceinline__ void di_qk_probe(const void* stage, const void* q8, const float* qsc, const float* vm,
                                             float* S_sm, int tx) {
   constexpr int NG = D / 32;
-  const int lane = tx & 31, w = (tx >> 5) & 3, g = lane >> 2, t = lane & 3;
-  const unsigned char* st = reinterpret_cast<const unsigned char*>(stage);
-  const unsigned row = (unsigned)__cvta_generic_to_shared(
-      st + (16 * w + ((lane >> 3) & 1) * 8 + (lane & 7)) * REC + (lane >> 4) * 16);
-  const unsigned long long desc0 = (unsigned long long)((__cvta_generic_to_shared(q8) >> 4) & 0x3fff)
-                                   | (32ull << 16) | (8ull << 32);
+  const int lane = tx & 31, w = (tx >> 5) & 3;
+  const unsigned row = di_qk_a_row<REC>(reinterpret_cast<const unsigned char*>(stage), w, lane);
+  const unsigned long long desc0 = di_q8_desc(q8);
   unsigned a[NG][4];
 #pragma unroll
   for (int G = 0; G < NG; ++G) di_ldsm_x4_s(row + 32 * G, a[G][0], a[G][1], a[G][2], a[G][3]);
@@ -48,12 +45,7 @@ __device__ __forceinline__ void di_qk_probe(const void* stage, const void* q8, c
   if (!FENCE_EACH) di_wgmma_commit();
   di_wgmma_wait<0>();
   di_pin16(d);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int tok = 16 * w + g + 8 * ((i >> 1) & 1), h = 8 * (i >> 2) + 2 * t + (i & 1);
-    const float s = fmaf(d[(i >> 2) * 4 + (i & 3)], qsc[h], d[8 + (i >> 2) * 4 + (i & 3)] * qsc[16 + h]);
-    S_sm[tok * SST + h] = vm[tok] == 0.f ? s : __int_as_float(0xff800000);
-  }
+  di_qk_store_scores<SST>(d, d + 8, qsc, vm, S_sm, w, lane);     // unscaled: hi = d[0..7], lo = d[8..15]
 }
 '''
 

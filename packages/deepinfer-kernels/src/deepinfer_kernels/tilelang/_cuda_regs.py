@@ -176,6 +176,30 @@ __device__ __forceinline__ void di_wgmma_wait_n(int n) {   // n folds to a const
     default: di_wgmma_wait<7>(); break;
   }
 }
+// The QK's A operand and B descriptor, shared with tools/sparse_mla_regs_qk_probe.py: the shared
+// address lane (of warp w) hands ldmatrix.x4 for scale group 0 (group G: + 32 G), and Q8's
+// descriptor for k-step 0 (k-step G: + 64 G).
+template <int REC>
+__device__ __forceinline__ unsigned di_qk_a_row(const unsigned char* st, int w, int lane) {
+  return (unsigned)__cvta_generic_to_shared(st + (16 * w + ((lane >> 3) & 1) * 8 + (lane & 7)) * REC + (lane >> 4) * 16);
+}
+__device__ __forceinline__ unsigned long long di_q8_desc(const void* q8) {
+  return (unsigned long long)((__cvta_generic_to_shared(q8) >> 4) & 0x3fff)
+         | (32ull << 16) | (8ull << 32);   // LBO 512 B, SBO 128 B, no swizzle
+}
+// The lane's 8 scores (hi[i] qsc[h] + lo[i] qsc[16 + h]: Q's hi and lo rows) to S_sm[tok * SST + h],
+// -inf for invalid tokens (vm[tok] != 0).
+template <int SST>
+__device__ __forceinline__ void di_qk_store_scores(const float* hi, const float* lo, const float* qsc, const float* vm,
+                                                   float* S_sm, int w, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int tok = 16 * w + g + 8 * ((i >> 1) & 1), h = 8 * (i >> 2) + 2 * t + (i & 1);
+    const float s = fmaf(hi[i], qsc[h], lo[i] * qsc[16 + h]);
+    S_sm[tok * SST + h] = vm[tok] == 0.f ? s : __int_as_float(0xff800000);
+  }
+}
 // S_sm[tok * SST + h] for the stage's 64 tokens x 16 heads (raw scores, -inf for invalid tokens:
 // vm[tok] != 0); 128 consumer threads (tx). NBUF accumulators: up to NBUF wgmmas in flight, group
 // g scaled in once group g + NBUF - 1 is issued.
@@ -183,15 +207,13 @@ template <int REC, int D, int SST, int NBUF>
 __device__ __forceinline__ void di_qk_fp8(const void* stage, const void* q8, const float* qsc, const float* vm,
                                           float* S_sm, int tx) {
   constexpr int NG = D / 32;
-  const int lane = tx & 31, w = (tx >> 5) & 3, g = lane >> 2, t = lane & 3;
+  const int lane = tx & 31, w = (tx >> 5) & 3, g = lane >> 2;
   const unsigned char* st = reinterpret_cast<const unsigned char*>(stage);
-  const unsigned row = (unsigned)__cvta_generic_to_shared(
-      st + (16 * w + ((lane >> 3) & 1) * 8 + (lane & 7)) * REC + (lane >> 4) * 16);
+  const unsigned row = di_qk_a_row<REC>(st, w, lane);
   const uint4 sc0 = *reinterpret_cast<const uint4*>(st + (16 * w + g) * REC + D);       // token g's scales
   const uint4 sc8 = *reinterpret_cast<const uint4*>(st + (16 * w + g + 8) * REC + D);   // token g + 8's
   const unsigned s0w[4] = {sc0.x, sc0.y, sc0.z, sc0.w}, s8w[4] = {sc8.x, sc8.y, sc8.z, sc8.w};
-  const unsigned long long desc0 = (unsigned long long)((__cvta_generic_to_shared(q8) >> 4) & 0x3fff)
-                                   | (32ull << 16) | (8ull << 32);   // LBO 512 B, SBO 128 B, no swizzle
+  const unsigned long long desc0 = di_q8_desc(q8);
   unsigned a[NBUF][4];
   float acc[NBUF][16];
   float thi[8], tlo[8];
@@ -227,12 +249,7 @@ __device__ __forceinline__ void di_qk_fp8(const void* stage, const void* q8, con
       }
     }
   }
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int tok = 16 * w + g + 8 * ((i >> 1) & 1), h = 8 * (i >> 2) + 2 * t + (i & 1);
-    const float s = fmaf(thi[i], qsc[h], tlo[i] * qsc[16 + h]);
-    S_sm[tok * SST + h] = vm[tok] == 0.f ? s : __int_as_float(0xff800000);
-  }
+  di_qk_store_scores<SST>(thi, tlo, qsc, vm, S_sm, w, lane);
 }
 // One warp: the PV scale table of a stage (``REGS_SRC``'s layout: word G * 32 + i holds the bf16x2
 // scales of group G for tokens tok(i) = 16 ((i % 8) / 2) + 2 (i / 8) + 8 (i % 2) and tok(i) + 1, 0 for
