@@ -80,3 +80,13 @@ def test_width_sweep_fit():
         sweep.fit_line([(2048.0, 1.0), (2048.0, 2.0)])
     with pytest.raises(ValueError, match="does not grow"):
         sweep.steady_state([(2048, 5.0), (4096, 4.0)], 4.29)
+
+
+def test_the_tools_share_one_decode_case():
+    import sparse_mla_clock_probe as clock
+    import sparse_mla_decode_case as case
+
+    assert set(ncu.KERNEL_THREADS) == set(case.VARIANTS)
+    assert ncu.VARIANTS is sweep.VARIANTS is clock.VARIANTS is case.VARIANTS
+    with pytest.raises(ValueError, match="layout='blocks'"):
+        case.make_decode_case(2048, "blocks", 400_000, pool=None)

@@ -13,7 +13,13 @@ from __future__ import annotations
 
 import argparse
 import subprocess
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sparse_mla_decode_case import VARIANTS, D, attention_call, make_decode_case  # noqa: E402
 
 QUERY = "clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active"
 
@@ -23,18 +29,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--variants", type=lambda s: s.split(","), default=["bulk", "regs"])
     p.add_argument("--seconds", type=float, default=4.0, help="replay time per variant")
     args = p.parse_args(argv)
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        p.error(f"--variants: unknown {unknown}; expected some of {sorted(VARIANTS)}")
 
     import torch
 
     from deepinfer_kernels.tilelang import testing as T
-    from deepinfer_kernels.tilelang.sparse_mla import sparse_mla_attention_tilelang
 
     slots = 400_000
-    pool = T.make_pool(slots, 512, "cuda", seed=0)
-    c = T.make_sparse_mla_case(132, 16, 512, 2048, slots, "cuda", pool=pool, paged=128, seed=1)
+    case = make_decode_case(2048, "paged128", slots, T.make_pool(slots, D, "cuda", seed=0))
     for variant in args.variants:
-        def fn(variant=variant):
-            return sparse_mla_attention_tilelang(c.q, c.pool, c.indices, c.sm_scale, variant=variant)
+        fn = attention_call(case, variant)
         fn()
         torch.cuda.synchronize()
         side = torch.cuda.Stream()

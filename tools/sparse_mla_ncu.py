@@ -27,14 +27,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-ROWS, HEADS, D, BLOCK = 132, 16, 512, 64
-RECORD_BYTES = D + D // 32
-# variant -> keyword arguments of sparse_mla_attention_tilelang and the attention kernel's threads
-VARIANTS = {
-    "bulk": ({"variant": "bulk"}, 384),
-    "bulk_c2": ({"variant": "bulk", "consumers": 2}, 512),
-    "regs": ({"variant": "regs"}, 384),
-}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sparse_mla_decode_case import LAYOUTS, RECORD_BYTES, ROWS, VARIANTS, D, attention_call, make_decode_case  # noqa: E402
+
+BLOCK = 64
+KERNEL_THREADS = {"bulk": 384, "bulk_c2": 512, "regs": 384}   # each variant's attention kernel (CTA size)
 STALL_PREFIX = "smsp__average_warps_issue_stalled_"
 STALL_SUFFIX = "_per_issue_active.ratio"
 
@@ -79,7 +77,7 @@ def label_kernels(rows: list[dict[str, str]], variants: list[str]) -> list[str]:
     current = None
     for row in rows:
         threads = int(_num(row, "launch__block_size"))
-        if i < len(variants) and threads == VARIANTS[variants[i]][1]:
+        if i < len(variants) and threads == KERNEL_THREADS[variants[i]]:
             current = variants[i]
             labels.append(current)
             i += 1
@@ -149,14 +147,10 @@ def launch(variants: list[str], width: int, layout: str) -> None:
     import torch
 
     from deepinfer_kernels.tilelang import testing as T
-    from deepinfer_kernels.tilelang.sparse_mla import sparse_mla_attention_tilelang
 
     slots = max(400_000, ROWS * width + 4096)
-    pool = T.make_pool(slots, D, "cuda", seed=0)
-    kw = {"paged": 128} if layout == "paged128" else {"distinct": True}
-    c = T.make_sparse_mla_case(ROWS, HEADS, D, width, slots, "cuda", pool=pool, seed=1, **kw)
-    calls = [lambda v=v: sparse_mla_attention_tilelang(c.q, c.pool, c.indices, c.sm_scale, **VARIANTS[v][0])
-             for v in variants]
+    case = make_decode_case(width, layout, slots, T.make_pool(slots, D, "cuda", seed=0))
+    calls = [attention_call(case, v) for v in variants]
     for fn in calls:
         fn()
         fn()
@@ -190,8 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--variants", type=lambda s: s.split(","), default=["bulk", "bulk_c2", "regs"],
                    help=f"comma-separated, launch order; of {sorted(VARIANTS)}")
     p.add_argument("--width", type=int, default=2048, help="keys per row")
-    p.add_argument("--layout", choices=("paged128", "random"), default="paged128",
-                   help="paged128: whole KV blocks of 128 slots; random: distinct random slots")
+    p.add_argument("--layout", choices=LAYOUTS, default="paged128", help="sparse_mla_decode_case.LAYOUTS")
     p.add_argument("--copy-tbs", type=float, default=4.29, help="device copy bandwidth, TB/s")
     p.add_argument("--clock-ghz", type=float, default=1.98, help="SM clock outside the profiler")
     p.add_argument("--out", help="directory for the .ncu-rep and the CSV (default: a temp dir)")

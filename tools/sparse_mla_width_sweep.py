@@ -8,21 +8,19 @@ share of copy bandwidth: the fit says how much of the gap is the kernel's steady
     python tools/sparse_mla_width_sweep.py                                   # 2,048 .. 16,384 keys
     python tools/sparse_mla_width_sweep.py --widths 2048,8192 --layouts paged128 --variants bulk
 
-Layouts: ``paged128`` (every row reads whole KV blocks of 128 consecutive slots, the engine's pool)
-and ``random`` (distinct random slots; one TMA request per record for ``bulk``, up to 8,192 keys).
+Layouts: ``sparse_mla_decode_case.LAYOUTS`` (``random`` up to 8,192 keys).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
-ROWS, HEADS, D = 132, 16, 512
-RECORD_BYTES = D + D // 32
-VARIANTS = {
-    "bulk": {"variant": "bulk"},
-    "bulk_c2": {"variant": "bulk", "consumers": 2},
-    "regs": {"variant": "regs"},
-}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sparse_mla_decode_case import LAYOUTS, RECORD_BYTES, ROWS, VARIANTS, D, attention_call, make_decode_case  # noqa: E402
+
 RANDOM_MAX_WIDTH = 8192
 
 
@@ -50,20 +48,18 @@ def steady_state(points_us: list[tuple[int, float]], copy_tbs: float, rows: int 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--widths", type=lambda s: [int(w) for w in s.split(",")], default=[2048, 4096, 8192, 16384])
-    p.add_argument("--layouts", type=lambda s: s.split(","), default=["paged128", "random"])
+    p.add_argument("--layouts", type=lambda s: s.split(","), default=list(LAYOUTS))
     p.add_argument("--variants", type=lambda s: s.split(","), default=list(VARIANTS))
     p.add_argument("--copy-tbs", type=float, default=4.29, help="device copy bandwidth, TB/s")
     args = p.parse_args(argv)
-    bad = [v for v in args.variants if v not in VARIANTS] + [lay for lay in args.layouts
-                                                               if lay not in ("paged128", "random")]
+    bad = [v for v in args.variants if v not in VARIANTS] + [lay for lay in args.layouts if lay not in LAYOUTS]
     if bad:
-        p.error(f"unknown {bad}: variants {sorted(VARIANTS)}, layouts paged128 / random")
+        p.error(f"unknown {bad}: variants {sorted(VARIANTS)}, layouts {LAYOUTS}")
 
     import torch
 
     from deepinfer_kernels.ops.sparse_mla import sparse_mla_attention_ref
     from deepinfer_kernels.tilelang import testing as T
-    from deepinfer_kernels.tilelang.sparse_mla import sparse_mla_attention_tilelang
 
     slots = ROWS * max(args.widths) + 4096
     pool = T.make_pool(slots, D, "cuda", seed=0)
@@ -72,13 +68,11 @@ def main(argv: list[str] | None = None) -> None:
         for width in args.widths:
             if layout == "random" and width > RANDOM_MAX_WIDTH:
                 continue
-            kw = {"paged": 128} if layout == "paged128" else {"distinct": True}
-            c = T.make_sparse_mla_case(ROWS, HEADS, D, width, slots, "cuda", pool=pool, seed=1, **kw)
+            c = make_decode_case(width, layout, slots, pool)
             ref_out, ref_lse = sparse_mla_attention_ref(c.q, c.pool, c.indices, c.sm_scale)
             finite = torch.isfinite(ref_lse)
             for name in args.variants:
-                def fn(name=name, c=c):
-                    return sparse_mla_attention_tilelang(c.q, c.pool, c.indices, c.sm_scale, **VARIANTS[name])
+                fn = attention_call(c, name)
                 out, lse = fn()
                 out_err = (out.float() - ref_out.float()).abs().max().item()
                 lse_err = (lse[finite] - ref_lse[finite]).abs().max().item()
