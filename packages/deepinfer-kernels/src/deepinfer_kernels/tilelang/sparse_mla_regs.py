@@ -67,10 +67,11 @@ PV_OVERLAP = True        # fill PV fragment i + 1 while fragment i's wgmma runs
 PV_DIMS = 64             # latent dims of one PV fragment (16 registers a thread)
 MERGE_BARRIER = 4        # both consumers: the second's partial result is in shared memory
 SINGLE_FILL_PATH = True   # PV fills always multiply twice: 5-10% faster with the other branch out of the code
+CONSUMERS = 2             # consumer warpgroups taking alternate blocks (1: one code copy, for the timeline)
 
 
 def _build_regs(heads: int, d: int, split: bool, qk_buffers: int = QK_BUFFERS, pv_overlap: bool = PV_OVERLAP,
-                single_fill_path: bool = SINGLE_FILL_PATH):
+                single_fill_path: bool = SINGLE_FILL_PATH, consumers: int = CONSUMERS):
     """Register-operand decode kernel; same signature and dynamic shapes as ``_build_bulk`` (one
     query row x ``heads`` <= 16 heads per CTA; ``bps`` blocks per split). ``qk_buffers``: QK
     accumulators (wgmmas in flight, ``di_qk_fp8``); ``pv_overlap``: each PV fragment's fill overlaps
@@ -79,7 +80,9 @@ def _build_regs(heads: int, d: int, split: bool, qk_buffers: int = QK_BUFFERS, p
     more exact multiply a value pair, 126 -> 107 KB of code). Nsight Compute put instruction fetch
     first among this kernel's stalls; without the branch it ran 5-10% faster (H200, 2026-12-02, two
     runs: 106.4 vs 112.2-114.3 us over KV blocks, 108.0-108.5 vs 116.4-117.4 over random slots,
-    28.7-29.2 vs 31.7-32.1 on the engine's packed indices)."""
+    28.7-29.2 vs 31.7-32.1 on the engine's packed indices). ``consumers``: 2 (default) warpgroups
+    taking alternate blocks and merging at the end, or 1 (one copy of the consumer code in the
+    kernel: the measure of one consumer's own pace, without the other's instruction footprint)."""
     import tilelang.language as T
 
     BI = BLOCK_TOKENS
@@ -94,7 +97,10 @@ def _build_regs(heads: int, d: int, split: bool, qk_buffers: int = QK_BUFFERS, p
     PREP = 32                        # producer threads of the prep (warp 1)
     SST = HB + 1                     # row stride of the score tile S_sm
     RPL = BI // 32
+    NC = consumers
+    CT = 128 * NC                    # consumer threads
     assert H <= HB and d == 512 and REC % 16 == 0 and NPV == 8, "regs: 16 heads, D 512"
+    assert NC in (1, 2), f"consumers={NC}: 1 or 2"
     load_indices, issue_block, _ = _bulk_macros(T, d, 1)
     softmax = [_softmax_macros(T, HB, d, H, split, explicit_sync=True, barrier=PAIR_BARRIERS[w])[0] for w in (0, 1)]
     QK_FP8 = f"di_qk_fp8<{REC}, {d}, {SST}, {qk_buffers}>"
@@ -119,8 +125,8 @@ def _build_regs(heads: int, d: int, split: bool, qk_buffers: int = QK_BUFFERS, p
         # alpha_s: consumer w's own. pv_overlap: two alternating A fragments, fragment mc's wgmma
         # waited for after fragment mc + 1's fill (within the runs' spread of the one-fragment loop
         # on the H200, 2026-12-02)
-        for j in T.serial((nblk - w + 1) // 2):
-            i = 2 * j + w
+        for j in T.serial((nblk - w + NC - 1) // NC):
+            i = NC * j + w
             s = i % NST
             T.barrier_wait(ready[s], (i // NST) & 1)
             T.call_extern("handle", QK_FP8, T.access_ptr(K8[s, 0, 0], "r"), T.access_ptr(Q8_s[0], "r"),
@@ -160,7 +166,7 @@ def _build_regs(heads: int, d: int, split: bool, qk_buffers: int = QK_BUFFERS, p
             T.clear(acc_c)
         st[0] = NEG_INIT
         st[1] = 0.0
-        T.sync_threads(Q_LOAD_BARRIER, 256)         # Q8_s, qsc_s complete before either consumer's first QK
+        T.sync_threads(Q_LOAD_BARRIER, CT)          # Q8_s, qsc_s complete before either consumer's first QK
         consume(w, tw, nblk, K8, vm, sft, one_mul, Q8_s, qsc_s, S_sm, P_s, alpha_s, ready, empty, accs, a_pv, st,
                 scale)
         if w == 1:
@@ -170,14 +176,21 @@ def _build_regs(heads: int, d: int, split: bool, qk_buffers: int = QK_BUFFERS, p
             if tw % TPC == 0:
                 ml_s[0, tw // TPC] = st[0]
                 ml_s[1, tw // TPC] = st[1]
-        T.sync_threads(MERGE_BARRIER, 256)
+        if NC == 2:
+            T.sync_threads(MERGE_BARRIER, CT)
         if w == 0:
             c = tw // TPC
             if tw % TPC == 0:
-                mx = T.max(st[0], ml_s[0, c])
-                a0 = T.exp2((st[0] - mx) * scale)
-                a1 = T.exp2((ml_s[0, c] - mx) * scale)
-                tot = st[1] * a0 + ml_s[1, c] * a1
+                if NC == 2:
+                    mx = T.max(st[0], ml_s[0, c])
+                    a0 = T.exp2((st[0] - mx) * scale)
+                    a1 = T.exp2((ml_s[0, c] - mx) * scale)
+                    tot = st[1] * a0 + ml_s[1, c] * a1
+                else:
+                    mx = st[0]
+                    a0 = 1.0
+                    a1 = 0.0
+                    tot = st[1]
                 inv = T.if_then_else(tot > 0, 1.0 / tot, 0.0)
                 fac_s[0, c] = a0 * inv
                 fac_s[1, c] = a1 * inv
@@ -190,11 +203,14 @@ def _build_regs(heads: int, d: int, split: bool, qk_buffers: int = QK_BUFFERS, p
             for mc, acc_c in enumerate(accs):
                 for m, h in T.Parallel(PV_DIMS, HB):
                     if h < H:
-                        if split:
-                            Opart[sp, r, h, pv_dim(mc, m)] = acc_c[m, h] * fac_s[0, h] + Ob[mc, m, h] * fac_s[1, h]
+                        if NC == 2:
+                            o = acc_c[m, h] * fac_s[0, h] + Ob[mc, m, h] * fac_s[1, h]
                         else:
-                            Out[r, h, pv_dim(mc, m)] = T.cast(acc_c[m, h] * fac_s[0, h] + Ob[mc, m, h] * fac_s[1, h],
-                                                              T.bfloat16)
+                            o = acc_c[m, h] * fac_s[0, h]
+                        if split:
+                            Opart[sp, r, h, pv_dim(mc, m)] = o
+                        else:
+                            Out[r, h, pv_dim(mc, m)] = T.cast(o, T.bfloat16)
 
     @T.prim_func
     def main(
@@ -208,7 +224,7 @@ def _build_regs(heads: int, d: int, split: bool, qk_buffers: int = QK_BUFFERS, p
         scale: T.float32,          # sm_scale * log2(e)
         bps: T.int32,              # blocks per split
     ):
-        with T.Kernel(R, NS, threads=384) as (r, sp):
+        with T.Kernel(R, NS, threads=CT + 128) as (r, sp):
             if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
                 T.evaluate(pdl_sync())
             T.import_source(DEQUANT_SRC + BULK_COPY_SRC + REGS_SRC + FP8_QK_SRC)
@@ -225,7 +241,7 @@ def _build_regs(heads: int, d: int, split: bool, qk_buffers: int = QK_BUFFERS, p
             P_s1 = T.alloc_shared((BI, HB), T.bfloat16)
             alpha_s0 = T.alloc_shared((HB,), T.float32)
             alpha_s1 = T.alloc_shared((HB,), T.float32)
-            Ob = T.alloc_shared((NPV, PV_DIMS, HB), T.float32)      # consumer 1's result, for the merge
+            Ob = T.alloc_shared((NPV, PV_DIMS, HB) if NC == 2 else (1,), T.float32)   # consumer 1's result, for the merge
             ml_s = T.alloc_shared((2, HB), T.float32)               # consumer 1's (max, sum) per head
             fac_s = T.alloc_shared((2, HB), T.float32)              # merge weights per head
             full = T.alloc_barrier(arrive_count=[1] * NST)
@@ -239,14 +255,14 @@ def _build_regs(heads: int, d: int, split: bool, qk_buffers: int = QK_BUFFERS, p
                 T.set_max_nreg(CONSUMER_REGS, 1)
                 consumer_role(0, tx, r, sp, nblk, Q, K8, vm, sft, one_mul, Q8_s, qsc_s, S_sm0, P_s0, alpha_s0, Ob, ml_s,
                               fac_s, ready, empty, Out, Lse, Opart, Lpart, scale)
-            elif tx < 256:
+            elif NC == 2 and tx < 256:
                 T.set_max_nreg(CONSUMER_REGS, 1)
                 consumer_role(1, tx - 128, r, sp, nblk, Q, K8, vm, sft, one_mul, Q8_s, qsc_s, S_sm1, P_s1, alpha_s1, Ob,
                               ml_s, fac_s, ready, empty, Out, Lse, Opart, Lpart, scale)
             else:
                 T.set_max_nreg(PRODUCER_REGS, 0)
                 # ------------------------------------------------------------ producers
-                tp = tx - 256
+                tp = tx - CT
                 if tp < 32:
                     ib = T.alloc_local((NST * (RPL + 1),), T.int32)
                     for s in T.unroll(NST):                      # blocks 0 .. NST - 1: every index load first
