@@ -175,17 +175,19 @@ def regs_prim_func(**options):
     return load_variant([_regs_edit()], "timeline_regs")._build_regs(HEADS, D, False, **options)
 
 
-def regs_phases(marks, nblk: int) -> dict[str, float]:
-    """Steady-state mean cycles of each step of the "regs" kernel (blocks 4 .. nblk - 2), median over CTAs."""
+def regs_phases(marks, nblk: int, consumers: int = 2) -> dict[str, float]:
+    """Steady-state mean cycles of each step of the "regs" kernel (blocks 4 .. nblk - 2), median over
+    CTAs; ``consumers``: the kernel's consumer warpgroups (2: they take alternate blocks)."""
     import torch
 
     m = marks[:, :, :nblk].to(torch.float64)
     e = {name: m[:, i] for name, i in REGS_EV.items()}
     b = torch.arange(4, nblk - 1)
-    own = b[b % 2 == 0]                       # consumer 0's blocks; consumer 1's are the odd ones
-    out = {"period (block to block, consumer 0's every other block / 2)":
-           (e["c0_pv"][:, own[1:]] - e["c0_pv"][:, own[:-1]]) / 2}
-    for w, blocks in ((0, own), (1, b[b % 2 == 1])):
+    owned = [b[b % consumers == w] for w in range(consumers)]     # consumer w's blocks
+    own = owned[0]
+    out = {f"period (block to block, consumer 0's every {consumers} blocks / {consumers})":
+           (e["c0_pv"][:, own[1:]] - e["c0_pv"][:, own[:-1]]) / consumers}
+    for w, blocks in enumerate(owned):
         p = f"c{w}_"
         out[f"consumer {w} waits for its stage"] = e[p + "ready"][:, blocks[1:]] - e[p + "pv"][:, blocks[:-1]]
         out[f"consumer {w} QK"] = e[p + "qk"][:, blocks] - e[p + "ready"][:, blocks]
@@ -198,6 +200,34 @@ def regs_phases(marks, nblk: int) -> dict[str, float]:
     return {k: v.mean(dim=1).median().item() for k, v in out.items()}
 
 
+# ---------------------------------------------------------------------------- the "mma" kernel
+# its marks are built in (``_build_mma(..., timeline=True)``, ``_cuda_mma.MMA_SRC``)
+MMA_EVENTS = ("block", "start0", "bar1_0", "softmax_qk0", "bar2_0", "pv0", "start1", "bar1_1", "softmax_qk1",
+              "bar2_1", "pv1", "prep_start", "prep_end")
+MMA_EV = {name: i for i, name in enumerate(MMA_EVENTS)}
+
+
+def mma_phases(marks, nblk: int) -> dict[str, float]:
+    """Steady-state mean cycles of each step of the "mma" kernel (blocks 4 .. nblk - 2), median over
+    CTAs: consumer warp 0's steps in each 32-key half (the softmax shares its step with the next
+    half's QK), the prep warp's tables per block."""
+    import torch
+
+    m = marks[:, :, :nblk].to(torch.float64)
+    e = {name: m[:, i] for name, i in MMA_EV.items()}
+    b = torch.arange(4, nblk - 1)
+    out = {"period (block to block)": e["block"][:, b + 1] - e["block"][:, b],
+           "half 1 starts: next block's stage waited for": e["start1"][:, b] - e["pv0"][:, b]}
+    for hb in (0, 1):
+        out[f"half {hb}: barrier 1 (all partials)"] = e[f"bar1_{hb}"][:, b] - e[f"start{hb}"][:, b]
+        out[f"half {hb}: reduce + softmax + next half's QK"] = e[f"softmax_qk{hb}"][:, b] - e[f"bar1_{hb}"][:, b]
+        out[f"half {hb}: barrier 2 (P complete)"] = e[f"bar2_{hb}"][:, b] - e[f"softmax_qk{hb}"][:, b]
+        out[f"half {hb}: PV (rescale, 16 mma)"] = e[f"pv{hb}"][:, b] - e[f"bar2_{hb}"][:, b]
+    out["prep warp: tables of a block"] = e["prep_end"][:, b] - e["prep_start"][:, b]
+    out["prep ends -> its block starts"] = e["block"][:, b] - e["prep_end"][:, b]
+    return {k: v.mean(dim=1).median().item() for k, v in out.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("variants", nargs="?", default="base", help="comma-separated variants of sparse_mla_decode_diag.py")
@@ -207,9 +237,16 @@ def main() -> None:
 
 
 def timeline(variant: str) -> None:
-    """``variant``: one of the decode diag's, or "regs" (the register-operand kernel)."""
-    if variant == "regs":
-        return _timeline(compile_variant(regs_prim_func()), regs_phases, len(REGS_EVENTS))
+    """``variant``: one of the decode diag's, "regs" (the register-operand kernel), "regs1" (it
+    with one consumer warpgroup) or "mma" (the warp-MMA kernel)."""
+    if variant == "mma":
+        from deepinfer_kernels.tilelang.sparse_mla_mma import _build_mma
+
+        return _timeline(compile_variant(_build_mma(HEADS, D, False, timeline=True)), mma_phases, len(MMA_EVENTS))
+    if variant in ("regs", "regs1"):
+        consumers = 1 if variant == "regs1" else 2
+        return _timeline(compile_variant(regs_prim_func(consumers=consumers)),
+                         functools.partial(regs_phases, consumers=consumers), len(REGS_EVENTS))
     return _timeline(compile_variant(prim_func(variant)), phases, len(EVENTS))
 
 

@@ -1,6 +1,6 @@
 """GPU tests of the experimental decode kernels, not dispatched: the bulk kernel with two consumer
-warpgroups (``consumers=2``) and the register-operand kernel (``variant="regs"``), each against
-``sparse_mla_attention_ref`` and the default bulk kernel."""
+warpgroups (``consumers=2``), the register-operand kernel (``variant="regs"``) and the warp-MMA
+kernel (``variant="mma"``), each against ``sparse_mla_attention_ref`` and the default bulk kernel."""
 
 import pytest
 import torch
@@ -119,3 +119,59 @@ def test_regs_kernel_fill_paths_agree_bit_for_bit(pool_scale, q_scale):
     (one_path_out, one_path_lse), (two_path_out, two_path_lse) = results
     T.check_sparse_mla(case, one_path_out, one_path_lse, atol=2e-2 * pool_scale)
     assert torch.equal(one_path_out, two_path_out) and torch.equal(one_path_lse, two_path_lse)
+
+
+MMA_CASES = [
+    (5, 16, 256, None, dict(empty_frac=0.1)),
+    (9, 16, 200, None, dict(ragged=True, empty_rows=(0, 4))),     # width not a multiple of 64
+    (6, 8, 130, None, dict(empty_frac=0.2, empty_rows=(5,))),     # heads < 16
+    (3, 16, 2048, 3, dict(ragged=True, empty_rows=(1,))),         # split-KV partials
+    (3, 16, 64, None, dict(q_scale=8.0)),                         # one block
+    (2, 16, 1, None, dict()),                                     # width 1
+    (4, 16, 300, None, dict(duplicates=True)),                    # duplicate slots count twice
+    (7, 16, 640, None, dict(empty_frac=0.5)),                     # half the records invalid: never copied, masked
+    (132, 16, 2048, None, dict(paged=128)),                       # the decode benchmark's KV-block layout
+    (4, 16, 256, None, dict(pool_scale=2.0 ** 16, q_scale=2.0 ** -16)),   # large latents, small queries
+    (4, 16, 256, None, dict(pool_scale=2.0 ** -20, q_scale=4.0)),  # tiny latents
+]
+
+
+@pytest.mark.parametrize("hw_cvt", [True, False], ids=["hwcvt", "intcvt"])
+@pytest.mark.parametrize("rows,heads,width,num_splits,kw", MMA_CASES)
+def test_mma_kernel_matches_the_reference_and_bulk(rows, heads, width, num_splits, kw, hw_cvt):
+    """The warp-MMA decode kernel (``sparse_mla_mma.py``: 16 heads as the M of ``mma.m16n8k16``, eight
+    warps splitting the latent dims, f16 operands converted once and transposed in registers) against
+    the reference and the bulk kernel; both e4m3 conversions (``hw_cvt``). The variant's launcher
+    builds the default (hardware) one; the other is compiled here with the same call."""
+    from deepinfer_kernels.tilelang import sparse_mla as launcher
+    from deepinfer_kernels.tilelang._common import TARGET
+    from deepinfer_kernels.tilelang.sparse_mla_builders import NO_AUTO_SYNC
+    from deepinfer_kernels.tilelang.sparse_mla_mma import _build_mma
+
+    slots = 300000 if kw.get("paged") else 5000
+    kw = dict(kw)
+    pool_scale = kw.pop("pool_scale", 1.0)
+    pool = T.make_pool(slots, 512, "cuda", seed=rows + width, scale=pool_scale)
+    case = T.make_sparse_mla_case(rows, heads, 512, width, slots, "cuda", seed=rows * 3 + width, pool=pool, **kw)
+    if hw_cvt:
+        out, lse = launcher.sparse_mla_attention_tilelang(case.q, case.pool, case.indices, case.sm_scale,
+                                                          variant="mma", num_splits=num_splits)
+    else:
+        import tilelang
+
+        builds = {split: tilelang.compile(_build_mma(heads, 512, split, hw_cvt=False), target=TARGET,
+                                          pass_configs=NO_AUTO_SYNC) for split in (False, True)}
+        original = launcher.get_kernel
+        launcher.get_kernel = lambda h, d, variant, split, *a, **k: (builds[split] if variant == "mma"
+                                                                     else original(h, d, variant, split, *a, **k))
+        try:
+            out, lse = launcher.sparse_mla_attention_tilelang(case.q, case.pool, case.indices, case.sm_scale,
+                                                              variant="mma", num_splits=num_splits)
+        finally:
+            launcher.get_kernel = original
+    bulk_out, bulk_lse = launcher.sparse_mla_attention_tilelang(case.q, case.pool, case.indices, case.sm_scale,
+                                                                variant="bulk", num_splits=num_splits)
+    torch.cuda.synchronize()
+    # f16 operands with fp32 accumulation: scores as exact as bulk's bf16 ones; P rounded to f16
+    T.check_sparse_mla(case, out, lse, atol=2e-2 * pool_scale)
+    T.check_close_to_kernel(out, lse, bulk_out, bulk_lse, lse_atol=1e-3, out_atol=1e-2 * pool_scale)

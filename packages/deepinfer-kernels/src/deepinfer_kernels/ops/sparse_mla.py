@@ -35,7 +35,7 @@ from deepinfer_kernels.ops.kv_fp8 import dequantize_kv_fp8_ref, fp8_record_bytes
 from deepinfer_kernels.platform import tilelang_launcher
 
 VARIANT_ENV = SPARSE_MLA_VARIANT_ENV
-KERNEL_VARIANTS = ("auto", "ws", "bulk", "pipelined", "regs")
+KERNEL_VARIANTS = ("auto", "ws", "bulk", "pipelined", "regs", "mma")
 SHARED_KEYS_ENV = SPARSE_MLA_SHARED_KEYS_ENV
 
 

@@ -37,6 +37,7 @@ from deepinfer_kernels.tilelang.sparse_mla_builders import (  # noqa: F401  (BLO
 from deepinfer_kernels.tilelang.sparse_mla_bulk import _build_bulk
 from deepinfer_kernels.tilelang.sparse_mla_bulk_rows import MAX_PAIRS, ROWS_PER_CTA, _build_bulk_rows
 from deepinfer_kernels.tilelang.sparse_mla_groups import _build_bulk_groups, group_columns
+from deepinfer_kernels.tilelang.sparse_mla_mma import _build_mma
 from deepinfer_kernels.tilelang.sparse_mla_quads import MAX_QUAD_BLOCKS, QUAD_HEADS, QUAD_ROWS, _build_quads
 from deepinfer_kernels.tilelang.sparse_mla_regs import _build_regs
 from deepinfer_kernels.tilelang.sparse_mla_ws import _build_ws
@@ -48,8 +49,8 @@ def resolve_variant(variant: str, heads: int, d: int, rows: int = 0, sms: int = 
     """"auto": "bulk" for one head group of 512-multiple records (the mini / flash MLA shape;
     1.43x "ws" over the engine's block layout, 0.94x over random slots, H200 2026-11-30), "ws"
     otherwise. "bulk" copies whole records, so it needs them 16-byte sized (D a multiple of
-    512); other D run "ws". "regs" (experimental, ``sparse_mla_regs.py``) takes up to 16 heads at D
-    512; other shapes run what "auto" picks.
+    512); other D run "ws". "regs" and "mma" (experimental, ``sparse_mla_regs.py`` /
+    ``sparse_mla_mma.py``) take up to 16 heads at D 512; other shapes run what "auto" picks.
 
     More than 16 heads: "ws" takes 32 heads per CTA, "bulk" 16 (so twice the CTAs per row, each
     reading the row's records). Where "ws"'s CTAs would fill fewer than half the SMs
@@ -59,8 +60,8 @@ def resolve_variant(variant: str, heads: int, d: int, rows: int = 0, sms: int = 
     decode 736.7 vs 720.0 tokens/s. Not in batch-invariant mode, where a row's kernel must not depend
     on the row count."""
     bulk_ok = _record_bytes(d) % 16 == 0
-    if variant == "regs":
-        return "regs" if heads <= 16 and d == 512 else resolve_variant("auto", heads, d, rows, sms)
+    if variant in ("regs", "mma"):
+        return variant if heads <= 16 and d == 512 else resolve_variant("auto", heads, d, rows, sms)
     if variant == "bulk" and not bulk_ok:
         return "ws"
     if variant != "auto":
@@ -75,7 +76,7 @@ def resolve_variant(variant: str, heads: int, d: int, rows: int = 0, sms: int = 
 
 def _heads_per_cta(heads: int, variant: str = "ws") -> int:
     # "bulk" holds two fp8 stages beside the bf16 ones: 32 heads' Q tile would not fit in 227 KB
-    return 16 if heads <= 16 or variant in ("bulk", "regs") else 32
+    return 16 if heads <= 16 or variant in ("bulk", "regs", "mma") else 32
 
 
 def pipelined_bucket(bps: int) -> int:
@@ -92,6 +93,9 @@ def get_kernel(heads: int, d: int, variant: str = "ws", split: bool = False, hb:
     hb = hb or _heads_per_cta(heads, variant)
     if variant == "regs":
         return compile_cached("sparse_mla_regs", (heads, d, split), lambda: _build_regs(heads, d, split),
+                              pass_configs=NO_AUTO_SYNC)
+    if variant == "mma":
+        return compile_cached("sparse_mla_mma", (heads, d, split), lambda: _build_mma(heads, d, split),
                               pass_configs=NO_AUTO_SYNC)
     if variant == "bulk":
         # two dequantizing warpgroups: 1.25x one in the H200 diagnostics (2026-11-30)
@@ -224,7 +228,9 @@ def sparse_mla_attention_tilelang(q: torch.Tensor, kv_pool: torch.Tensor, indice
     index rows once. ``consumers=2`` (experimental, ``variant="bulk"`` only; no faster on the
     H200): the one-row ``bulk`` kernel with two consumer warpgroups on alternate blocks, merged by
     the split-KV combine (``_build_bulk``). ``variant="regs"`` (experimental): the register-operand
-    decode kernel (``sparse_mla_regs.py``) for every row, up to 16 heads at D 512.
+    decode kernel (``sparse_mla_regs.py``) for every row, up to 16 heads at D 512. ``variant="mma"``
+    (experimental): the warp-MMA decode kernel (``sparse_mla_mma.py``; the same shapes), 1.05-1.19x
+    ``bulk`` on the decode benchmarks but the engine's packed layout (0.95x).
     """
     require(variant in VARIANTS, f"variant={variant!r}: expected one of {VARIANTS}")
     require(q.dim() == 3 and q.dtype == torch.bfloat16, f"q: expected bf16 [rows, heads, D], got {q.dtype} {tuple(q.shape)}")

@@ -1,0 +1,431 @@
+"""CUDA device code of the warp-MMA sparse MLA decode kernel (``sparse_mla_mma.py``), pulled in with
+``T.import_source`` after ``_cuda.BULK_COPY_SRC``: the consumer (``di_mma_consumer``: Q set-up, the
+block loop, the epilogue) and the per-stage scale tables (``di_mma_prep``).
+
+Eight consumer warps share one query row's 16 heads; warp w owns the latent dims [64w, 64w + 64)
+(scale groups 2w and 2w + 1). Per 32-key half of a 64-key stage, every warp:
+
+1. loads its 64 dims of the 32 records with ``ldmatrix`` (one 32-bit register: 4 e4m3 bytes of one
+   key) and converts them to f16 pairs once (``di_e4m3x4_f16``: the hardware ``cvt``, exact, or
+   three integer operations giving the value times 2^-8);
+2. QK, ``mma.m16n8k16`` (16 heads = M): S_w[h, k] = sum over its two groups of the group's f16 dot
+   product times the key's group scale (fp32, from the stage table) -- its partial of the score;
+3. writes the partial to shared memory; after a barrier, warp r sums the eight partials of heads
+   2r, 2r + 1, runs their online softmax and writes P (f16) and the rescale alpha; a second barrier;
+4. PV, ``mma.m16n8k16`` again: A = P scaled per key by 2^(s - C) for each of its groups (C: the
+   running maximum of that group's scale exponents, so A stays <= 1), B = the same converted
+   registers, transposed in registers (``movmatrix``). The accumulators hold O in units of
+   2^(C - 127) per group; each half rescales them by alpha x 2^(C_old - C_new).
+
+No tile ever crosses shared memory; each FP8 byte is read from it once (the TMA's copy and one
+``ldmatrix``). The k index of QK is permuted (a register's 4 bytes are dims 4t..4t+3: logical
+k 2t, 2t + 1 are dims 4t, 4t + 1 and k 2t + 8, 2t + 9 are 4t + 2, 4t + 3), identically in Q's
+fragment, so the contraction is unchanged; PV's output columns come out as 4 consecutive dims a lane.
+"""
+
+MMA_SRC = r"""
+#ifndef DI_MMA_SRC
+#define DI_MMA_SRC
+__device__ __forceinline__ void di_mbar_wait(const void* bar, unsigned parity) {
+  const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
+  unsigned ok = 0;
+  while (!ok) {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(ok) : "r"(b), "r"(parity) : "memory");
+  }
+}
+__device__ __forceinline__ void di_mbar_arrive(void* bar) {
+  const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(b) : "memory");
+}
+__device__ __forceinline__ void di_named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void di_ldsm4(unsigned a, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a) : "memory");
+}
+__device__ __forceinline__ unsigned di_movt(unsigned x) {        // 8x8 b16 tile transposed across the warp
+  unsigned y;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+__device__ __forceinline__ unsigned di_hmul2(unsigned a, unsigned b) {
+  unsigned d;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+__device__ __forceinline__ unsigned di_f16x2(float lo, float hi) {
+  unsigned d;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+// c += a b: m16n8k16, f16 inputs, f32 accumulators
+__device__ __forceinline__ void di_mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// 4 e4m3 bytes -> two f16 pairs (bytes 0, 1 -> lo; 2, 3 -> hi). HW: the exact hardware conversion;
+// otherwise the bits of value x 2^-8 (e4m3's exponent field one bit up: every e4m3, subnormals
+// included, is an f16 normal or subnormal, and e4m3 NaN bytes give finite values).
+template <bool HW>
+__device__ __forceinline__ void di_e4m3x4_f16(unsigned x, unsigned& lo, unsigned& hi) {
+  if (HW) {
+    asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+        : "=r"(lo), "=r"(hi) : "r"(x));
+  } else {
+    unsigned a, b;
+    asm("prmt.b32 %0, %1, 0, 0x9180;" : "=r"(a) : "r"(x));     // [b0, sign(b0), b1, sign(b1)]
+    asm("prmt.b32 %0, %1, 0, 0xB3A2;" : "=r"(b) : "r"(x));
+    lo = (a << 7) & 0xBF80BF80u;
+    hi = (b << 7) & 0xBF80BF80u;
+  }
+}
+// ---------------------------------------------------------------- per-stage tables (PW warps)
+// For the stage's 64 keys (two halves of 32; lane = key within the half) and prep warp pw's groups
+// G in [16 pw / PW, 16 (pw + 1) / PW): the QK scale sct[G * 64 + key] = 2^(s - 127 + SHIFT) (0 for
+// s = 0 or an invalid key), the PV ratio rat[G * 64 + key] = f16 2^(s - C) with C the group's running
+// maximum exponent after the key's half (never lower than before), and per half the accumulators'
+// rescale beta[hb * 16 + G] = 2^(C_before - C_after) and the exponent cabs[hb * 16 + G] = C_after.
+// Warp 0 also writes vm (0 / -inf) and, with HW, zeroes invalid keys' bytes (never copied; the
+// hardware conversion keeps NaN). crun: the warp's running exponents of its groups (a local array:
+// registers, the same in every lane). TL: clock64() of warp 0 at the start and end into
+// marks[11 * 256 + i], marks[12 * 256 + i] (the timeline tool; marks: the float buffer mark_buf from
+// float mark_row on).
+__device__ __forceinline__ float di_pow2f(int e) {       // 2^e, 0 below float's normal range
+  return e >= -126 ? __uint_as_float((unsigned)(e + 127) << 23) : 0.f;
+}
+template <int REC, int D, bool HW, bool TL, int PW>
+__device__ __forceinline__ void di_mma_prep(unsigned char* stage, const int* ix, float* vm, float* sct,
+                                            unsigned short* rat, float* beta, int* cabs, int* crun, int pw,
+                                            int lane, void* mark_buf, int mark_row, int i) {
+  constexpr int NG = D / 32, GW = NG / PW;               // groups of a prep warp
+  constexpr unsigned SHIFT = HW ? 0u : 8u;
+  long long* marks = reinterpret_cast<long long*>(reinterpret_cast<float*>(mark_buf) + mark_row);
+  if (TL && pw == 0 && lane == 0) marks[11 * 256 + i] = clock64();
+  const int g0 = pw * GW;
+  unsigned sb[2][GW];                                    // the warp's scale bytes of the lane's two keys
+#pragma unroll
+  for (int hb = 0; hb < 2; ++hb) {
+    const int key = 32 * hb + lane;
+    const bool ok = ix[key] >= 0;
+    unsigned wd[GW / 4];
+#pragma unroll
+    for (int q = 0; q < GW / 4; ++q) wd[q] = ok ? *reinterpret_cast<const unsigned*>(stage + key * REC + D + g0 + 4 * q) : 0u;
+#pragma unroll
+    for (int G = 0; G < GW; ++G) sb[hb][G] = (wd[G / 4] >> (8 * (G % 4))) & 0xffu;
+    if (pw == 0) {
+      vm[key] = ok ? 0.f : __int_as_float(0xff800000);
+      if (HW && !ok) {
+        uint4* rec = reinterpret_cast<uint4*>(stage + key * REC);
+#pragma unroll 4
+        for (int c = 0; c < D / 16; ++c) rec[c] = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+  }
+#pragma unroll
+  for (int G = 0; G < GW; ++G) {
+    const int c0 = crun[G];
+    const int c1 = max(c0, (int)__reduce_max_sync(0xffffffffu, sb[0][G]));
+    const int c2 = max(c1, (int)__reduce_max_sync(0xffffffffu, sb[1][G]));
+    crun[G] = c2;
+    const int C[2] = {c1, c2};
+#pragma unroll
+    for (int hb = 0; hb < 2; ++hb) {
+      const int key = 32 * hb + lane;
+      const unsigned b = sb[hb][G];
+      sct[(g0 + G) * 64 + key] = b ? __uint_as_float(min(b + SHIFT, 254u) << 23) : 0.f;
+      unsigned short r;
+      asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(di_pow2f((int)b - C[hb])));
+      rat[(g0 + G) * 64 + key] = b ? r : (unsigned short)0;
+    }
+    if (lane == 0) {
+      beta[g0 + G] = di_pow2f(c0 - c1);
+      beta[16 + g0 + G] = di_pow2f(c1 - c2);
+      cabs[g0 + G] = c1;
+      cabs[16 + g0 + G] = c2;
+    }
+  }
+  if (HW && pw == 0) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // zeroes before later TMA writes
+  if (TL && pw == 0 && lane == 0) marks[12 * 256 + i] = clock64();
+}
+// ---------------------------------------------------------------- the consumer (256 threads)
+// Shared buffers: K8 [NST][64][REC], vm [NST][64], sct / rat [NST][16][64], beta / cabs [NST][2][16],
+// S_red [2][8][16][40] (the warps' partial scores, two halves), P_sm [16][40] (f16), alpha_sm [16], qsm [16],
+// fin_sm [16]; ready / empty: NST mbarriers each. out_row: the row's [H][D] (bf16, or f32 split
+// partials), lse_row its [H] (ln-sum-exp, or split: log2-sum-exp). scale: sm_scale log2(e).
+// TL: thread 0 writes clock64() per block i to marks[e * 256 + i]: e = 0 the block's first half
+// starts, then per half hb the ends at 1 + 5 hb + (the half starts, barrier 1, softmax with the next
+// half's QK and this half's transposes, barrier 2, PV); marks: the float
+// buffer mark_buf from row mark_row of [H][D] floats on.
+template <int REC, int D, int NST, int H, bool SPLIT, bool HW, bool TL>
+__device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const float* vm, const float* sct,
+                                                const unsigned short* rat, const float* beta, const int* cabs,
+                                                float* S_red, unsigned short* P_sm, float* alpha_sm, float* qsm,
+                                                float* fin_sm, void* ready, void* empty, int nblk, const void* q_row,
+                                                void* out_row, float* lse_row, float scale, int tx,
+                                                void* mark_buf, int mark_row) {
+  long long* marks = reinterpret_cast<long long*>(reinterpret_cast<float*>(mark_buf) + (size_t)mark_row * H * D);
+  static_assert(D == 512 && H <= 16, "mma: D 512, up to 16 heads");
+  constexpr int SST = 40;                                  // row stride (floats / halves) of S_red, P_sm
+  const float NEG_INF = __int_as_float(0xff800000);
+  const int w = tx >> 5, lane = tx & 31, g = lane >> 2, t = lane & 3;
+  const unsigned short* q = reinterpret_cast<const unsigned short*>(q_row);   // bf16 bits
+  // ---- Q: per-head power-of-two scale to f16 (max |q| in [2^14, 2^15)), the warp's A fragments
+  {
+    const int hq = tx >> 4, part = tx & 15;
+    float mx = 0.f;
+    if (hq < H) {
+      const uint4* qp = reinterpret_cast<const uint4*>(q + hq * D + 32 * part);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint4 v = qp[i];
+        const unsigned u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          mx = fmaxf(mx, fmaxf(fabsf(__uint_as_float(u[k] << 16)), fabsf(__uint_as_float(u[k] & 0xffff0000u))));
+      }
+    }
+#pragma unroll
+    for (int o = 1; o < 16; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (part == 0) qsm[hq] = mx;
+  }
+  di_named_sync(3, 256);
+  auto qexp = [&](int h) {                                 // a with max |q_h| 2^a in [2^14, 2^15)
+    const float mx = qsm[h];
+    int e = 0;
+    frexpf(mx, &e);
+    return mx > 0.f ? 15 - e : 0;
+  };
+  unsigned qa[4][4];                                       // [chunk c][A register]
+  {
+    const float up_g = ldexpf(1.f, qexp(g)), up_g8 = ldexpf(1.f, qexp(g + 8));
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int dim = 64 * w + 16 * c + 4 * t;
+      uint2 vg = make_uint2(0u, 0u), vg8 = make_uint2(0u, 0u);
+      if (g < H) vg = *reinterpret_cast<const uint2*>(q + g * D + dim);
+      if (g + 8 < H) vg8 = *reinterpret_cast<const uint2*>(q + (g + 8) * D + dim);
+      auto lo = [](unsigned u) { return __uint_as_float(u << 16); };
+      auto hi = [](unsigned u) { return __uint_as_float(u & 0xffff0000u); };
+      qa[c][0] = di_f16x2(lo(vg.x) * up_g, hi(vg.x) * up_g);          // head g, dims 4t, 4t + 1
+      qa[c][1] = di_f16x2(lo(vg8.x) * up_g8, hi(vg8.x) * up_g8);      // head g + 8
+      qa[c][2] = di_f16x2(lo(vg.y) * up_g, hi(vg.y) * up_g);          // head g, dims 4t + 2, 4t + 3
+      qa[c][3] = di_f16x2(lo(vg8.y) * up_g8, hi(vg8.y) * up_g8);
+    }
+  }
+  const int hr = 2 * w + (lane >> 4), kk = 2 * (lane & 15);     // this lane's softmax head and key pair
+  const float qinv = ldexpf(1.f, -qexp(hr)) * scale;
+  float m_run = NEG_INF;
+  float O[4][2][4];                                        // [chunk c][dims 4t + {0,1} / + {2,3}][C register]
+#pragma unroll
+  for (int c = 0; c < 4; ++c)
+#pragma unroll
+    for (int x = 0; x < 2; ++x)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) O[c][x][e] = 0.f;
+  const unsigned k8_base = (unsigned)__cvta_generic_to_shared(K8) + (lane & 7) * REC + 64 * w + 16 * (lane >> 3);
+  const unsigned p_base = (unsigned)__cvta_generic_to_shared(P_sm)
+                          + 2 * (((lane & 7) + 8 * ((lane >> 3) & 1)) * SST + 8 * (lane >> 4));
+  unsigned long long* rdy = reinterpret_cast<unsigned long long*>(ready);
+  unsigned long long* emp = reinterpret_cast<unsigned long long*>(empty);
+  // One 32-key half hh = 2 i + hb at a time. Between its two barriers a warp issues the next half's
+  // QK (loads, conversions, mma) first, then this half's reduction and softmax while those are in
+  // flight, then the next half's scaled partial scores (to the other S_red buffer), the transposes
+  // of this half's registers for PV and PV's table loads; after the second barrier only P's load,
+  // its scaling and the PV mma remain. The last half's "next" QK re-reads its own stage (ignored).
+  auto qk_mma = [&](int s, int hb, unsigned (&kv)[4][4][2], float (&acc)[2][4][4]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      unsigned r[4];
+      di_ldsm4(k8_base + (s * 64 + 32 * hb + 8 * j) * REC, r[0], r[1], r[2], r[3]);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) di_e4m3x4_f16<HW>(r[c], kv[j][c][0], kv[j][c][1]);
+    }
+#pragma unroll
+    for (int G = 0; G < 2; ++G)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[G][j][e] = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) di_mma16816(acc[c >> 1][j], qa[c], kv[j][c][0], kv[j][c][1]);
+  };
+  auto qk_store = [&](int s, int hb, const float (&acc)[2][4][4], float* red) {   // scaled partials -> red
+    const float* sc0 = sct + (s * 16 + 2 * w) * 64 + 32 * hb + 2 * t;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f0 = *reinterpret_cast<const float2*>(sc0 + 8 * j);
+      const float2 f1 = *reinterpret_cast<const float2*>(sc0 + 64 + 8 * j);
+      const float2 pg = make_float2(fmaf(acc[1][j][0], f1.x, acc[0][j][0] * f0.x),
+                                    fmaf(acc[1][j][1], f1.y, acc[0][j][1] * f0.y));
+      const float2 pg8 = make_float2(fmaf(acc[1][j][2], f1.x, acc[0][j][2] * f0.x),
+                                     fmaf(acc[1][j][3], f1.y, acc[0][j][3] * f0.y));
+      *reinterpret_cast<float2*>(red + (w * 16 + g) * SST + 8 * j + 2 * t) = pg;
+      *reinterpret_cast<float2*>(red + (w * 16 + g + 8) * SST + 8 * j + 2 * t) = pg8;
+    }
+  };
+  constexpr int RED = 8 * 16 * SST;                        // floats of one S_red buffer
+  unsigned kv[4][4][2];                                    // this half's converted bytes: [8-key tile j][chunk c][lo / hi]
+  float l_lane = 0.f;                                      // this lane's share of its head's softmax sum
+  if (nblk > 0) {
+    di_mbar_wait(rdy, 0);
+    float acc[2][4][4];
+    qk_mma(0, 0, kv, acc);
+    qk_store(0, 0, acc, S_red);
+  }
+  for (int hh = 0; hh < 2 * nblk; ++hh) {
+    const int i = hh >> 1, hb = hh & 1, s = i % NST;
+    auto mark = [&](int e) { if (TL && tx == 0) marks[e * 256 + i] = clock64(); };
+    const bool next_block = hb == 1 && i + 1 < nblk;
+    const int s_next = next_block ? (i + 1) % NST : s, hb_next = next_block ? 0 : 1 - hb;
+    if (next_block) di_mbar_wait(rdy + s_next, ((i + 1) / NST) & 1);
+    if (hb == 0) mark(0);
+    mark(1 + 5 * hb);
+    di_named_sync(1, 256);                                 // this half's partials complete; the last P read
+    mark(2 + 5 * hb);
+    unsigned kv_next[4][4][2];
+    float acc[2][4][4];
+    qk_mma(s_next, hb_next, kv_next, acc);
+    // ---- warp w: the scores of heads 2w, 2w + 1 (16 lanes each, two keys a lane), online softmax
+    {
+      const float* red = S_red + (hh & 1) * RED;
+      float2 sum = make_float2(0.f, 0.f);
+#pragma unroll
+      for (int w2 = 0; w2 < 8; ++w2) {
+        const float2 v = *reinterpret_cast<const float2*>(red + (w2 * 16 + hr) * SST + kk);
+        sum.x += v.x;
+        sum.y += v.y;
+      }
+      const float2 mask = *reinterpret_cast<const float2*>(vm + s * 64 + 32 * hb + kk);
+      const float x0 = mask.x == 0.f ? sum.x * qinv : NEG_INF;
+      const float x1 = mask.y == 0.f ? sum.y * qinv : NEG_INF;
+      float mb = fmaxf(x0, x1);
+#pragma unroll
+      for (int o = 1; o < 16; o <<= 1) mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, o));
+      const float m_new = fmaxf(m_run, mb);
+      const float ms = m_new == NEG_INF ? 0.f : m_new;
+      const float alpha = exp2f(m_run - ms);
+      const float p0 = exp2f(x0 - ms), p1 = exp2f(x1 - ms);
+      l_lane = l_lane * alpha + (p0 + p1);
+      m_run = m_new;
+      *reinterpret_cast<unsigned*>(P_sm + hr * SST + kk) = di_f16x2(p0, p1);
+      if ((lane & 15) == 0) alpha_sm[hr] = alpha;
+    }
+    qk_store(s_next, hb_next, acc, S_red + ((hh + 1) & 1) * RED);
+    // ---- before the barrier: this half's registers transposed for PV, its per-group tables
+    unsigned vt[4][4][2];                                  // [8-key tile j][chunk c][lo / hi], transposed
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        vt[j][c][0] = di_movt(kv[j][c][0]);
+        vt[j][c][1] = di_movt(kv[j][c][1]);
+      }
+    const float* bt = beta + (s * 2 + hb) * 16 + 2 * w;
+    const float b0 = bt[0], b1 = bt[1];
+    const unsigned short* rt = rat + (s * 16 + 2 * w) * 64 + 32 * hb + 2 * t;
+    unsigned ratio[2][2][2];                               // [k-step][group][keys 2t.. / 2t + 8..]
+#pragma unroll
+    for (int kq = 0; kq < 2; ++kq)
+#pragma unroll
+      for (int G = 0; G < 2; ++G) {
+        ratio[kq][G][0] = *reinterpret_cast<const unsigned*>(rt + G * 64 + 16 * kq);
+        ratio[kq][G][1] = *reinterpret_cast<const unsigned*>(rt + G * 64 + 16 * kq + 8);
+      }
+    mark(3 + 5 * hb);
+    di_named_sync(2, 256);                                 // P and alpha complete
+    mark(4 + 5 * hb);
+    // ---- PV: rescale, then P (scaled per group) times the transposed registers
+    {
+      const float a_g = alpha_sm[g], a_g8 = alpha_sm[g + 8];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const float bc = c < 2 ? b0 : b1;
+        const float fg = a_g * bc, fg8 = a_g8 * bc;
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+          O[c][x][0] *= fg;
+          O[c][x][1] *= fg;
+          O[c][x][2] *= fg8;
+          O[c][x][3] *= fg8;
+        }
+      }
+#pragma unroll
+      for (int kq = 0; kq < 2; ++kq) {
+        unsigned pa[4];
+        di_ldsm4(p_base + 2 * 16 * kq, pa[0], pa[1], pa[2], pa[3]);
+        unsigned pg[2][4];
+#pragma unroll
+        for (int G = 0; G < 2; ++G) {
+          pg[G][0] = di_hmul2(pa[0], ratio[kq][G][0]);
+          pg[G][1] = di_hmul2(pa[1], ratio[kq][G][0]);
+          pg[G][2] = di_hmul2(pa[2], ratio[kq][G][1]);
+          pg[G][3] = di_hmul2(pa[3], ratio[kq][G][1]);
+        }
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+#pragma unroll
+          for (int x = 0; x < 2; ++x) di_mma16816(O[c][x], pg[c >> 1], vt[2 * kq][c][x], vt[2 * kq + 1][c][x]);
+      }
+    }
+    if (TL) asm volatile("" :: "f"(O[0][0][0]), "f"(O[3][1][3]));   // the mark after the PV results
+    mark(5 + 5 * hb);
+    if (hb == 1) {                                         // the stage's bytes and tables are no longer read
+      __syncwarp();
+      if (lane == 0) di_mbar_arrive(emp + s);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        kv[j][c][0] = kv_next[j][c][0];
+        kv[j][c][1] = kv_next[j][c][1];
+      }
+  }
+  float l_run = l_lane;
+#pragma unroll
+  for (int o = 1; o < 16; o <<= 1) l_run += __shfl_xor_sync(0xffffffffu, l_run, o);
+  // ---- epilogue: 1 / l per head, the groups' units 2^(C - 127 + SHIFT), the row's output
+  constexpr int SHIFT = HW ? 0 : 8;
+  if ((lane & 15) == 0) {
+    fin_sm[hr] = l_run > 0.f ? 1.f / l_run : 0.f;
+    if (hr < H) {
+      const float l2 = l_run > 0.f ? log2f(l_run) + m_run : NEG_INF;
+      lse_row[hr] = SPLIT ? l2 : l2 * 0.6931471805599453f;
+    }
+  }
+  di_named_sync(1, 256);
+  const int last = nblk > 0 ? ((nblk - 1) % NST) * 2 + 1 : -1;
+  float unit[2];
+#pragma unroll
+  for (int G = 0; G < 2; ++G) unit[G] = last < 0 ? 0.f : exp2f((float)(cabs[last * 16 + 2 * w + G] + SHIFT - 127));
+  const float f_g = fin_sm[g], f_g8 = fin_sm[g + 8];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int dim = 64 * w + 16 * c + 4 * t;
+    const float u = unit[c >> 1];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int h = g + 8 * half;
+      if (h >= H) continue;
+      const float f = (half ? f_g8 : f_g) * u;
+      const float v0 = O[c][0][2 * half] * f, v1 = O[c][0][2 * half + 1] * f;
+      const float v2 = O[c][1][2 * half] * f, v3 = O[c][1][2 * half + 1] * f;
+      if (SPLIT) {
+        *reinterpret_cast<float4*>(reinterpret_cast<float*>(out_row) + h * D + dim) = make_float4(v0, v1, v2, v3);
+      } else {
+        unsigned b01, b23;
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(b01) : "f"(v1), "f"(v0));
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(b23) : "f"(v3), "f"(v2));
+        *reinterpret_cast<uint2*>(reinterpret_cast<unsigned short*>(out_row) + h * D + dim) = make_uint2(b01, b23);
+      }
+    }
+  }
+}
+#endif
+"""

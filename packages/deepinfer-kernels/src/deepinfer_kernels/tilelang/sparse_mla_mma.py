@@ -1,0 +1,174 @@
+"""TileLang builder of the warp-MMA sparse MLA decode kernel ("mma"; 16 heads, D 512).
+
+Why: ``bulk`` dequantizes every 64-key block into a bf16 tile in shared memory that two wgmmas then
+read; Nsight Compute counts 2,283 shared-memory wavefronts a block even without bank conflicts,
+0.89 of the cycles 80% of copy bandwidth leaves a block on the H200 (session 28). ``regs`` keeps
+the tile out of shared memory but needs a 64-row wgmma operand per warpgroup, so its two consumer
+warpgroups each carry their own copy of the code and stall on instruction fetch.
+
+Here the 16 heads are the M of ``mma.sync.m16n8k16``, so no operand is padded and every operand is
+a register: eight consumer warps split the 512 latent dims (64 each), convert their bytes to f16
+once, and use the same registers for QK and (transposed with ``movmatrix``) for PV. The warps'
+partial scores meet once per 32 keys in shared memory (4 KB a warp), where each warp runs the
+online softmax of two heads. All the consumer code is one CUDA function (``_cuda_mma.MMA_SRC``)
+that the eight warps share; TileLang lays out the buffers and barriers and runs the producers:
+
+    producer warp 0:    block i + NST -> K8[s]  (after empty[s]; TMA bulk copies, bytes on full[s])
+    producer warps 1-2: after full[s]: the stage's scale tables (8 groups each) and -inf mask -> ready[s]
+    consumer warps 0-7: after ready[s]: two halves of QK, softmax, PV -> empty[s]
+
+Measured (H200, 2026-12-02, session 29 call 5; ``bench_tilelang_sparse_mla.py -k "decode_132x16 and
+(bulkcopy or warpmma)"``, CUDA graphs, L2 flushed, 132 rows x 16 heads), us against ``bulk``: 71.4 vs
+75.1 over KV blocks of 128 at 2,048 keys (48.4% of copy), 253.7 vs 270.8 at 8,192 (53.2%), 107.6 vs
+124.1 over random slots, 21.1 vs 25.2 on the engine's window + far entries, 20.7 vs 19.6 on its
+packed layout. Its timeline (``tools/sparse_mla_decode_timeline.py mma``): per 32-key half ~1,100
+cycles of reduction + softmax + the next half's QK and ~400 of PV; the 80% budget is ~1,290.
+Not dispatched yet (the engine's packed decode layout is 5% slower, and "auto" changes need the
+engine GPU tests).
+
+Precision: Q goes to f16 with a power-of-two scale per head (its largest element in [2^14, 2^15)),
+K / V are f16 exactly (``hw_cvt``: the hardware e4m3 -> f16 conversion; otherwise three integer
+operations give the value times 2^-8), QK accumulates in fp32 and scales each 32-dim group by its
+key's ue8m0 scale in fp32. P is f16 times 2^(s - C) per group, C the running maximum of the group's
+scale exponents, so keys whose group scale sits more than 2^14 below the largest seen so far in
+that row lose precision (f16 subnormals) -- far outside what RMS-normalized latents produce.
+"""
+
+# No `from __future__ import annotations`: TileLang evaluates the prim_func annotations at
+# decoration time against the builder locals.
+
+from deepinfer_kernels.tilelang._common import PDL, pdl_sync
+from deepinfer_kernels.tilelang._cuda import BULK_COPY_SRC
+from deepinfer_kernels.tilelang._cuda_mma import MMA_SRC
+from deepinfer_kernels.tilelang.sparse_mla_builders import BLOCK_TOKENS, _record_bytes
+from deepinfer_kernels.tilelang.sparse_mla_bulk import _bulk_macros
+
+MMA_STAGES = 4            # FP8 stages of 64 keys (33 KB each)
+MMA_CONSUMER_REGS = 232   # setmaxnreg: 256 consumers x 232 + 128 producers x 40 <= the launch's 384 x 168
+MMA_PRODUCER_REGS = 40
+HW_CVT = True             # the hardware e4m3 -> f16 conversion (else the integer one)
+SCORE_STRIDE = 40         # row stride of the partial scores and of P (_cuda_mma: SST)
+PREP_WARPS = 2            # producer warps building the stage tables (8 scale groups each)
+
+
+def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline: bool = False):
+    """Warp-MMA decode kernel; same signature and dynamic shapes as ``_build_bulk`` / ``_build_regs``
+    (one query row x ``heads`` <= 16 heads per CTA; ``bps`` blocks per split). ``timeline`` (not
+    split): clock64() marks of consumer thread 0 and the prep warp into the row's ``Opart[0, r]``
+    viewed as int64 (``tools/sparse_mla_decode_timeline.py mma``). The mark buffer goes in as
+    ``Opart``'s base and the row's offset: an index ``Opart[0, r]`` would make TileLang guard the
+    call with ``r < RP``, and the whole-row launch passes a one-row ``Opart``."""
+    import tilelang.language as T
+
+    BI = BLOCK_TOKENS
+    REC = _record_bytes(d)
+    H = heads
+    NST = MMA_STAGES
+    NG = d // 32
+    RPL = BI // 32
+    assert H <= 16 and d == 512 and REC % 16 == 0 and NG == 16, "mma: up to 16 heads, D 512"
+    load_indices, issue_block, _ = _bulk_macros(T, d, 1)
+    assert not (timeline and split), "timeline marks go into Opart: whole rows only"
+    hw, tl = ("true" if flag else "false" for flag in (hw_cvt, timeline))
+    CONSUME = f"di_mma_consumer<{REC}, {d}, {NST}, {H}, {'true' if split else 'false'}, {hw}, {tl}>"
+    PW = PREP_WARPS
+    PREP = f"di_mma_prep<{REC}, {d}, {hw}, {tl}, {PW}>"
+
+    R = T.dynamic("R")
+    W = T.dynamic("W")
+    S = T.dynamic("S")
+    NS = T.dynamic("NS")
+    RP = T.dynamic("RP")
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor((R, H, d), T.bfloat16),
+        Pool: T.Tensor((S, REC), T.uint8),
+        Idx: T.Tensor((R, W), T.int32),
+        Out: T.Tensor((R, H, d), T.bfloat16),
+        Lse: T.Tensor((R, H), T.float32),
+        Opart: T.Tensor((NS, RP, H, d), T.float32),
+        Lpart: T.Tensor((NS, RP, H), T.float32),
+        scale: T.float32,          # sm_scale * log2(e)
+        bps: T.int32,              # blocks per split
+    ):
+        with T.Kernel(R, NS, threads=384) as (r, sp):
+            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                T.evaluate(pdl_sync())
+            T.import_source(BULK_COPY_SRC + MMA_SRC)
+            K8 = T.alloc_shared((NST, BI, REC), T.uint8)
+            ix_s = T.alloc_shared((NST, BI), T.int32)
+            vm = T.alloc_shared((NST, BI), T.float32)
+            sct = T.alloc_shared((NST, NG, BI), T.float32)
+            rat = T.alloc_shared((NST, NG, BI), T.uint16)
+            beta = T.alloc_shared((NST, 2, NG), T.float32)
+            cabs = T.alloc_shared((NST, 2, NG), T.int32)
+            S_red = T.alloc_shared((2, 8, 16, SCORE_STRIDE), T.float32)
+            P_sm = T.alloc_shared((16, SCORE_STRIDE), T.uint16)
+            alpha_sm = T.alloc_shared((16,), T.float32)
+            qsm = T.alloc_shared((16,), T.float32)
+            fin_sm = T.alloc_shared((16,), T.float32)
+            full = T.alloc_barrier(arrive_count=[1] * NST)
+            ready = T.alloc_barrier(arrive_count=[32 * PW] * NST)
+            empty = T.alloc_barrier(arrive_count=[8] * NST)
+            tx = T.get_thread_binding()
+            b0 = sp * bps
+            nblk = T.alloc_var(T.int32)
+            nblk = T.max(0, T.min(bps, T.ceildiv(W, BI) - b0))
+            if tx < 256:
+                T.set_max_nreg(MMA_CONSUMER_REGS, 1)
+                if split:
+                    T.call_extern("handle", CONSUME, T.access_ptr(K8[0, 0, 0], "r"), T.access_ptr(vm[0, 0], "r"),
+                                  T.access_ptr(sct[0, 0, 0], "r"), T.access_ptr(rat[0, 0, 0], "r"),
+                                  T.access_ptr(beta[0, 0, 0], "r"), T.access_ptr(cabs[0, 0, 0], "r"),
+                                  T.access_ptr(S_red[0, 0, 0, 0], "rw"), T.access_ptr(P_sm[0, 0], "rw"),
+                                  T.access_ptr(alpha_sm[0], "rw"), T.access_ptr(qsm[0], "rw"),
+                                  T.access_ptr(fin_sm[0], "rw"), T.access_ptr(ready[0], "rw"),
+                                  T.access_ptr(empty[0], "rw"), nblk, T.access_ptr(Q[r, 0, 0], "r"),
+                                  T.access_ptr(Opart[sp, r, 0, 0], "w"), T.access_ptr(Lpart[sp, r, 0], "w"), scale, tx,
+                                  T.access_ptr(Opart[0, 0, 0, 0], "w"), r)
+                else:
+                    T.call_extern("handle", CONSUME, T.access_ptr(K8[0, 0, 0], "r"), T.access_ptr(vm[0, 0], "r"),
+                                  T.access_ptr(sct[0, 0, 0], "r"), T.access_ptr(rat[0, 0, 0], "r"),
+                                  T.access_ptr(beta[0, 0, 0], "r"), T.access_ptr(cabs[0, 0, 0], "r"),
+                                  T.access_ptr(S_red[0, 0, 0, 0], "rw"), T.access_ptr(P_sm[0, 0], "rw"),
+                                  T.access_ptr(alpha_sm[0], "rw"), T.access_ptr(qsm[0], "rw"),
+                                  T.access_ptr(fin_sm[0], "rw"), T.access_ptr(ready[0], "rw"),
+                                  T.access_ptr(empty[0], "rw"), nblk, T.access_ptr(Q[r, 0, 0], "r"),
+                                  T.access_ptr(Out[r, 0, 0], "w"), T.access_ptr(Lse[r, 0], "w"), scale, tx,
+                                  T.access_ptr(Opart[0, 0, 0, 0], "w"), r)
+            else:
+                T.set_max_nreg(MMA_PRODUCER_REGS, 0)
+                tp = tx - 256
+                if tp < 32:
+                    ib = T.alloc_local((NST * (RPL + 1),), T.int32)
+                    for s in T.unroll(NST):                      # blocks 0 .. NST - 1: every index load first
+                        load_indices(Idx, r, W, b0 + s, s < nblk, tp, ib, s * (RPL + 1))
+                    for s in T.unroll(NST):
+                        issue_block(Pool, K8, ix_s, full, s, tp, ib, s * (RPL + 1))
+                    for u in T.unroll(2):
+                        load_indices(Idx, r, W, b0 + NST + u, NST + u < nblk, tp, ib, u * (RPL + 1))
+                    for i2 in T.serial(T.ceildiv(T.max(nblk - NST, 0), 2)):
+                        for u in T.unroll(2):                    # block i + NST into block i's stage
+                            i = 2 * i2 + u
+                            if i + NST < nblk:
+                                T.barrier_wait(empty[i % NST], (i // NST) & 1)
+                                issue_block(Pool, K8, ix_s, full, i % NST, tp, ib, u * (RPL + 1))
+                                load_indices(Idx, r, W, b0 + i + NST + 2, i + NST + 2 < nblk, tp, ib, u * (RPL + 1))
+                elif tp < 32 * (1 + PW):
+                    pw = tp // 32 - 1
+                    lane = tp % 32
+                    crun = T.alloc_local((NG // PW,), T.int32)    # running scale exponents of the warp's groups
+                    for q in T.unroll(NG // PW):
+                        crun[q] = 0
+                    for i in T.serial(nblk):
+                        s = i % NST
+                        T.barrier_wait(full[s], (i // NST) & 1)
+                        T.call_extern("handle", PREP, T.access_ptr(K8[s, 0, 0], "rw"), T.access_ptr(ix_s[s, 0], "r"),
+                                      T.access_ptr(vm[s, 0], "w"), T.access_ptr(sct[s, 0, 0], "w"),
+                                      T.access_ptr(rat[s, 0, 0], "w"), T.access_ptr(beta[s, 0, 0], "w"),
+                                      T.access_ptr(cabs[s, 0, 0], "w"), crun.data, pw, lane,
+                                      T.access_ptr(Opart[0, 0, 0, 0], "w"), r * H * d, i)
+                        T.barrier_arrive(ready[s])
+
+    return main

@@ -1,0 +1,74 @@
+"""The warp-MMA sparse MLA decode kernel (``sparse_mla_mma.py``, experimental): its lowering (one
+copy of the consumer code, no TileLang bounds guard around the CUDA calls, shared memory within the
+SM90 limit, no spill). No GPU needed; the lowering tests run where TileLang is installed, the spill
+test where nvcc is too. Its results are checked on the GPU in
+``test_tilelang_sparse_mla_experimental.py -k mma``."""
+
+from __future__ import annotations
+
+import functools
+import re
+import shutil
+import subprocess
+
+import pytest
+
+SMEM_PER_BLOCK = 232_448        # SM90 opt-in maximum, static + dynamic
+
+
+@functools.cache
+def _lower(split: bool, hw_cvt: bool) -> tuple[str, int]:
+    import tilelang
+    from tilelang import tvm
+
+    from deepinfer_kernels.tilelang.sparse_mla_builders import NO_AUTO_SYNC
+    from deepinfer_kernels.tilelang.sparse_mla_mma import _build_mma
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    with tvm.transform.PassContext(config=NO_AUTO_SYNC), target:
+        art = tilelang.lower(_build_mma(16, 512, split, hw_cvt=hw_cvt), target=target)
+    (dyn,) = [int(n) for n in re.findall(r"buf_dyn_shmem = T\.alloc_buffer\(\((\d+),\)", str(art.device_mod.script()))]
+    return art.kernel_source, dyn
+
+
+@pytest.fixture(params=[(False, True), (True, True), (False, False)], ids=["whole_rows", "split", "intcvt"])
+def lowered(request):
+    pytest.importorskip("tilelang")
+    split, hw_cvt = request.param
+    return split, *_lower(split, hw_cvt)
+
+
+def test_one_consumer_call_and_no_guard(lowered):
+    """All eight consumer warps run one inlined copy of ``di_mma_consumer`` (what keeps the code small:
+    ``regs`` carries one per warpgroup), and in a whole-row build TileLang wraps no CUDA call in a
+    row-bounds check: an index into the one-row ``Opart`` that launch passes would make it skip every
+    CTA but the first (the kernel then hung, 2026-12-02). A split build indexes ``Opart[sp, r]``, whose
+    ``RP`` is the row count: its ``r < RP`` check always holds."""
+    split, src, dyn = lowered
+    assert len(re.findall(r"di_mma_consumer<[^>]*>\(", src)) == 1
+    assert len(re.findall(r"di_mma_prep<[^>]*>\(", src)) == 1
+    assert ("< RP)" in src) == split and "< NS)" not in src
+    assert "wgmma" not in src                         # mma.sync only
+    assert src.count("warpgroup_reg_alloc<232>") == 1 and src.count("warpgroup_reg_dealloc<40>") == 1
+    assert dyn + 1024 <= SMEM_PER_BLOCK
+
+
+def test_split_writes_partials(lowered):
+    split, src, _ = lowered
+    assert re.search(r"di_mma_consumer<528, 512, 4, 16, (true|false)", src).group(1) == ("true" if split else "false")
+    assert ("Lpart[" in src) == split and ("Lse[" in src) == (not split)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_no_register_spill(lowered, tmp_path):
+    import tilelang
+
+    split, src, _ = lowered
+    root = tilelang.__path__[0]
+    cu = tmp_path / "mma.cu"
+    cu.write_text(src)
+    out = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90a", "-cubin", "-O3", "-Xptxas", "-v", "-w",
+                          f"-I{root}/src", f"-I{root}/3rdparty/cutlass/include", "-DENABLE_BF16",
+                          "-o", str(tmp_path / "mma.cubin"), str(cu)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "0 bytes spill stores, 0 bytes spill loads" in out.stderr, (split, out.stderr[-1000:])
