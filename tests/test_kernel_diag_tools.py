@@ -125,6 +125,41 @@ def test_regs_timeline_prim_func_builds():
     assert "Opart" in {b.name for b in func.buffer_map.values()}
 
 
+def test_regs_timeline_with_one_consumer():
+    """``regs1``: every block is consumer 0's, so its steps are per block and the period is theirs."""
+    import torch
+
+    tl = sparse_mla_decode_timeline
+    nblk = 16
+    start = torch.arange(nblk, dtype=torch.int64) * 1000
+    marks = torch.zeros(1, len(tl.REGS_EVENTS), tl.MAX_BLOCKS, dtype=torch.int64)
+    for name, off in zip(("c0_ready", "c0_qk", "c0_softmax", "c0_pv"), (100, 300, 700, 900)):
+        marks[:, tl.REGS_EV[name], :nblk] = start + off
+    got = tl.regs_phases(marks, nblk, consumers=1)
+    assert next(iter(got.values())) == 1000
+    assert got["consumer 0 waits for its stage"] == 200 and got["consumer 0 PV"] == 200
+    assert not any(k.startswith("consumer 1") for k in got)
+
+
+def test_mma_timeline_phases():
+    """The warp-MMA kernel's marks (built into ``_cuda_mma``): per block, two halves of five steps."""
+    import torch
+
+    tl = sparse_mla_decode_timeline
+    nblk = 16
+    start = torch.arange(nblk, dtype=torch.int64) * 3000
+    offsets = dict(zip(tl.MMA_EVENTS, (0, 0, 30, 1000, 1040, 1400, 1500, 1530, 2500, 2540, 2900, -2500, -100)))
+    marks = torch.zeros(1, len(tl.MMA_EVENTS), tl.MAX_BLOCKS, dtype=torch.int64)
+    for name, off in offsets.items():
+        marks[:, tl.MMA_EV[name], :nblk] = start + off
+    got = tl.mma_phases(marks, nblk)
+    assert next(iter(got.values())) == 3000
+    assert got["half 1 starts: next block's stage waited for"] == 100
+    assert got["half 0: barrier 1 (all partials)"] == 30 and got["half 0: reduce + softmax + next half's QK"] == 970
+    assert got["half 1: barrier 2 (P complete)"] == 40 and got["half 1: PV (rescale, 16 mma)"] == 360
+    assert got["prep warp: tables of a block"] == 2400 and got["prep ends -> its block starts"] == 100
+
+
 @pytest.mark.parametrize("fence_each", [0, 1])
 def test_qk_probe_swaps_the_regs_kernels_qk(fence_each):
     src = kernel_variants.edited_source(sparse_mla_regs_qk_probe.probe_edit(fence_each), "qk_probe")

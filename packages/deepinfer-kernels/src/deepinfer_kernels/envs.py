@@ -42,7 +42,7 @@ def env_flag(name: str, default: bool) -> bool:
 @dataclass(frozen=True)
 class KernelEnvs:
     kernel_backend: str            # DEEPINFER_KERNEL_BACKEND: "" (per device) | "tilelang" | "torch"
-    sparse_mla_variant: str        # DEEPINFER_SPARSE_MLA_VARIANT: auto | ws | bulk | pipelined | regs
+    sparse_mla_variant: str        # DEEPINFER_SPARSE_MLA_VARIANT: auto | ws | bulk | pipelined | regs | mma
     sparse_mla_shared_keys: bool   # DEEPINFER_SPARSE_MLA_SHARED_KEYS: prefill row groups share key lists (1)
     sparse_mla_group_rows: int     # DEEPINFER_SPARSE_MLA_GROUP_ROWS: 4 (quads, the default) | 2 (pairs)
     matvec: bool                   # DEEPINFER_MATVEC: one-row projections as matrix-vector kernels (1)
