@@ -147,8 +147,8 @@ def _regs_edit() -> ModuleEdit:
     i12, i24, i32 = " " * 12, " " * 24, " " * 32
     c = "tw == 0"
     return ModuleEdit("sparse_mla_regs", (
-        ("T.import_source(DEQUANT_SRC + BULK_COPY_SRC + REGS_SRC + FP8_QK_SRC)",
-         f"T.import_source(DEQUANT_SRC + BULK_COPY_SRC + REGS_SRC + FP8_QK_SRC + {MARK_SRC!r})"),
+        ("T.import_source(DEQUANT_SRC + BULK_COPY_SRC + WARP_SRC + REGS_SRC + FP8_QK_SRC)",
+         f"T.import_source(DEQUANT_SRC + BULK_COPY_SRC + WARP_SRC + REGS_SRC + FP8_QK_SRC + {MARK_SRC!r})"),
         ("accs, a_pv, st,\n                scale):\n", "accs, a_pv, st,\n                scale, Opart, r):\n"),
         ("accs, a_pv, st,\n                scale)\n", "accs, a_pv, st,\n                scale, Opart, r)\n"),
         ("            T.barrier_wait(ready[s], (i // NST) & 1)\n",

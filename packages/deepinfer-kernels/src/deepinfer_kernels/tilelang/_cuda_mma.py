@@ -1,5 +1,5 @@
 """CUDA device code of the warp-MMA sparse MLA decode kernel (``sparse_mla_mma.py``), pulled in with
-``T.import_source`` after ``_cuda.BULK_COPY_SRC``: the consumer (``di_mma_consumer``: Q set-up, the
+``T.import_source`` after ``_cuda.BULK_COPY_SRC`` and ``_cuda_warp.WARP_SRC`` (its PTX wrappers): the consumer (``di_mma_consumer``: Q set-up, the
 block loop, the epilogue) and the per-stage scale tables (``di_mma_prep``).
 
 Eight consumer warps share one query row's 16 heads; warp w owns the latent dims [64w, 64w + 64)
@@ -26,47 +26,6 @@ fragment, so the contraction is unchanged; PV's output columns come out as 4 con
 MMA_SRC = r"""
 #ifndef DI_MMA_SRC
 #define DI_MMA_SRC
-__device__ __forceinline__ void di_mbar_wait(const void* bar, unsigned parity) {
-  const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
-  unsigned ok = 0;
-  while (!ok) {
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(ok) : "r"(b), "r"(parity) : "memory");
-  }
-}
-__device__ __forceinline__ void di_mbar_arrive(void* bar) {
-  const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(b) : "memory");
-}
-__device__ __forceinline__ void di_named_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void di_ldsm4(unsigned a, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a) : "memory");
-}
-__device__ __forceinline__ unsigned di_movt(unsigned x) {        // 8x8 b16 tile transposed across the warp
-  unsigned y;
-  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
-  return y;
-}
-__device__ __forceinline__ unsigned di_hmul2(unsigned a, unsigned b) {
-  unsigned d;
-  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-__device__ __forceinline__ unsigned di_f16x2(float lo, float hi) {
-  unsigned d;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-  return d;
-}
-// c += a b: m16n8k16, f16 inputs, f32 accumulators
-__device__ __forceinline__ void di_mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 // 4 e4m3 bytes -> two f16 pairs (bytes 0, 1 -> lo; 2, 3 -> hi). HW: the exact hardware conversion;
 // otherwise the bits of value x 2^-8 (e4m3's exponent field one bit up: every e4m3, subnormals
 // included, is an f16 normal or subnormal, and e4m3 NaN bytes give finite values).
@@ -240,7 +199,7 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       unsigned r[4];
-      di_ldsm4(k8_base + (s * 64 + 32 * hb + 8 * j) * REC, r[0], r[1], r[2], r[3]);
+      di_ldsm_x4_s(k8_base + (s * 64 + 32 * hb + 8 * j) * REC, r[0], r[1], r[2], r[3]);
 #pragma unroll
       for (int c = 0; c < 4; ++c) di_e4m3x4_f16<HW>(r[c], kv[j][c][0], kv[j][c][1]);
     }
@@ -358,7 +317,7 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
 #pragma unroll
       for (int kq = 0; kq < 2; ++kq) {
         unsigned pa[4];
-        di_ldsm4(p_base + 2 * 16 * kq, pa[0], pa[1], pa[2], pa[3]);
+        di_ldsm_x4_s(p_base + 2 * 16 * kq, pa[0], pa[1], pa[2], pa[3]);
         unsigned pg[2][4];
 #pragma unroll
         for (int G = 0; G < 2; ++G) {

@@ -1,7 +1,7 @@
 """CUDA device helpers of the register-operand sparse MLA decode kernel (``sparse_mla_regs.py``),
 pulled in with ``T.import_source`` after ``_cuda.DEQUANT_SRC`` (whose ``di_e4m3x2_bits`` and
-``di_bmul2`` they use): the PV side's fills and scale table (``REGS_SRC``) and the FP8 QK
-(``FP8_QK_SRC``)."""
+``di_bmul2`` they use) and ``_cuda_warp.WARP_SRC`` (``di_ldsm_x4_s``): the PV side's fills and
+scale table (``REGS_SRC``) and the FP8 QK (``FP8_QK_SRC``)."""
 
 # Register-operand sparse MLA decode (``sparse_mla_regs.py``), PV side: the consumer warpgroup builds
 # the wgmma's register A operand straight from a stage of FP8 records (528 bytes each: 512 e4m3 + 16
@@ -20,11 +20,7 @@ pulled in with ``T.import_source`` after ``_cuda.DEQUANT_SRC`` (whose ``di_e4m3x
 REGS_SRC = r"""
 #ifndef DI_REGS_SRC
 #define DI_REGS_SRC
-// ldmatrix.x4 (b16) at shared address a; di_ldsm_x4 takes a generic pointer into shared memory
-__device__ __forceinline__ void di_ldsm_x4_s(unsigned a, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a) : "memory");
-}
+// ldmatrix.x4 (b16) from a generic pointer into shared memory (_cuda_warp's di_ldsm_x4_s)
 __device__ __forceinline__ void di_ldsm_x4(const void* p, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
   di_ldsm_x4_s((unsigned)__cvta_generic_to_shared(p), r0, r1, r2, r3);
 }
@@ -92,7 +88,7 @@ __device__ __forceinline__ void di_fill_pv(void* frag, const void* stage, const 
 # between the two 16-byte halves of a k-step, 128 between 8-row groups). hi + lo holds every bf16
 # element exactly unless it sits more than ~13 binades below its head's largest (lo then subnormal).
 # Records of invalid slots are not copied (garbage, maybe e4m3 NaN): their rows are selected to -inf.
-# Imported after REGS_SRC (its ``di_ldsm_x4_s``).
+# Imported after ``_cuda_warp.WARP_SRC`` (its ``di_ldsm_x4_s``).
 FP8_QK_SRC = r"""
 #ifndef DI_FP8_QK_SRC
 #define DI_FP8_QK_SRC

@@ -40,6 +40,7 @@ that row lose precision (f16 subnormals) -- far outside what RMS-normalized late
 from deepinfer_kernels.tilelang._common import PDL, pdl_sync
 from deepinfer_kernels.tilelang._cuda import BULK_COPY_SRC
 from deepinfer_kernels.tilelang._cuda_mma import MMA_SRC
+from deepinfer_kernels.tilelang._cuda_warp import WARP_SRC
 from deepinfer_kernels.tilelang.sparse_mla_builders import BLOCK_TOKENS, _record_bytes
 from deepinfer_kernels.tilelang.sparse_mla_bulk import _bulk_macros
 
@@ -95,7 +96,7 @@ def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline:
         with T.Kernel(R, NS, threads=384) as (r, sp):
             if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
                 T.evaluate(pdl_sync())
-            T.import_source(BULK_COPY_SRC + MMA_SRC)
+            T.import_source(BULK_COPY_SRC + WARP_SRC + MMA_SRC)
             K8 = T.alloc_shared((NST, BI, REC), T.uint8)
             ix_s = T.alloc_shared((NST, BI), T.int32)
             vm = T.alloc_shared((NST, BI), T.float32)

@@ -47,6 +47,7 @@ value pair) are the larger half. Kept as the base of that design, not dispatched
 from deepinfer_kernels.tilelang._common import PDL, pdl_sync
 from deepinfer_kernels.tilelang._cuda import BULK_COPY_SRC, DEQUANT_SRC
 from deepinfer_kernels.tilelang._cuda_regs import FP8_QK_SRC, REGS_SRC, regs_pv_dim
+from deepinfer_kernels.tilelang._cuda_warp import WARP_SRC
 from deepinfer_kernels.tilelang.sparse_mla_builders import (
     BLOCK_TOKENS,
     LOG2E,
@@ -227,7 +228,7 @@ def _build_regs(heads: int, d: int, split: bool, qk_buffers: int = QK_BUFFERS, p
         with T.Kernel(R, NS, threads=CT + 128) as (r, sp):
             if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
                 T.evaluate(pdl_sync())
-            T.import_source(DEQUANT_SRC + BULK_COPY_SRC + REGS_SRC + FP8_QK_SRC)
+            T.import_source(DEQUANT_SRC + BULK_COPY_SRC + WARP_SRC + REGS_SRC + FP8_QK_SRC)
             K8 = T.alloc_shared((NST, BI, REC), T.uint8)
             ix_s = T.alloc_shared((NST, BI), T.int32)
             vm = T.alloc_shared((NST, BI), T.float32)

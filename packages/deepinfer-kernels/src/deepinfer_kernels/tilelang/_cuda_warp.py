@@ -1,0 +1,52 @@
+"""Warp-level PTX wrappers shared by the register-operand sparse MLA decode kernels
+(``_cuda_regs.py``, ``_cuda_mma.py``): ``ldmatrix``, ``movmatrix``, ``mma.sync`` m16n8k16 (f16 in,
+f32 accumulators), f16 pair arithmetic and conversion, mbarrier waits / arrivals and named barriers
+from CUDA code. Pulled in with ``T.import_source`` before the kernels' own sources."""
+
+WARP_SRC = r"""
+#ifndef DI_WARP_SRC
+#define DI_WARP_SRC
+__device__ __forceinline__ void di_mbar_wait(const void* bar, unsigned parity) {
+  const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
+  unsigned ok = 0;
+  while (!ok) {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(ok) : "r"(b), "r"(parity) : "memory");
+  }
+}
+__device__ __forceinline__ void di_mbar_arrive(void* bar) {
+  const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(b) : "memory");
+}
+__device__ __forceinline__ void di_named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
+}
+// ldmatrix.x4 (b16) at shared address a
+__device__ __forceinline__ void di_ldsm_x4_s(unsigned a, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a) : "memory");
+}
+__device__ __forceinline__ unsigned di_movt(unsigned x) {        // 8x8 b16 tile transposed across the warp
+  unsigned y;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+__device__ __forceinline__ unsigned di_hmul2(unsigned a, unsigned b) {
+  unsigned d;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+__device__ __forceinline__ unsigned di_f16x2(float lo, float hi) {
+  unsigned d;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+// c += a b: m16n8k16, f16 inputs, f32 accumulators
+__device__ __forceinline__ void di_mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#endif
+"""
