@@ -62,9 +62,7 @@ def test_split_writes_partials(lowered):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
-def test_no_register_spill(lowered, tmp_path):
-    from deepinfer_kernels.tilelang.testing import ptxas_report
-
+def test_no_register_spill(lowered, ptxas_report):
     split, src, _ = lowered
-    report = ptxas_report(src, tmp_path)
+    report = ptxas_report(src)
     assert "0 bytes spill stores, 0 bytes spill loads" in report, (split, report[-1000:])

@@ -392,22 +392,3 @@ def check_close_to_kernel(out: torch.Tensor, lse: torch.Tensor, other_out: torch
     assert torch.equal(fin, torch.isfinite(lse))
     torch.testing.assert_close(lse[fin], other_lse[fin], atol=lse_atol, rtol=1e-5)
 
-
-def ptxas_report(kernel_source: str, workdir) -> str:
-    """nvcc's ptxas report (``-Xptxas -v``: registers, spills) of a TileLang kernel's CUDA source,
-    compiled for sm_90a with TileLang's headers into ``workdir``; raises with the compiler's output
-    if it fails. For the lowering tests' spill checks (needs nvcc and TileLang installed)."""
-    import subprocess
-    from pathlib import Path
-
-    import tilelang
-
-    root = tilelang.__path__[0]
-    cu = Path(workdir) / "kernel.cu"
-    cu.write_text(kernel_source)
-    out = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90a", "-cubin", "-O3", "-Xptxas", "-v", "-w",
-                          f"-I{root}/src", f"-I{root}/3rdparty/cutlass/include", "-DENABLE_BF16",
-                          "-o", str(Path(workdir) / "kernel.cubin"), str(cu)], capture_output=True, text=True)
-    if out.returncode != 0:
-        raise RuntimeError(f"nvcc failed:\n{out.stderr[-2000:]}")
-    return out.stderr
