@@ -54,7 +54,7 @@ def test_one_consumer_call_and_no_guard(lowered):
 
 def test_split_writes_partials(lowered):
     split, src, _ = lowered
-    assert re.search(r"di_mma_consumer<528, 512, 4, 16, (true|false)", src).group(1) == ("true" if split else "false")
+    assert re.search(r"di_mma_consumer<528, 512, 4, 16, 40, (true|false)", src).group(1) == ("true" if split else "false")
     assert ("Lpart[" in src) == split and ("Lse[" in src) == (not split)
 
 

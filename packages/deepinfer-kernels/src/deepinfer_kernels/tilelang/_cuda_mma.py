@@ -119,7 +119,7 @@ __device__ __forceinline__ void di_mma_prep(unsigned char* stage, const int* ix,
 // starts, then per half hb the ends at 1 + 5 hb + (the half starts, barrier 1, softmax with the next
 // half's QK and this half's transposes, barrier 2, PV); marks: the float
 // buffer mark_buf from row mark_row of [H][D] floats on.
-template <int REC, int D, int NST, int H, bool SPLIT, bool HW, bool TL>
+template <int REC, int D, int NST, int H, int SST, bool SPLIT, bool HW, bool TL>
 __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const float* vm, const float* sct,
                                                 const unsigned short* rat, const float* beta, const int* cabs,
                                                 float* S_red, unsigned short* P_sm, float* alpha_sm, float* qsm,
@@ -128,7 +128,6 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
                                                 void* mark_buf, int mark_row) {
   long long* marks = reinterpret_cast<long long*>(reinterpret_cast<float*>(mark_buf) + (size_t)mark_row * H * D);
   static_assert(D == 512 && H <= 16, "mma: D 512, up to 16 heads");
-  constexpr int SST = 40;                                  // row stride (floats / halves) of S_red, P_sm
   const float NEG_INF = __int_as_float(0xff800000);
   const int w = tx >> 5, lane = tx & 31, g = lane >> 2, t = lane & 3;
   const unsigned short* q = reinterpret_cast<const unsigned short*>(q_row);   // bf16 bits

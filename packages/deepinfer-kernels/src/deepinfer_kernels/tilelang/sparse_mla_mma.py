@@ -48,7 +48,7 @@ MMA_STAGES = 4            # FP8 stages of 64 keys (33 KB each)
 MMA_CONSUMER_REGS = 232   # setmaxnreg: 256 consumers x 232 + 128 producers x 40 <= the launch's 384 x 168
 MMA_PRODUCER_REGS = 40
 HW_CVT = True             # the hardware e4m3 -> f16 conversion (else the integer one)
-SCORE_STRIDE = 40         # row stride of the partial scores and of P (_cuda_mma: SST)
+SCORE_STRIDE = 40         # row stride (floats / halves) of the partial scores and of P (_cuda_mma's SST)
 PREP_WARPS = 2            # producer warps building the stage tables (8 scale groups each)
 
 
@@ -71,7 +71,7 @@ def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline:
     load_indices, issue_block, _ = _bulk_macros(T, d, 1)
     assert not (timeline and split), "timeline marks go into Opart: whole rows only"
     hw, tl = ("true" if flag else "false" for flag in (hw_cvt, timeline))
-    CONSUME = f"di_mma_consumer<{REC}, {d}, {NST}, {H}, {'true' if split else 'false'}, {hw}, {tl}>"
+    CONSUME = f"di_mma_consumer<{REC}, {d}, {NST}, {H}, {SCORE_STRIDE}, {'true' if split else 'false'}, {hw}, {tl}>"
     PW = PREP_WARPS
     PREP = f"di_mma_prep<{REC}, {d}, {hw}, {tl}, {PW}>"
 
