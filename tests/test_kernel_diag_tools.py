@@ -148,15 +148,15 @@ def test_mma_timeline_phases():
     tl = sparse_mla_decode_timeline
     nblk = 16
     start = torch.arange(nblk, dtype=torch.int64) * 3000
-    offsets = dict(zip(tl.MMA_EVENTS, (0, 0, 30, 1000, 1040, 1400, 1500, 1530, 2500, 2540, 2900, -2500, -100)))
+    offsets = dict(zip(tl.MMA_EVENTS, (0, 0, 0, 1000, 1040, 1400, 1500, 1500, 2500, 2540, 2900, -2500, -100)))
     marks = torch.zeros(1, len(tl.MMA_EVENTS), tl.MAX_BLOCKS, dtype=torch.int64)
     for name, off in offsets.items():
         marks[:, tl.MMA_EV[name], :nblk] = start + off
     got = tl.mma_phases(marks, nblk)
     assert next(iter(got.values())) == 3000
     assert got["half 1 starts: next block's stage waited for"] == 100
-    assert got["half 0: barrier 1 (all partials)"] == 30 and got["half 0: reduce + softmax + next half's QK"] == 970
-    assert got["half 1: barrier 2 (P complete)"] == 40 and got["half 1: PV (rescale, 16 mma)"] == 360
+    assert got["half 0: reduce + softmax + next half's QK"] == 1000 and got["half 1: barrier (P complete)"] == 40
+    assert got["half 1: PV (rescale, 16 mma)"] == 360
     assert got["prep warp: tables of a block"] == 2400 and got["prep ends -> its block starts"] == 100
 
 

@@ -202,8 +202,8 @@ def regs_phases(marks, nblk: int, consumers: int = 2) -> dict[str, float]:
 
 # ---------------------------------------------------------------------------- the "mma" kernel
 # its marks are built in (``_build_mma(..., timeline=True)``, ``_cuda_mma.MMA_SRC``)
-MMA_EVENTS = ("block", "start0", "bar1_0", "softmax_qk0", "bar2_0", "pv0", "start1", "bar1_1", "softmax_qk1",
-              "bar2_1", "pv1", "prep_start", "prep_end")
+MMA_EVENTS = ("block", "start0", "start0b", "softmax_qk0", "bar2_0", "pv0", "start1", "start1b", "softmax_qk1",
+              "bar2_1", "pv1", "prep_start", "prep_end")     # startNb: the same as startN (a barrier there until 2026-12-02)
 MMA_EV = {name: i for i, name in enumerate(MMA_EVENTS)}
 
 
@@ -219,9 +219,8 @@ def mma_phases(marks, nblk: int) -> dict[str, float]:
     out = {"period (block to block)": e["block"][:, b + 1] - e["block"][:, b],
            "half 1 starts: next block's stage waited for": e["start1"][:, b] - e["pv0"][:, b]}
     for hb in (0, 1):
-        out[f"half {hb}: barrier 1 (all partials)"] = e[f"bar1_{hb}"][:, b] - e[f"start{hb}"][:, b]
-        out[f"half {hb}: reduce + softmax + next half's QK"] = e[f"softmax_qk{hb}"][:, b] - e[f"bar1_{hb}"][:, b]
-        out[f"half {hb}: barrier 2 (P complete)"] = e[f"bar2_{hb}"][:, b] - e[f"softmax_qk{hb}"][:, b]
+        out[f"half {hb}: reduce + softmax + next half's QK"] = e[f"softmax_qk{hb}"][:, b] - e[f"start{hb}"][:, b]
+        out[f"half {hb}: barrier (P complete)"] = e[f"bar2_{hb}"][:, b] - e[f"softmax_qk{hb}"][:, b]
         out[f"half {hb}: PV (rescale, 16 mma)"] = e[f"pv{hb}"][:, b] - e[f"bar2_{hb}"][:, b]
     out["prep warp: tables of a block"] = e["prep_end"][:, b] - e["prep_start"][:, b]
     out["prep ends -> its block starts"] = e["block"][:, b] - e["prep_end"][:, b]

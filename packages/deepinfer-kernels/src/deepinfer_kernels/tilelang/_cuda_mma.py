@@ -10,8 +10,9 @@ Eight consumer warps share one query row's 16 heads; warp w owns the latent dims
    three integer operations giving the value times 2^-8);
 2. QK, ``mma.m16n8k16`` (16 heads = M): S_w[h, k] = sum over its two groups of the group's f16 dot
    product times the key's group scale (fp32, from the stage table) -- its partial of the score;
-3. writes the partial to shared memory; after a barrier, warp r sums the eight partials of heads
-   2r, 2r + 1, runs their online softmax and writes P (f16) and the rescale alpha; a second barrier;
+3. writes the partial to shared memory (two buffers, alternating halves); warp r sums the eight
+   partials of heads 2r, 2r + 1 (complete since the last half's barrier), runs their online softmax
+   and writes P (f16) and the rescale alpha (two buffers too); one barrier a half;
 4. PV, ``mma.m16n8k16`` again: A = P scaled per key by 2^(s - C) for each of its groups (C: the
    running maximum of that group's scale exponents, so A stays <= 1), B = the same converted
    registers, transposed in registers (``movmatrix``). The accumulators hold O in units of
@@ -112,12 +113,14 @@ __device__ __forceinline__ void di_mma_prep(unsigned char* stage, const int* ix,
 }
 // ---------------------------------------------------------------- the consumer (256 threads)
 // Shared buffers: K8 [NST][64][REC], vm [NST][64], sct / rat [NST][16][64], beta / cabs [NST][2][16],
-// S_red [2][8][16][40] (the warps' partial scores, two halves), P_sm [16][40] (f16), alpha_sm [16], qsm [16],
+// S_red [2][8][16][40] (the warps' partial scores), P_sm [2][16][40] (f16), alpha_sm [2][16] (each
+// alternating between halves), qsm [16],
 // fin_sm [16]; ready / empty: NST mbarriers each. out_row: the row's [H][D] (bf16, or f32 split
 // partials), lse_row its [H] (ln-sum-exp, or split: log2-sum-exp). scale: sm_scale log2(e).
 // TL: thread 0 writes clock64() per block i to marks[e * 256 + i]: e = 0 the block's first half
-// starts, then per half hb the ends at 1 + 5 hb + (the half starts, barrier 1, softmax with the next
-// half's QK and this half's transposes, barrier 2, PV); marks: the float
+// starts, then per half hb the ends at 1 + 5 hb + (the half starts, the same again (its first
+// barrier is gone), softmax with the next half's QK and this half's transposes, the barrier, PV);
+// marks: the float
 // buffer mark_buf from row mark_row of [H][D] floats on.
 template <int REC, int D, int NST, int H, int SST, bool SPLIT, bool HW, bool TL>
 __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const float* vm, const float* sct,
@@ -236,6 +239,7 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
     qk_mma(0, 0, kv, acc);
     qk_store(0, 0, acc, S_red);
   }
+  di_named_sync(1, 256);                                   // the first half's partials complete
   for (int hh = 0; hh < 2 * nblk; ++hh) {
     const int i = hh >> 1, hb = hh & 1, s = i % NST;
     auto mark = [&](int e) { if (TL && tx == 0) marks[e * 256 + i] = clock64(); };
@@ -243,8 +247,10 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
     const int s_next = next_block ? (i + 1) % NST : s, hb_next = next_block ? 0 : 1 - hb;
     if (next_block) di_mbar_wait(rdy + s_next, ((i + 1) / NST) & 1);
     if (hb == 0) mark(0);
+    // No barrier here: this half's partials were complete at the last half's barrier (or the one
+    // above), and P / alpha alternate between two buffers, so the last half's PV may still read
+    // the other one.
     mark(1 + 5 * hb);
-    di_named_sync(1, 256);                                 // this half's partials complete; the last P read
     mark(2 + 5 * hb);
     unsigned kv_next[4][4][2];
     float acc[2][4][4];
@@ -271,8 +277,8 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
       const float p0 = exp2f(x0 - ms), p1 = exp2f(x1 - ms);
       l_lane = l_lane * alpha + (p0 + p1);
       m_run = m_new;
-      *reinterpret_cast<unsigned*>(P_sm + hr * SST + kk) = di_f16x2(p0, p1);
-      if ((lane & 15) == 0) alpha_sm[hr] = alpha;
+      *reinterpret_cast<unsigned*>(P_sm + (hh & 1) * 16 * SST + hr * SST + kk) = di_f16x2(p0, p1);
+      if ((lane & 15) == 0) alpha_sm[(hh & 1) * 16 + hr] = alpha;
     }
     qk_store(s_next, hb_next, acc, S_red + ((hh + 1) & 1) * RED);
     // ---- before the barrier: this half's registers transposed for PV, its per-group tables
@@ -300,7 +306,7 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
     mark(4 + 5 * hb);
     // ---- PV: rescale, then P (scaled per group) times the transposed registers
     {
-      const float a_g = alpha_sm[g], a_g8 = alpha_sm[g + 8];
+      const float a_g = alpha_sm[(hh & 1) * 16 + g], a_g8 = alpha_sm[(hh & 1) * 16 + g + 8];
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const float bc = c < 2 ? b0 : b1;
@@ -316,7 +322,7 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
 #pragma unroll
       for (int kq = 0; kq < 2; ++kq) {
         unsigned pa[4];
-        di_ldsm_x4_s(p_base + 2 * 16 * kq, pa[0], pa[1], pa[2], pa[3]);
+        di_ldsm_x4_s(p_base + 2 * ((hh & 1) * 16 * SST + 16 * kq), pa[0], pa[1], pa[2], pa[3]);
         unsigned pg[2][4];
 #pragma unroll
         for (int G = 0; G < 2; ++G) {

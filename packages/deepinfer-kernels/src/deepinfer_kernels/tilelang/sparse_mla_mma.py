@@ -105,8 +105,8 @@ def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline:
             beta = T.alloc_shared((NST, 2, NG), T.float32)
             cabs = T.alloc_shared((NST, 2, NG), T.int32)
             S_red = T.alloc_shared((2, 8, 16, SCORE_STRIDE), T.float32)
-            P_sm = T.alloc_shared((16, SCORE_STRIDE), T.uint16)
-            alpha_sm = T.alloc_shared((16,), T.float32)
+            P_sm = T.alloc_shared((2, 16, SCORE_STRIDE), T.uint16)
+            alpha_sm = T.alloc_shared((2, 16), T.float32)
             qsm = T.alloc_shared((16,), T.float32)
             fin_sm = T.alloc_shared((16,), T.float32)
             full = T.alloc_barrier(arrive_count=[1] * NST)
@@ -122,8 +122,8 @@ def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline:
                     T.call_extern("handle", CONSUME, T.access_ptr(K8[0, 0, 0], "r"), T.access_ptr(vm[0, 0], "r"),
                                   T.access_ptr(sct[0, 0, 0], "r"), T.access_ptr(rat[0, 0, 0], "r"),
                                   T.access_ptr(beta[0, 0, 0], "r"), T.access_ptr(cabs[0, 0, 0], "r"),
-                                  T.access_ptr(S_red[0, 0, 0, 0], "rw"), T.access_ptr(P_sm[0, 0], "rw"),
-                                  T.access_ptr(alpha_sm[0], "rw"), T.access_ptr(qsm[0], "rw"),
+                                  T.access_ptr(S_red[0, 0, 0, 0], "rw"), T.access_ptr(P_sm[0, 0, 0], "rw"),
+                                  T.access_ptr(alpha_sm[0, 0], "rw"), T.access_ptr(qsm[0], "rw"),
                                   T.access_ptr(fin_sm[0], "rw"), T.access_ptr(ready[0], "rw"),
                                   T.access_ptr(empty[0], "rw"), nblk, T.access_ptr(Q[r, 0, 0], "r"),
                                   T.access_ptr(Opart[sp, r, 0, 0], "w"), T.access_ptr(Lpart[sp, r, 0], "w"), scale, tx,
@@ -132,8 +132,8 @@ def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline:
                     T.call_extern("handle", CONSUME, T.access_ptr(K8[0, 0, 0], "r"), T.access_ptr(vm[0, 0], "r"),
                                   T.access_ptr(sct[0, 0, 0], "r"), T.access_ptr(rat[0, 0, 0], "r"),
                                   T.access_ptr(beta[0, 0, 0], "r"), T.access_ptr(cabs[0, 0, 0], "r"),
-                                  T.access_ptr(S_red[0, 0, 0, 0], "rw"), T.access_ptr(P_sm[0, 0], "rw"),
-                                  T.access_ptr(alpha_sm[0], "rw"), T.access_ptr(qsm[0], "rw"),
+                                  T.access_ptr(S_red[0, 0, 0, 0], "rw"), T.access_ptr(P_sm[0, 0, 0], "rw"),
+                                  T.access_ptr(alpha_sm[0, 0], "rw"), T.access_ptr(qsm[0], "rw"),
                                   T.access_ptr(fin_sm[0], "rw"), T.access_ptr(ready[0], "rw"),
                                   T.access_ptr(empty[0], "rw"), nblk, T.access_ptr(Q[r, 0, 0], "r"),
                                   T.access_ptr(Out[r, 0, 0], "w"), T.access_ptr(Lse[r, 0], "w"), scale, tx,
