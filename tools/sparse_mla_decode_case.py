@@ -11,6 +11,7 @@ VARIANTS = {
     "bulk": {"variant": "bulk"},
     "bulk_c2": {"variant": "bulk", "consumers": 2},
     "regs": {"variant": "regs"},
+    "mma": {"variant": "mma"},
 }
 # paged128: every row reads whole KV blocks of 128 consecutive slots (the engine's pool);
 # random: distinct random slots (one TMA request per record for ``bulk``)

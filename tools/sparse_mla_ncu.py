@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sparse_mla_decode_case import LAYOUTS, RECORD_BYTES, ROWS, VARIANTS, D, attention_call, make_decode_case  # noqa: E402
 
 BLOCK = 64
-KERNEL_THREADS = {"bulk": 384, "bulk_c2": 512, "regs": 384}   # each variant's attention kernel (CTA size)
+KERNEL_THREADS = {"bulk": 384, "bulk_c2": 512, "regs": 384, "mma": 384}   # each variant's attention kernel (CTA size)
 STALL_PREFIX = "smsp__average_warps_issue_stalled_"
 STALL_SUFFIX = "_per_issue_active.ratio"
 

@@ -136,13 +136,15 @@ MMA_CASES = [
 ]
 
 
-@pytest.mark.parametrize("hw_cvt", [True, False], ids=["hwcvt", "intcvt"])
+@pytest.mark.parametrize("build_kw", [{}, dict(hw_cvt=False), dict(lazy_rescale=False)],
+                         ids=["default", "intcvt", "exact_rescale"])
 @pytest.mark.parametrize("rows,heads,width,num_splits,kw", MMA_CASES)
-def test_mma_kernel_matches_the_reference_and_bulk(rows, heads, width, num_splits, kw, hw_cvt):
+def test_mma_kernel_matches_the_reference_and_bulk(rows, heads, width, num_splits, kw, build_kw):
     """The warp-MMA decode kernel (``sparse_mla_mma.py``: 16 heads as the M of ``mma.m16n8k16``, eight
     warps splitting the latent dims, f16 operands converted once and transposed in registers) against
-    the reference and the bulk kernel; both e4m3 conversions (``hw_cvt``). The variant's launcher
-    builds the default (hardware) one; the other is compiled here with the same call."""
+    the reference and the bulk kernel: the default build (the hardware e4m3 conversion, the lazy
+    rescale) through the variant's launcher, and builds with the integer conversion or a rescale
+    whenever a maximum grows, compiled here with the same call."""
     from deepinfer_kernels.tilelang import sparse_mla as launcher
     from deepinfer_kernels.tilelang._common import TARGET
     from deepinfer_kernels.tilelang.sparse_mla_builders import NO_AUTO_SYNC
@@ -153,13 +155,13 @@ def test_mma_kernel_matches_the_reference_and_bulk(rows, heads, width, num_split
     pool_scale = kw.pop("pool_scale", 1.0)
     pool = T.make_pool(slots, 512, "cuda", seed=rows + width, scale=pool_scale)
     case = T.make_sparse_mla_case(rows, heads, 512, width, slots, "cuda", seed=rows * 3 + width, pool=pool, **kw)
-    if hw_cvt:
+    if not build_kw:
         out, lse = launcher.sparse_mla_attention_tilelang(case.q, case.pool, case.indices, case.sm_scale,
                                                           variant="mma", num_splits=num_splits)
     else:
         import tilelang
 
-        builds = {split: tilelang.compile(_build_mma(heads, 512, split, hw_cvt=False), target=TARGET,
+        builds = {split: tilelang.compile(_build_mma(heads, 512, split, **build_kw), target=TARGET,
                                           pass_configs=NO_AUTO_SYNC) for split in (False, True)}
         original = launcher.get_kernel
         launcher.get_kernel = lambda h, d, variant, split, *a, **k: (builds[split] if variant == "mma"

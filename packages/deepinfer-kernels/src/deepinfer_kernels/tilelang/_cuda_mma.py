@@ -12,7 +12,8 @@ Eight consumer warps share one query row's 16 heads; warp w owns the latent dims
    product times the key's group scale (fp32, from the stage table) -- its partial of the score;
 3. writes the partial to shared memory (two buffers, alternating halves); warp r sums the eight
    partials of heads 2r, 2r + 1 (complete since the last half's barrier), runs their online softmax
-   and writes P (f16) and the rescale alpha (two buffers too); one barrier a half;
+   (LAZY: the reference maximum moves only by more than 2^8, so alpha is mostly 1 and the rescale is
+   skipped) and writes P (f16) and the rescale alpha (two buffers too); one barrier a half;
 4. PV, ``mma.m16n8k16`` again: A = P scaled per key by 2^(s - C) for each of its groups (C: the
    running maximum of that group's scale exponents, so A stays <= 1), B = the same converted
    registers, transposed in registers (``movmatrix``). The accumulators hold O in units of
@@ -122,7 +123,7 @@ __device__ __forceinline__ void di_mma_prep(unsigned char* stage, const int* ix,
 // barrier is gone), softmax with the next half's QK and this half's transposes, the barrier, PV);
 // marks: the float
 // buffer mark_buf from row mark_row of [H][D] floats on.
-template <int REC, int D, int NST, int H, int SST, bool SPLIT, bool HW, bool TL>
+template <int REC, int D, int NST, int H, int SST, bool SPLIT, bool HW, bool TL, bool LAZY>
 __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const float* vm, const float* sct,
                                                 const unsigned short* rat, const float* beta, const int* cabs,
                                                 float* S_red, unsigned short* P_sm, float* alpha_sm, float* qsm,
@@ -132,6 +133,7 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
   long long* marks = reinterpret_cast<long long*>(reinterpret_cast<float*>(mark_buf) + (size_t)mark_row * H * D);
   static_assert(D == 512 && H <= 16, "mma: D 512, up to 16 heads");
   const float NEG_INF = __int_as_float(0xff800000);
+  constexpr float LAZY_TAU = 8.f;                          // log2 units: P <= 2^8 between rescales
   const int w = tx >> 5, lane = tx & 31, g = lane >> 2, t = lane & 3;
   const unsigned short* q = reinterpret_cast<const unsigned short*>(q_row);   // bf16 bits
   // ---- Q: per-head power-of-two scale to f16 (max |q| in [2^14, 2^15)), the warp's A fragments
@@ -206,15 +208,12 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
       for (int c = 0; c < 4; ++c) di_e4m3x4_f16<HW>(r[c], kv[j][c][0], kv[j][c][1]);
     }
 #pragma unroll
-    for (int G = 0; G < 2; ++G)
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[G][j][e] = 0.f;
-#pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) di_mma16816(acc[c >> 1][j], qa[c], kv[j][c][0], kv[j][c][1]);
+      for (int c = 0; c < 4; ++c) {
+        if (c % 2 == 0) di_mma16816_z(acc[c >> 1][j], qa[c], kv[j][c][0], kv[j][c][1]);
+        else di_mma16816(acc[c >> 1][j], qa[c], kv[j][c][0], kv[j][c][1]);
+      }
   };
   auto qk_store = [&](int s, int hb, const float (&acc)[2][4][4], float* red) {   // scaled partials -> red
     const float* sc0 = sct + (s * 16 + 2 * w) * 64 + 32 * hb + 2 * t;
@@ -231,20 +230,23 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
     }
   };
   constexpr int RED = 8 * 16 * SST;                        // floats of one S_red buffer
-  unsigned kv[4][4][2];                                    // this half's converted bytes: [8-key tile j][chunk c][lo / hi]
   float l_lane = 0.f;                                      // this lane's share of its head's softmax sum
+  unsigned kv0[4][4][2], kv1[4][4][2];                     // converted bytes of a block's halves: [8-key tile j][chunk c][lo / hi]
   if (nblk > 0) {
     di_mbar_wait(rdy, 0);
     float acc[2][4][4];
-    qk_mma(0, 0, kv, acc);
+    qk_mma(0, 0, kv0, acc);
     qk_store(0, 0, acc, S_red);
   }
   di_named_sync(1, 256);                                   // the first half's partials complete
-  for (int hh = 0; hh < 2 * nblk; ++hh) {
-    const int i = hh >> 1, hb = hh & 1, s = i % NST;
+  // Half hb of block i (hb a constant: the loop body is the block's two halves, so the S_red / P /
+  // alpha buffer of a half is its hb and the converted registers alternate between kv0 and kv1
+  // without copies).
+  auto half = [&](int i, const int hb, unsigned (&kv)[4][4][2], unsigned (&kv_next)[4][4][2]) {
+    const int s = i % NST;
     auto mark = [&](int e) { if (TL && tx == 0) marks[e * 256 + i] = clock64(); };
     const bool next_block = hb == 1 && i + 1 < nblk;
-    const int s_next = next_block ? (i + 1) % NST : s, hb_next = next_block ? 0 : 1 - hb;
+    const int s_next = hb == 0 ? s : (next_block ? (i + 1) % NST : s), hb_next = hb == 0 ? 1 : (next_block ? 0 : 1);
     if (next_block) di_mbar_wait(rdy + s_next, ((i + 1) / NST) & 1);
     if (hb == 0) mark(0);
     // No barrier here: this half's partials were complete at the last half's barrier (or the one
@@ -252,12 +254,11 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
     // the other one.
     mark(1 + 5 * hb);
     mark(2 + 5 * hb);
-    unsigned kv_next[4][4][2];
     float acc[2][4][4];
     qk_mma(s_next, hb_next, kv_next, acc);
     // ---- warp w: the scores of heads 2w, 2w + 1 (16 lanes each, two keys a lane), online softmax
     {
-      const float* red = S_red + (hh & 1) * RED;
+      const float* red = S_red + hb * RED;
       float2 sum = make_float2(0.f, 0.f);
 #pragma unroll
       for (int w2 = 0; w2 < 8; ++w2) {
@@ -271,16 +272,20 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
       float mb = fmaxf(x0, x1);
 #pragma unroll
       for (int o = 1; o < 16; o <<= 1) mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, o));
-      const float m_new = fmaxf(m_run, mb);
+      // LAZY: the reference maximum moves only when the half's maximum passes it by more than
+      // LAZY_TAU (so P <= 2^LAZY_TAU, exact in f16 and l in fp32); alpha is then 1 exactly and PV
+      // skips the rescale.
+      const bool grow = LAZY ? mb > m_run + LAZY_TAU : mb > m_run;
+      const float m_new = grow ? mb : m_run;
       const float ms = m_new == NEG_INF ? 0.f : m_new;
-      const float alpha = exp2f(m_run - ms);
+      const float alpha = grow ? exp2f(m_run - ms) : 1.f;
       const float p0 = exp2f(x0 - ms), p1 = exp2f(x1 - ms);
       l_lane = l_lane * alpha + (p0 + p1);
       m_run = m_new;
-      *reinterpret_cast<unsigned*>(P_sm + (hh & 1) * 16 * SST + hr * SST + kk) = di_f16x2(p0, p1);
-      if ((lane & 15) == 0) alpha_sm[(hh & 1) * 16 + hr] = alpha;
+      *reinterpret_cast<unsigned*>(P_sm + hb * 16 * SST + hr * SST + kk) = di_f16x2(p0, p1);
+      if ((lane & 15) == 0) alpha_sm[hb * 16 + hr] = alpha;
     }
-    qk_store(s_next, hb_next, acc, S_red + ((hh + 1) & 1) * RED);
+    qk_store(s_next, hb_next, acc, S_red + (1 - hb) * RED);
     // ---- before the barrier: this half's registers transposed for PV, its per-group tables
     unsigned vt[4][4][2];                                  // [8-key tile j][chunk c][lo / hi], transposed
 #pragma unroll
@@ -304,25 +309,28 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
     mark(3 + 5 * hb);
     di_named_sync(2, 256);                                 // P and alpha complete
     mark(4 + 5 * hb);
-    // ---- PV: rescale, then P (scaled per group) times the transposed registers
+    // ---- PV: rescale (skipped when every factor of the warp is 1), then P (scaled per group)
+    // times the transposed registers
     {
-      const float a_g = alpha_sm[(hh & 1) * 16 + g], a_g8 = alpha_sm[(hh & 1) * 16 + g + 8];
+      const float a_g = alpha_sm[hb * 16 + g], a_g8 = alpha_sm[hb * 16 + g + 8];
+      if (__any_sync(0xffffffffu, a_g != 1.f || a_g8 != 1.f) || b0 != 1.f || b1 != 1.f) {
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const float bc = c < 2 ? b0 : b1;
-        const float fg = a_g * bc, fg8 = a_g8 * bc;
+        for (int c = 0; c < 4; ++c) {
+          const float bc = c < 2 ? b0 : b1;
+          const float fg = a_g * bc, fg8 = a_g8 * bc;
 #pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          O[c][x][0] *= fg;
-          O[c][x][1] *= fg;
-          O[c][x][2] *= fg8;
-          O[c][x][3] *= fg8;
+          for (int x = 0; x < 2; ++x) {
+            O[c][x][0] *= fg;
+            O[c][x][1] *= fg;
+            O[c][x][2] *= fg8;
+            O[c][x][3] *= fg8;
+          }
         }
       }
 #pragma unroll
       for (int kq = 0; kq < 2; ++kq) {
         unsigned pa[4];
-        di_ldsm_x4_s(p_base + 2 * ((hh & 1) * 16 * SST + 16 * kq), pa[0], pa[1], pa[2], pa[3]);
+        di_ldsm_x4_s(p_base + 2 * (hb * 16 * SST + 16 * kq), pa[0], pa[1], pa[2], pa[3]);
         unsigned pg[2][4];
 #pragma unroll
         for (int G = 0; G < 2; ++G) {
@@ -343,13 +351,10 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
       __syncwarp();
       if (lane == 0) di_mbar_arrive(emp + s);
     }
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        kv[j][c][0] = kv_next[j][c][0];
-        kv[j][c][1] = kv_next[j][c][1];
-      }
+  };
+  for (int i = 0; i < nblk; ++i) {
+    half(i, 0, kv0, kv1);
+    half(i, 1, kv1, kv0);
   }
   float l_run = l_lane;
 #pragma unroll

@@ -17,21 +17,22 @@ that the eight warps share; TileLang lays out the buffers and barriers and runs 
     producer warps 1-2: after full[s]: the stage's scale tables (8 groups each) and -inf mask -> ready[s]
     consumer warps 0-7: after ready[s]: two halves of QK, softmax, PV -> empty[s]
 
-Measured (H200, 2026-12-02, session 29 call 5; ``bench_tilelang_sparse_mla.py -k "decode_132x16 and
-(bulkcopy or warpmma)"``, CUDA graphs, L2 flushed, 132 rows x 16 heads), us against ``bulk``: 71.4 vs
-75.1 over KV blocks of 128 at 2,048 keys (48.4% of copy), 253.7 vs 270.8 at 8,192 (53.2%), 107.6 vs
-124.1 over random slots, 21.1 vs 25.2 on the engine's window + far entries, 20.7 vs 19.6 on its
-packed layout. Its timeline (``tools/sparse_mla_decode_timeline.py mma``): per 32-key half ~1,100
-cycles of reduction + softmax + the next half's QK and ~400 of PV; the 80% budget is ~1,290.
-Not dispatched yet (the engine's packed decode layout is 5% slower, and "auto" changes need the
-engine GPU tests).
+Measured (H200, 2026-12-02, session 30 call 1; ``.devrun/ab.py``, CUDA graphs, L2 flushed, 132 rows x
+16 heads), us against ``bulk`` in the same process: 65.9 vs 75.4 over KV blocks of 128 at 2,048 keys
+(52.4% of copy), 235.7 vs 271.1 at 8,192 (57.3%), 102.2 vs 124.4 over random slots, 19.8 vs 19.7 on the
+engine's packed layout (session 29's first version: 71.2 / 255.9 / 108.3 / 20.9 us in the same call).
+Per 32-key half a warp issues ~300 instructions when no rescale is due (two halves a loop body,
+one barrier a half). Not dispatched yet ("auto" changes need the engine GPU tests).
 
 Precision: Q goes to f16 with a power-of-two scale per head (its largest element in [2^14, 2^15)),
 K / V are f16 exactly (``hw_cvt``: the hardware e4m3 -> f16 conversion; otherwise three integer
 operations give the value times 2^-8), QK accumulates in fp32 and scales each 32-dim group by its
 key's ue8m0 scale in fp32. P is f16 times 2^(s - C) per group, C the running maximum of the group's
 scale exponents, so keys whose group scale sits more than 2^14 below the largest seen so far in
-that row lose precision (f16 subnormals) -- far outside what RMS-normalized latents produce.
+that row lose precision (f16 subnormals) -- far outside what RMS-normalized latents produce. With
+``lazy_rescale`` (the default) a head's reference maximum moves only when a score passes it by more
+than 8 (log2 units), so P <= 2^8 (exact in f16) and most halves skip the accumulators' rescale; the
+result is the same softmax, referred to another maximum.
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations at
@@ -50,9 +51,11 @@ MMA_PRODUCER_REGS = 40
 HW_CVT = True             # the hardware e4m3 -> f16 conversion (else the integer one)
 SCORE_STRIDE = 40         # row stride (floats / halves) of the partial scores and of P (_cuda_mma's SST)
 PREP_WARPS = 2            # producer warps building the stage tables (8 scale groups each)
+LAZY_RESCALE = True       # the softmax's reference maximum moves only by more than 2^8 (_cuda_mma's LAZY)
 
 
-def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline: bool = False):
+def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline: bool = False,
+               lazy_rescale: bool = LAZY_RESCALE):
     """Warp-MMA decode kernel; same signature and dynamic shapes as ``_build_bulk`` / ``_build_regs``
     (one query row x ``heads`` <= 16 heads per CTA; ``bps`` blocks per split). ``timeline`` (not
     split): clock64() marks of consumer thread 0 and the prep warp into the row's ``Opart[0, r]``
@@ -70,8 +73,8 @@ def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline:
     assert H <= 16 and d == 512 and REC % 16 == 0 and NG == 16, "mma: up to 16 heads, D 512"
     load_indices, issue_block, _ = _bulk_macros(T, d, 1)
     assert not (timeline and split), "timeline marks go into Opart: whole rows only"
-    hw, tl = ("true" if flag else "false" for flag in (hw_cvt, timeline))
-    CONSUME = f"di_mma_consumer<{REC}, {d}, {NST}, {H}, {SCORE_STRIDE}, {'true' if split else 'false'}, {hw}, {tl}>"
+    hw, tl, lazy = ("true" if flag else "false" for flag in (hw_cvt, timeline, lazy_rescale))
+    CONSUME = f"di_mma_consumer<{REC}, {d}, {NST}, {H}, {SCORE_STRIDE}, {'true' if split else 'false'}, {hw}, {tl}, {lazy}>"
     PW = PREP_WARPS
     PREP = f"di_mma_prep<{REC}, {d}, {hw}, {tl}, {PW}>"
 
