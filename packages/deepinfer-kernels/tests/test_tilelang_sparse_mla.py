@@ -10,10 +10,12 @@ pytestmark = pytest.mark.gpu
 T = pytest.importorskip("deepinfer_kernels.tilelang.testing")
 
 # ids: the device runner selects variants with -k (a bare "ws" would also match "rows"); the
-# tests without a variant parameter run the default ("auto": ws) and are named "default".
+# tests without a variant parameter run the default ("auto": bulk / ws by shape and row count,
+# ``resolve_variant``) and are named "default".
 VARIANTS = [pytest.param("ws", id="warpspec1"),
             pytest.param("bulk", id="bulkcopy"),
-            pytest.param("pipelined", id="pipelined")]
+            pytest.param("pipelined", id="pipelined"),
+            pytest.param("mma", id="warpmma")]
 
 
 def _run(case, variant, num_splits=None):

@@ -17,12 +17,13 @@ that the eight warps share; TileLang lays out the buffers and barriers and runs 
     producer warps 1-2: after full[s]: the stage's scale tables (8 groups each) and -inf mask -> ready[s]
     consumer warps 0-7: after ready[s]: two halves of QK, softmax, PV -> empty[s]
 
-Measured (H200, 2026-12-02, session 30 call 1; ``.devrun/ab.py``, CUDA graphs, L2 flushed, 132 rows x
-16 heads), us against ``bulk`` in the same process: 65.9 vs 75.4 over KV blocks of 128 at 2,048 keys
-(52.4% of copy), 235.7 vs 271.1 at 8,192 (57.3%), 102.2 vs 124.4 over random slots, 19.8 vs 19.7 on the
-engine's packed layout (session 29's first version: 71.2 / 255.9 / 108.3 / 20.9 us in the same call).
-Per 32-key half a warp issues ~300 instructions when no rescale is due (two halves a loop body,
-one barrier a half). Not dispatched yet ("auto" changes need the engine GPU tests).
+Measured (H200, 2026-12-02, session 30 call 2; ``.devrun/ab.py``, CUDA graphs, L2 flushed, 132 rows x
+16 heads), us against ``bulk`` in the same process: 64.0 vs 74.8 over KV blocks of 128 at 2,048 keys
+(54.0% of copy), 225.0 vs 270.4 at 8,192 (60.1%), 102.1 vs 124.9 over random slots, 19.2 vs 19.9 on
+the engine's packed layout (session 29's version: 71.2 / 255.9 / 108.3 / 20.9 us beside bulk in
+call 1). Per 32-key half a warp issues ~300 instructions when no rescale is due (two halves a loop
+body, one barrier a half, the maxima by ``redux``). Not dispatched: `mini` decode end to end (prompt
+512, batch 1 / 64) ran 0.99x / 0.98x with it in "auto" (session 30 call 2).
 
 Precision: Q goes to f16 with a power-of-two scale per head (its largest element in [2^14, 2^15)),
 K / V are f16 exactly (``hw_cvt``: the hardware e4m3 -> f16 conversion; otherwise three integer
