@@ -104,8 +104,11 @@ def test_regs_timeline_marks_and_phases():
     tl = sparse_mla_decode_timeline
     src = kernel_variants.edited_source(tl._regs_edit(), "timeline_regs")
     compile(src, "r.py", "exec")
-    # one consumer macro serves both consumers (event 4 w + k): 4 marks there, 2 in the prep, 2 at the issuer
-    assert src.count('"di_mark", T.access_ptr') == 8
+    # one consumer macro serves both consumers (event 4 w + k): 4 marks there, 2 in the prep
+    assert src.count('"di_mark", T.access_ptr') == 6
+    issuer = kernel_variants.edited_source(tl._issuer_edit(), "timeline_regs")
+    compile(issuer, "b.py", "exec")
+    assert issuer.count('"di_mark", T.access_ptr') == 2           # the issuing warp's: stage free, issued
     nblk = 16
     start = torch.arange(nblk, dtype=torch.int64) * 1000
     offsets = dict(zip(tl.REGS_EVENTS, (100, 300, 700, 900, 100, 300, 700, 900, 0, 50, 10, 20)))
@@ -165,7 +168,7 @@ def test_qk_probe_swaps_the_regs_kernels_qk(fence_each):
     src = kernel_variants.edited_source(sparse_mla_regs_qk_probe.probe_edit(fence_each), "qk_probe")
     compile(src, "r.py", "exec")
     assert f'di_qk_probe<{{REC}}, {{d}}, {{SST}}, {{qk_buffers}}, {fence_each}>' in src
-    assert "di_qk_fp8<" not in src and src.count('"di_mark", T.access_ptr') == 8
+    assert "di_qk_fp8<" not in src and src.count('"di_mark", T.access_ptr') == 6   # + 2 in the issuer (_issuer_edit)
 
 
 def test_qk_probe_prim_func_builds():

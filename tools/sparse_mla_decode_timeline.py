@@ -144,7 +144,7 @@ def _regs_edit() -> ModuleEdit:
     """Marks in ``sparse_mla_regs.py``: each consumer's thread 0 per block (ready, QK done, softmax
     done, PV done), the prep warps' first thread (stage landed, stage ready), the issuing lane
     (stage free, copies issued; slot: the block whose stage it reissues)."""
-    i12, i24, i32 = " " * 12, " " * 24, " " * 32
+    i12, i24 = " " * 12, " " * 24
     c = "tw == 0"
     return ModuleEdit("sparse_mla_regs", (
         ("T.import_source(DEQUANT_SRC + BULK_COPY_SRC + WARP_SRC + REGS_SRC + FP8_QK_SRC)",
@@ -162,17 +162,30 @@ def _regs_edit() -> ModuleEdit:
          "                        T.barrier_wait(full[s], (i // NST) & 1)\n" + _mark(REGS_EV["prep_full"], "i", "lane == 0", i24)),
         ("                        T.barrier_arrive(ready[s])\n",
          "                        T.barrier_arrive(ready[s])\n" + _mark(REGS_EV["prep_ready"], "i", "lane == 0", i24)),
-        ("                                T.barrier_wait(empty[i % NST], (i // NST) & 1)\n",
-         "                                T.barrier_wait(empty[i % NST], (i // NST) & 1)\n" + _mark(REGS_EV["i_free"], "i", "tp == 0", i32)),
-        ("                                issue_block(Pool, K8, ix_s, full, i % NST, tp, ib, u * (RPL + 1))\n",
-         "                                issue_block(Pool, K8, ix_s, full, i % NST, tp, ib, u * (RPL + 1))\n"
-         + _mark(REGS_EV["i_issued"], "i", "tp == 0", i32)),
+        ("issue_stream(Idx, Pool, K8, ix_s, full, empty, r, W, b0, nblk, tp)\n",
+         "issue_stream(Idx, Pool, K8, ix_s, full, empty, r, W, b0, nblk, tp, Opart)\n"),
+    ))
+
+
+def _issuer_edit() -> ModuleEdit:
+    """Marks in the issuing warp's loop (``sparse_mla_bulk._issue_stream_macro``, which the "regs"
+    kernel calls with its ``Opart`` added): stage free, copies issued (slot: the block whose stage
+    it reissues)."""
+    i20 = " " * 20
+    return ModuleEdit("sparse_mla_bulk", (
+        ("def issue_stream(Idx, Pool, K8, ix_s, full, empty, r, W, b0, nblk, tp):\n",
+         "def issue_stream(Idx, Pool, K8, ix_s, full, empty, r, W, b0, nblk, tp, Opart):\n"),
+        ("                    T.barrier_wait(empty[i % nst], (i // nst) & 1)\n",
+         "                    T.barrier_wait(empty[i % nst], (i // nst) & 1)\n" + _mark(REGS_EV["i_free"], "i", "tp == 0", i20)),
+        ("                    issue_block(Pool, K8, ix_s, full, i % nst, tp, ib, u * (RPL + 1))\n",
+         "                    issue_block(Pool, K8, ix_s, full, i % nst, tp, ib, u * (RPL + 1))\n"
+         + _mark(REGS_EV["i_issued"], "i", "tp == 0", i20)),
     ))
 
 
 def regs_prim_func(**options):
     """The instrumented "regs" kernel's prim_func (no split; ``options``: ``_build_regs``'s)."""
-    return load_variant([_regs_edit()], "timeline_regs")._build_regs(HEADS, D, False, **options)
+    return load_variant([_issuer_edit(), _regs_edit()], "timeline_regs")._build_regs(HEADS, D, False, **options)
 
 
 def regs_phases(marks, nblk: int, consumers: int = 2) -> dict[str, float]:

@@ -63,7 +63,8 @@ def probe_edit(fence_each: int) -> ModuleEdit:
 
 def probe_func(fence_each: int):
     """The instrumented probe kernel's prim_func (no split)."""
-    return load_variant([probe_edit(fence_each)], f"qk_probe{fence_each}")._build_regs(TL.HEADS, TL.D, False)
+    return load_variant([TL._issuer_edit(), probe_edit(fence_each)], f"qk_probe{fence_each}")._build_regs(
+        TL.HEADS, TL.D, False)
 
 
 def main() -> None:

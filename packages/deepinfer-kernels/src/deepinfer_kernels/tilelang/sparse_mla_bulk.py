@@ -148,6 +148,33 @@ def _bulk_macros(T, d: int, producers: int, group_rows: int = 0, mask_bits: bool
     return load_indices, issue_block, dequant_block
 
 
+def _issue_stream_macro(T, load_indices, issue_block, nst: int):
+    """The issuing warp of the kernels whose consumers read FP8 stages themselves ("regs", "mma"):
+    blocks 0 .. nst - 1 into their stages, then block i + nst into block i's stage once its
+    consumers free it (``empty``), two blocks a loop step, each block's index loads two blocks ahead
+    of its copies (``load_indices`` / ``issue_block`` of ``_bulk_macros``)."""
+    RPL = BLOCK_TOKENS // 32
+
+    @T.macro
+    def issue_stream(Idx, Pool, K8, ix_s, full, empty, r, W, b0, nblk, tp):
+        ib = T.alloc_local((nst * (RPL + 1),), T.int32)
+        for s in T.unroll(nst):                      # blocks 0 .. nst - 1: every index load first
+            load_indices(Idx, r, W, b0 + s, s < nblk, tp, ib, s * (RPL + 1))
+        for s in T.unroll(nst):
+            issue_block(Pool, K8, ix_s, full, s, tp, ib, s * (RPL + 1))
+        for u in T.unroll(2):
+            load_indices(Idx, r, W, b0 + nst + u, nst + u < nblk, tp, ib, u * (RPL + 1))
+        for i2 in T.serial(T.ceildiv(T.max(nblk - nst, 0), 2)):
+            for u in T.unroll(2):                    # block i + nst into block i's stage
+                i = 2 * i2 + u
+                if i + nst < nblk:
+                    T.barrier_wait(empty[i % nst], (i // nst) & 1)
+                    issue_block(Pool, K8, ix_s, full, i % nst, tp, ib, u * (RPL + 1))
+                    load_indices(Idx, r, W, b0 + i + nst + 2, i + nst + 2 < nblk, tp, ib, u * (RPL + 1))
+
+    return issue_stream
+
+
 def _build_bulk(heads: int, d: int, hb: int, split: bool, producers: int = 1, trim: bool = False,
                 load_batch: int = LOAD_BATCH, consumers: int = 1):
     """Bulk-copy warp-specialized kernel; same signature and dynamic shapes as ``_build_ws``

@@ -44,7 +44,7 @@ from deepinfer_kernels.tilelang._cuda import BULK_COPY_SRC
 from deepinfer_kernels.tilelang._cuda_mma import MMA_SRC
 from deepinfer_kernels.tilelang._cuda_warp import WARP_SRC
 from deepinfer_kernels.tilelang.sparse_mla_builders import BLOCK_TOKENS, _record_bytes
-from deepinfer_kernels.tilelang.sparse_mla_bulk import _bulk_macros
+from deepinfer_kernels.tilelang.sparse_mla_bulk import _bulk_macros, _issue_stream_macro
 
 MMA_STAGES = 4            # FP8 stages of 64 keys (33 KB each)
 MMA_CONSUMER_REGS = 232   # setmaxnreg: 256 consumers x 232 + 128 producers x 40 <= the launch's 384 x 168
@@ -70,9 +70,8 @@ def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline:
     H = heads
     NST = MMA_STAGES
     NG = d // 32
-    RPL = BI // 32
     assert H <= 16 and d == 512 and REC % 16 == 0 and NG == 16, "mma: up to 16 heads, D 512"
-    load_indices, issue_block, _ = _bulk_macros(T, d, 1)
+    issue_stream = _issue_stream_macro(T, *_bulk_macros(T, d, 1)[:2], NST)
     assert not (timeline and split), "timeline marks go into Opart: whole rows only"
     hw, tl, lazy = ("true" if flag else "false" for flag in (hw_cvt, timeline, lazy_rescale))
     CONSUME = f"di_mma_consumer<{REC}, {d}, {NST}, {H}, {SCORE_STRIDE}, {'true' if split else 'false'}, {hw}, {tl}, {lazy}>"
@@ -146,20 +145,7 @@ def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline:
                 T.set_max_nreg(MMA_PRODUCER_REGS, 0)
                 tp = tx - 256
                 if tp < 32:
-                    ib = T.alloc_local((NST * (RPL + 1),), T.int32)
-                    for s in T.unroll(NST):                      # blocks 0 .. NST - 1: every index load first
-                        load_indices(Idx, r, W, b0 + s, s < nblk, tp, ib, s * (RPL + 1))
-                    for s in T.unroll(NST):
-                        issue_block(Pool, K8, ix_s, full, s, tp, ib, s * (RPL + 1))
-                    for u in T.unroll(2):
-                        load_indices(Idx, r, W, b0 + NST + u, NST + u < nblk, tp, ib, u * (RPL + 1))
-                    for i2 in T.serial(T.ceildiv(T.max(nblk - NST, 0), 2)):
-                        for u in T.unroll(2):                    # block i + NST into block i's stage
-                            i = 2 * i2 + u
-                            if i + NST < nblk:
-                                T.barrier_wait(empty[i % NST], (i // NST) & 1)
-                                issue_block(Pool, K8, ix_s, full, i % NST, tp, ib, u * (RPL + 1))
-                                load_indices(Idx, r, W, b0 + i + NST + 2, i + NST + 2 < nblk, tp, ib, u * (RPL + 1))
+                    issue_stream(Idx, Pool, K8, ix_s, full, empty, r, W, b0, nblk, tp)
                 elif tp < 32 * (1 + PW):
                     pw = tp // 32 - 1
                     lane = tp % 32

@@ -58,7 +58,7 @@ from deepinfer_kernels.tilelang.sparse_mla_builders import (
     _record_bytes,
     _softmax_macros,
 )
-from deepinfer_kernels.tilelang.sparse_mla_bulk import _bulk_macros
+from deepinfer_kernels.tilelang.sparse_mla_bulk import _bulk_macros, _issue_stream_macro
 
 REGS_STAGES = 4          # FP8 stages: two being consumed, two loading
 QK_BUFFERS = 4           # QK wgmmas in flight (FP8_QK_SRC's NBUF)
@@ -97,12 +97,11 @@ def _build_regs(heads: int, d: int, split: bool, qk_buffers: int = QK_BUFFERS, p
     SFW = NG * 4 * 8                 # PV scale words per stage
     PREP = 32                        # producer threads of the prep (warp 1)
     SST = HB + 1                     # row stride of the score tile S_sm
-    RPL = BI // 32
     NC = consumers
     CT = 128 * NC                    # consumer threads
     assert H <= HB and d == 512 and REC % 16 == 0 and NPV == 8, "regs: 16 heads, D 512"
     assert NC in (1, 2), f"consumers={NC}: 1 or 2"
-    load_indices, issue_block, _ = _bulk_macros(T, d, 1)
+    issue_stream = _issue_stream_macro(T, *_bulk_macros(T, d, 1)[:2], NST)
     softmax = [_softmax_macros(T, HB, d, H, split, explicit_sync=True, barrier=PAIR_BARRIERS[w])[0] for w in (0, 1)]
     QK_FP8 = f"di_qk_fp8<{REC}, {d}, {SST}, {qk_buffers}>"
     Q8_PREP = f"di_q8_prep<{d}>"
@@ -265,20 +264,7 @@ def _build_regs(heads: int, d: int, split: bool, qk_buffers: int = QK_BUFFERS, p
                 # ------------------------------------------------------------ producers
                 tp = tx - CT
                 if tp < 32:
-                    ib = T.alloc_local((NST * (RPL + 1),), T.int32)
-                    for s in T.unroll(NST):                      # blocks 0 .. NST - 1: every index load first
-                        load_indices(Idx, r, W, b0 + s, s < nblk, tp, ib, s * (RPL + 1))
-                    for s in T.unroll(NST):
-                        issue_block(Pool, K8, ix_s, full, s, tp, ib, s * (RPL + 1))
-                    for u in T.unroll(2):
-                        load_indices(Idx, r, W, b0 + NST + u, NST + u < nblk, tp, ib, u * (RPL + 1))
-                    for i2 in T.serial(T.ceildiv(T.max(nblk - NST, 0), 2)):
-                        for u in T.unroll(2):                    # block i + NST into block i's stage
-                            i = 2 * i2 + u
-                            if i + NST < nblk:
-                                T.barrier_wait(empty[i % NST], (i // NST) & 1)
-                                issue_block(Pool, K8, ix_s, full, i % NST, tp, ib, u * (RPL + 1))
-                                load_indices(Idx, r, W, b0 + i + NST + 2, i + NST + 2 < nblk, tp, ib, u * (RPL + 1))
+                    issue_stream(Idx, Pool, K8, ix_s, full, empty, r, W, b0, nblk, tp)
                 elif tp < 64:
                     lane = tp - 32
                     for i in T.serial(nblk):
