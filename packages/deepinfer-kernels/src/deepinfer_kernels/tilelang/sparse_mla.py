@@ -229,8 +229,8 @@ def sparse_mla_attention_tilelang(q: torch.Tensor, kv_pool: torch.Tensor, indice
     H200): the one-row ``bulk`` kernel with two consumer warpgroups on alternate blocks, merged by
     the split-KV combine (``_build_bulk``). ``variant="regs"`` (experimental): the register-operand
     decode kernel (``sparse_mla_regs.py``) for every row, up to 16 heads at D 512. ``variant="mma"``
-    (experimental): the warp-MMA decode kernel (``sparse_mla_mma.py``; the same shapes), 1.05-1.19x
-    ``bulk`` on the decode benchmarks but the engine's packed layout (0.95x).
+    (experimental): the warp-MMA decode kernel (``sparse_mla_mma.py``; the same shapes), 1.20-1.25x
+    ``bulk`` on the decode benchmarks, 1.02x on the engine's packed layout (H200, 2026-12-02).
     """
     require(variant in VARIANTS, f"variant={variant!r}: expected one of {VARIANTS}")
     require(q.dim() == 3 and q.dtype == torch.bfloat16, f"q: expected bf16 [rows, heads, D], got {q.dtype} {tuple(q.shape)}")
