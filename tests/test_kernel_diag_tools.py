@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import kernel_variants  # noqa: E402
 import sparse_mla_decode_diag  # noqa: E402
 import sparse_mla_decode_timeline  # noqa: E402
+import sparse_mla_mma_ab  # noqa: E402
 import sparse_mla_quads_diag  # noqa: E402
 import sparse_mla_regs_qk_probe  # noqa: E402
 
@@ -174,3 +175,12 @@ def test_qk_probe_swaps_the_regs_kernels_qk(fence_each):
 def test_qk_probe_prim_func_builds():
     pytest.importorskip("tilelang")
     assert "Opart" in {b.name for b in sparse_mla_regs_qk_probe.probe_func(1).buffer_map.values()}
+
+
+def test_mma_ab_build_specs():
+    assert sparse_mla_mma_ab.parse_build("bulk") == ("bulk", {})
+    assert sparse_mla_mma_ab.parse_build("mma") == ("mma", {})
+    assert sparse_mla_mma_ab.parse_build("mma:lazy_rescale=0;hw_cvt=1") == ("mma", {"lazy_rescale": 0, "hw_cvt": 1})
+    for bad in ("regs", "bulk:hw_cvt=0", "mma:lazy_rescale", "mma:hw_cvt=yes"):
+        with pytest.raises(ValueError, match="build"):
+            sparse_mla_mma_ab.parse_build(bad)

@@ -17,7 +17,7 @@ that the eight warps share; TileLang lays out the buffers and barriers and runs 
     producer warps 1-2: after full[s]: the stage's scale tables (8 groups each) and -inf mask -> ready[s]
     consumer warps 0-7: after ready[s]: two halves of QK, softmax, PV -> empty[s]
 
-Measured (H200, 2026-12-02, session 30 call 2; ``.devrun/ab.py``, CUDA graphs, L2 flushed, 132 rows x
+Measured (H200, 2026-12-02, session 30 call 2; ``tools/sparse_mla_mma_ab.py``, CUDA graphs, L2 flushed, 132 rows x
 16 heads), us against ``bulk`` in the same process: 64.0 vs 74.8 over KV blocks of 128 at 2,048 keys
 (54.0% of copy), 225.0 vs 270.4 at 8,192 (60.1%), 102.1 vs 124.9 over random slots, 19.2 vs 19.9 on
 the engine's packed layout (session 29's version: 71.2 / 255.9 / 108.3 / 20.9 us beside bulk in
