@@ -146,13 +146,13 @@ def test_regs_timeline_with_one_consumer():
 
 
 def test_mma_timeline_phases():
-    """The warp-MMA kernel's marks (built into ``_cuda_mma``): per block, two halves of five steps."""
+    """The warp-MMA kernel's marks (built into ``_cuda_mma``): per block, two halves of four steps."""
     import torch
 
     tl = sparse_mla_decode_timeline
     nblk = 16
     start = torch.arange(nblk, dtype=torch.int64) * 3000
-    offsets = dict(zip(tl.MMA_EVENTS, (0, 0, 0, 1000, 1040, 1400, 1500, 1500, 2500, 2540, 2900, -2500, -100)))
+    offsets = dict(zip(tl.MMA_EVENTS, (0, 0, 1000, 1040, 1400, 1500, 2500, 2540, 2900, -2500, -100)))
     marks = torch.zeros(1, len(tl.MMA_EVENTS), tl.MAX_BLOCKS, dtype=torch.int64)
     for name, off in offsets.items():
         marks[:, tl.MMA_EV[name], :nblk] = start + off

@@ -215,8 +215,8 @@ def regs_phases(marks, nblk: int, consumers: int = 2) -> dict[str, float]:
 
 # ---------------------------------------------------------------------------- the "mma" kernel
 # its marks are built in (``_build_mma(..., timeline=True)``, ``_cuda_mma.MMA_SRC``)
-MMA_EVENTS = ("block", "start0", "start0b", "softmax_qk0", "bar2_0", "pv0", "start1", "start1b", "softmax_qk1",
-              "bar2_1", "pv1", "prep_start", "prep_end")     # startNb: the same as startN (a barrier there until 2026-12-02)
+MMA_EVENTS = ("block", "start0", "softmax_qk0", "bar2_0", "pv0", "start1", "softmax_qk1", "bar2_1", "pv1",
+              "prep_start", "prep_end")
 MMA_EV = {name: i for i, name in enumerate(MMA_EVENTS)}
 
 

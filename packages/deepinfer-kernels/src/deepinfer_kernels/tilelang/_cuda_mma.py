@@ -53,7 +53,7 @@ __device__ __forceinline__ void di_e4m3x4_f16(unsigned x, unsigned& lo, unsigned
 // Warp 0 also writes vm (0 / -inf) and, with HW, zeroes invalid keys' bytes (never copied; the
 // hardware conversion keeps NaN). crun: the warp's running exponents of its groups (a local array:
 // registers, the same in every lane). TL: clock64() of warp 0 at the start and end into
-// marks[11 * 256 + i], marks[12 * 256 + i] (the timeline tool; marks: the float buffer mark_buf from
+// marks[9 * 256 + i], marks[10 * 256 + i] (the timeline tool; marks: the float buffer mark_buf from
 // float mark_row on).
 __device__ __forceinline__ float di_pow2f(int e) {       // 2^e, 0 below float's normal range
   return e >= -126 ? __uint_as_float((unsigned)(e + 127) << 23) : 0.f;
@@ -65,7 +65,7 @@ __device__ __forceinline__ void di_mma_prep(unsigned char* stage, const int* ix,
   constexpr int NG = D / 32, GW = NG / PW;               // groups of a prep warp
   constexpr unsigned SHIFT = HW ? 0u : 8u;
   long long* marks = reinterpret_cast<long long*>(reinterpret_cast<float*>(mark_buf) + mark_row);
-  if (TL && pw == 0 && lane == 0) marks[11 * 256 + i] = clock64();
+  if (TL && pw == 0 && lane == 0) marks[9 * 256 + i] = clock64();
   const int g0 = pw * GW;
   unsigned sb[2][GW];                                    // the warp's scale bytes of the lane's two keys
 #pragma unroll
@@ -112,7 +112,7 @@ __device__ __forceinline__ void di_mma_prep(unsigned char* stage, const int* ix,
     }
   }
   if (HW && pw == 0) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // zeroes before later TMA writes
-  if (TL && pw == 0 && lane == 0) marks[12 * 256 + i] = clock64();
+  if (TL && pw == 0 && lane == 0) marks[10 * 256 + i] = clock64();
 }
 // float <-> int with the same order (signed compare), for redux.sync.max
 __device__ __forceinline__ int di_f2ord(float f) {
@@ -123,14 +123,13 @@ __device__ __forceinline__ float di_ord2f(int i) { return __int_as_float(i ^ ((i
 // ---------------------------------------------------------------- the consumer (256 threads)
 // Shared buffers: K8 [NST][64][REC], vm [NST][64], sct / rat [NST][16][64], beta / cabs [NST][2][16],
 // S_red [2][8][16][40] (the warps' partial scores), P_sm [2][16][40] (f16), alpha_sm [2][16] (each
-// alternating between halves), qsm [16],
-// fin_sm [16]; ready / empty: NST mbarriers each. out_row: the row's [H][D] (bf16, or f32 split
-// partials), lse_row its [H] (ln-sum-exp, or split: log2-sum-exp). scale: sm_scale log2(e).
+// alternating between halves), qsm [16], fin_sm [16]; ready / empty: NST mbarriers each. out_row:
+// the row's [H][D] (bf16, or f32 split partials), lse_row its [H] (ln-sum-exp, or split:
+// log2-sum-exp). scale: sm_scale log2(e).
 // TL: thread 0 writes clock64() per block i to marks[e * 256 + i]: e = 0 the block's first half
-// starts, then per half hb the ends at 1 + 5 hb + (the half starts, the same again (its first
-// barrier is gone), softmax with the next half's QK and this half's transposes, the barrier, PV);
-// marks: the float
-// buffer mark_buf from row mark_row of [H][D] floats on.
+// starts, then per half hb at 1 + 4 hb + (0: the half starts, 1: softmax with the next half's QK
+// and this half's transposes done, 2: past the barrier, 3: PV done); marks: the float buffer
+// mark_buf from row mark_row of [H][D] floats on.
 template <int REC, int D, int NST, int H, int SST, bool SPLIT, bool HW, bool TL, bool LAZY>
 __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const float* vm, const float* sct,
                                                 const unsigned short* rat, const float* beta, const int* cabs,
@@ -202,11 +201,11 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
                           + 2 * (((lane & 7) + 8 * ((lane >> 3) & 1)) * SST + 8 * (lane >> 4));
   unsigned long long* rdy = reinterpret_cast<unsigned long long*>(ready);
   unsigned long long* emp = reinterpret_cast<unsigned long long*>(empty);
-  // One 32-key half hh = 2 i + hb at a time. Between its two barriers a warp issues the next half's
-  // QK (loads, conversions, mma) first, then this half's reduction and softmax while those are in
-  // flight, then the next half's scaled partial scores (to the other S_red buffer), the transposes
-  // of this half's registers for PV and PV's table loads; after the second barrier only P's load,
-  // its scaling and the PV mma remain. The last half's "next" QK re-reads its own stage (ignored).
+  // One 32-key half at a time. Before the half's barrier a warp issues the next half's QK (loads,
+  // conversions, mma) first, then this half's reduction and softmax while those are in flight, then
+  // the next half's scaled partial scores (to the other S_red buffer), the transposes of this half's
+  // registers for PV and PV's table loads; after the barrier only P's load, its scaling and the PV
+  // mma remain. The last half's "next" QK re-reads its own stage (ignored).
   auto qk_mma = [&](int s, int hb, unsigned (&kv)[4][4][2], float (&acc)[2][4][4]) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -260,8 +259,7 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
     // No barrier here: this half's partials were complete at the last half's barrier (or the one
     // above), and P / alpha alternate between two buffers, so the last half's PV may still read
     // the other one.
-    mark(1 + 5 * hb);
-    mark(2 + 5 * hb);
+    mark(1 + 4 * hb);
     float acc[2][4][4];
     qk_mma(s_next, hb_next, kv_next, acc);
     // ---- warp w: the scores of heads 2w, 2w + 1 (16 lanes each, two keys a lane), online softmax
@@ -318,9 +316,9 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
         ratio[kq][G][0] = *reinterpret_cast<const unsigned*>(rt + G * 64 + 16 * kq);
         ratio[kq][G][1] = *reinterpret_cast<const unsigned*>(rt + G * 64 + 16 * kq + 8);
       }
-    mark(3 + 5 * hb);
+    mark(2 + 4 * hb);
     di_named_sync(2, 256);                                 // P and alpha complete
-    mark(4 + 5 * hb);
+    mark(3 + 4 * hb);
     // ---- PV: rescale (skipped when every factor of the warp is 1), then P (scaled per group)
     // times the transposed registers
     {
@@ -358,7 +356,7 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
       }
     }
     if (TL) asm volatile("" :: "f"(O[0][0][0]), "f"(O[3][1][3]));   // the mark after the PV results
-    mark(5 + 5 * hb);
+    mark(4 + 4 * hb);
     if (hb == 1) {                                         // the stage's bytes and tables are no longer read
       __syncwarp();
       if (lane == 0) di_mbar_arrive(emp + s);
