@@ -391,4 +391,3 @@ def check_close_to_kernel(out: torch.Tensor, lse: torch.Tensor, other_out: torch
     fin = torch.isfinite(other_lse)
     assert torch.equal(fin, torch.isfinite(lse))
     torch.testing.assert_close(lse[fin], other_lse[fin], atol=lse_atol, rtol=1e-5)
-
