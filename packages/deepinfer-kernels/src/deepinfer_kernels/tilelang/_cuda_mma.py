@@ -1,6 +1,7 @@
 """CUDA device code of the warp-MMA sparse MLA decode kernel (``sparse_mla_mma.py``), pulled in with
-``T.import_source`` after ``_cuda.BULK_COPY_SRC`` and ``_cuda_warp.WARP_SRC`` (its PTX wrappers): the consumer (``di_mma_consumer``: Q set-up, the
-block loop, the epilogue) and the per-stage scale tables (``di_mma_prep``).
+``T.import_source`` after ``_cuda.BULK_COPY_SRC`` and ``_cuda_warp.WARP_SRC`` (its PTX wrappers and
+conversions): the consumer (``di_mma_consumer``: Q set-up, the block loop, the epilogue) and the
+per-stage scale tables (``di_mma_prep``).
 
 Eight consumer warps share one query row's 16 heads; warp w owns the latent dims [64w, 64w + 64)
 (scale groups 2w and 2w + 1). Per 32-key half of a 64-key stage, every warp:
@@ -28,22 +29,6 @@ fragment, so the contraction is unchanged; PV's output columns come out as 4 con
 MMA_SRC = r"""
 #ifndef DI_MMA_SRC
 #define DI_MMA_SRC
-// 4 e4m3 bytes -> two f16 pairs (bytes 0, 1 -> lo; 2, 3 -> hi). HW: the exact hardware conversion;
-// otherwise the bits of value x 2^-8 (e4m3's exponent field one bit up: every e4m3, subnormals
-// included, is an f16 normal or subnormal, and e4m3 NaN bytes give finite values).
-template <bool HW>
-__device__ __forceinline__ void di_e4m3x4_f16(unsigned x, unsigned& lo, unsigned& hi) {
-  if (HW) {
-    asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
-        : "=r"(lo), "=r"(hi) : "r"(x));
-  } else {
-    unsigned a, b;
-    asm("prmt.b32 %0, %1, 0, 0x9180;" : "=r"(a) : "r"(x));     // [b0, sign(b0), b1, sign(b1)]
-    asm("prmt.b32 %0, %1, 0, 0xB3A2;" : "=r"(b) : "r"(x));
-    lo = (a << 7) & 0xBF80BF80u;
-    hi = (b << 7) & 0xBF80BF80u;
-  }
-}
 // ---------------------------------------------------------------- per-stage tables (PW warps)
 // For the stage's 64 keys (two halves of 32; lane = key within the half) and prep warp pw's groups
 // G in [16 pw / PW, 16 (pw + 1) / PW): the QK scale sct[G * 64 + key] = 2^(s - 127 + SHIFT) (0 for
@@ -114,12 +99,6 @@ __device__ __forceinline__ void di_mma_prep(unsigned char* stage, const int* ix,
   if (HW && pw == 0) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // zeroes before later TMA writes
   if (TL && pw == 0 && lane == 0) marks[10 * 256 + i] = clock64();
 }
-// float <-> int with the same order (signed compare), for redux.sync.max
-__device__ __forceinline__ int di_f2ord(float f) {
-  const int i = __float_as_int(f);
-  return i ^ ((i >> 31) & 0x7fffffff);
-}
-__device__ __forceinline__ float di_ord2f(int i) { return __int_as_float(i ^ ((i >> 31) & 0x7fffffff)); }
 // ---------------------------------------------------------------- the consumer (256 threads)
 // Shared buffers: K8 [NST][64][REC], vm [NST][64], sct / rat [NST][16][64], beta / cabs [NST][2][16],
 // S_red [2][8][16][40] (the warps' partial scores), P_sm [2][16][40] (f16), alpha_sm [2][16] (each

@@ -1,7 +1,8 @@
 """Warp-level PTX wrappers shared by the register-operand sparse MLA decode kernels
 (``_cuda_regs.py``, ``_cuda_mma.py``): ``ldmatrix``, ``movmatrix``, ``mma.sync`` m16n8k16 (f16 in,
-f32 accumulators), f16 pair arithmetic and conversion, mbarrier waits / arrivals and named barriers
-from CUDA code. Pulled in with ``T.import_source`` before the kernels' own sources."""
+f32 accumulators), f16 pair arithmetic and conversion (from fp32 and from e4m3), the float <->
+ordered-int map behind ``redux.sync`` maxima, mbarrier waits / arrivals and named barriers from
+CUDA code. Pulled in with ``T.import_source`` before the kernels' own sources."""
 
 WARP_SRC = r"""
 #ifndef DI_WARP_SRC
@@ -55,5 +56,27 @@ __device__ __forceinline__ void di_mma16816_z(float (&c)[4], const unsigned (&a)
       : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
 }
+// 4 e4m3 bytes -> two f16 pairs (bytes 0, 1 -> lo; 2, 3 -> hi). HW: the exact hardware conversion;
+// otherwise the bits of value x 2^-8 (e4m3's exponent field one bit up: every e4m3, subnormals
+// included, is an f16 normal or subnormal, and e4m3 NaN bytes give finite values).
+template <bool HW>
+__device__ __forceinline__ void di_e4m3x4_f16(unsigned x, unsigned& lo, unsigned& hi) {
+  if (HW) {
+    asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+        : "=r"(lo), "=r"(hi) : "r"(x));
+  } else {
+    unsigned a, b;
+    asm("prmt.b32 %0, %1, 0, 0x9180;" : "=r"(a) : "r"(x));     // [b0, sign(b0), b1, sign(b1)]
+    asm("prmt.b32 %0, %1, 0, 0xB3A2;" : "=r"(b) : "r"(x));
+    lo = (a << 7) & 0xBF80BF80u;
+    hi = (b << 7) & 0xBF80BF80u;
+  }
+}
+// float <-> int with the same order (signed compare), for redux.sync.max
+__device__ __forceinline__ int di_f2ord(float f) {
+  const int i = __float_as_int(f);
+  return i ^ ((i >> 31) & 0x7fffffff);
+}
+__device__ __forceinline__ float di_ord2f(int i) { return __int_as_float(i ^ ((i >> 31) & 0x7fffffff)); }
 #endif
 """
