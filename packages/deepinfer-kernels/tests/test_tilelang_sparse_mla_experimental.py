@@ -177,3 +177,51 @@ def test_mma_kernel_matches_the_reference_and_bulk(rows, heads, width, num_split
     # f16 operands with fp32 accumulation: scores as exact as bulk's bf16 ones; P rounded to f16
     T.check_sparse_mla(case, out, lse, atol=2e-2 * pool_scale)
     T.check_close_to_kernel(out, lse, bulk_out, bulk_lse, lse_atol=1e-3, out_atol=1e-2 * pool_scale)
+
+
+@pytest.mark.parametrize("hw_cvt", [True, False], ids=["hwcvt", "intcvt"])
+def test_mma_one_exponent_a_row_bounds_the_error_of_far_smaller_groups(hw_cvt):
+    """The mma kernel carries one scale exponent a row (C, the largest group scale so far): a value of a
+    group whose scale sits more than 2^15 below it becomes an f16 subnormal (fewer bits), and past
+    2^24 below (its f16 factor 0), zero. With one valid key per row the output is that record's
+    values, so the error is that rounding alone: under 2^-25 of the largest value the largest scale
+    expresses (448 x 2^(C - 127)), on records whose group scales span up to 2^40; within 2^15 of the
+    largest every value stays exact."""
+    import tilelang
+
+    from deepinfer_kernels.ops.kv_fp8 import dequantize_kv_fp8_ref
+    from deepinfer_kernels.tilelang import sparse_mla as launcher
+    from deepinfer_kernels.tilelang._common import TARGET
+    from deepinfer_kernels.tilelang.sparse_mla_builders import NO_AUTO_SYNC
+    from deepinfer_kernels.tilelang.sparse_mla_mma import _build_mma
+
+    d, rows, slots = 512, 40, 64
+    g = torch.Generator().manual_seed(7)
+    body = torch.randint(0, 256, (slots, d), generator=g, dtype=torch.uint8)
+    body[(body & 0x7F) == 0x7F] = 0x3C                    # no e4m3 NaN codes
+    top = torch.randint(60, 161, (slots, 1), generator=g)
+    scales = (top - torch.randint(0, 41, (slots, d // 32), generator=g)).clamp(min=1)
+    scales[:, 0] = top[:, 0]                               # group 0 holds the record's largest scale
+    pool = torch.cat([body, scales.to(torch.uint8)], dim=1).cuda()
+    q = (torch.randn(rows, 16, d, generator=g) * 1e-13).to(torch.bfloat16).cuda()   # the lone key's weight is 1
+    idx = torch.full((rows, 64), -1, dtype=torch.int32)
+    slot_of_row = torch.randperm(slots, generator=g)[:rows]
+    idx[torch.arange(rows), torch.randint(0, 64, (rows,), generator=g)] = slot_of_row.int()
+    kernel = tilelang.compile(_build_mma(16, 512, False, hw_cvt=hw_cvt), target=TARGET, pass_configs=NO_AUTO_SYNC)
+    original = launcher.get_kernel
+    launcher.get_kernel = lambda h, dd, variant, split, *a, **k: (kernel if variant == "mma" and not split
+                                                                  else original(h, dd, variant, split, *a, **k))
+    try:
+        out, lse = launcher.sparse_mla_attention_tilelang(q, pool, idx.cuda(), 0.04, variant="mma", num_splits=1)
+    finally:
+        launcher.get_kernel = original
+    want = dequantize_kv_fp8_ref(pool[slot_of_row.cuda().long()], d).float()             # [rows, d]
+    unit = torch.pow(2.0, top[slot_of_row].double() - 127).float().cuda()               # [rows, 1]
+    got = out.float()                                                                    # [rows, 16, d]
+    err = (got - want.unsqueeze(1)).abs()
+    bf16_rounding = want.abs().unsqueeze(1) * 2.0 ** -8
+    assert bool((err <= unit.unsqueeze(1) * (448 * 2.0 ** -25) + bf16_rounding).all())
+    exact = (scales[slot_of_row] >= top[slot_of_row] - 15).repeat_interleave(32, dim=1).cuda()   # [rows, d]
+    mask = exact.unsqueeze(1).expand_as(got)
+    assert torch.equal(got[mask], want.to(torch.bfloat16).float().unsqueeze(1).expand_as(got)[mask])
+    assert bool(torch.isfinite(lse).all())

@@ -7,18 +7,28 @@ Eight consumer warps share one query row's 16 heads; warp w owns the latent dims
 (scale groups 2w and 2w + 1). Per 32-key half of a 64-key stage, every warp:
 
 1. loads its 64 dims of the 32 records with ``ldmatrix`` (one 32-bit register: 4 e4m3 bytes of one
-   key) and converts them to f16 pairs once (``di_e4m3x4_f16``: the hardware ``cvt``, exact, or
-   three integer operations giving the value times 2^-8);
-2. QK, ``mma.m16n8k16`` (16 heads = M): S_w[h, k] = sum over its two groups of the group's f16 dot
-   product times the key's group scale (fp32, from the stage table) -- its partial of the score;
+   key), converts them to f16 pairs once (``di_e4m3x4_f16``: the hardware ``cvt``, exact, or three
+   integer operations giving the value times 2^-8) and multiplies each pair by its key's factor
+   2^(s - C) for their group (``kfac``; s the group's ue8m0 byte, C the row's running maximum of
+   every scale byte so far), so one register set carries the dequantized values in units of
+   2^(C - 127) for QK and PV alike;
+2. QK, ``mma.m16n8k16`` (16 heads = M): its partial of the score, in those units;
 3. writes the partial to shared memory (two buffers, alternating halves); warp r sums the eight
-   partials of heads 2r, 2r + 1 (complete since the last half's barrier), runs their online softmax
-   (LAZY: the reference maximum moves only by more than 2^8, so alpha is mostly 1 and the rescale is
-   skipped) and writes P (f16) and the rescale alpha (two buffers too); one barrier a half;
-4. PV, ``mma.m16n8k16`` again: A = P scaled per key by 2^(s - C) for each of its groups (C: the
-   running maximum of that group's scale exponents, so A stays <= 1), B = the same converted
-   registers, transposed in registers (``movmatrix``). The accumulators hold O in units of
-   2^(C - 127) per group; each half rescales them by alpha x 2^(C_old - C_new).
+   partials of heads 2r, 2r + 1 (complete since the last half's barrier), scales them by
+   2^(C - 127), runs their online softmax (LAZY: the reference maximum moves only by more than
+   2^8, so alpha is mostly 1 and the rescale is skipped) and writes P (f16) and the rescale alpha
+   (two buffers too); one barrier a half;
+4. PV, ``mma.m16n8k16`` again: A = P, B = the same registers transposed in registers
+   (``movmatrix``). The accumulators hold O in units of 2^(C - 127); a half where C grows rescales
+   them by alpha x 2^(C_old - C_new).
+
+One exponent for the row, not one per scale group (session 30's tables: the QK partial per group
+times its scale in fp32, P times a per-group ratio), takes 32 multiplies and 16 table loads off a
+warp's half and the QK accumulators from 32 registers to 16: 1.08x at 8,192 keys (H200, session
+31). Its cost: a value whose group scale sits more than 2^15 below the row's largest so far is an
+f16 subnormal (fewer bits) and, past 2^24 below (its f16 factor 0), zero -- an absolute error under
+2^-25 of the largest value that scale expresses (448 x 2^(C - 127)); RMS-normalized latents keep
+their group scales within a few powers of two.
 
 No tile ever crosses shared memory; each FP8 byte is read from it once (the TMA's copy and one
 ``ldmatrix``). The k index of QK is permuted (a register's 4 bytes are dims 4t..4t+3: logical
@@ -30,38 +40,46 @@ MMA_SRC = r"""
 #ifndef DI_MMA_SRC
 #define DI_MMA_SRC
 // ---------------------------------------------------------------- per-stage tables (PW warps)
-// For the stage's 64 keys (two halves of 32; lane = key within the half) and prep warp pw's groups
-// G in [16 pw / PW, 16 (pw + 1) / PW): the QK scale sct[G * 64 + key] = 2^(s - 127 + SHIFT) (0 for
-// s = 0 or an invalid key), the PV ratio rat[G * 64 + key] = f16 2^(s - C) with C the group's running
-// maximum exponent after the key's half (never lower than before), and per half the accumulators'
-// rescale beta[hb * 16 + G] = 2^(C_before - C_after) and the exponent cabs[hb * 16 + G] = C_after.
-// Warp 0 also writes vm (0 / -inf) and, with HW, zeroes invalid keys' bytes (never copied; the
-// hardware conversion keeps NaN). crun: the warp's running exponents of its groups (a local array:
-// registers, the same in every lane). TL: clock64() of warp 0 at the start and end into
+// One exponent for the whole row: C, the running maximum of every scale byte seen so far (after
+// each 32-key half; never lower than before: the prep warps keep the same). For the stage's 64 keys (two halves of 32; lane = key
+// within the half) and prep warp pw's groups G in [16 pw / PW, 16 (pw + 1) / PW): the key factor
+// kfac[G * 64 + 32 hb + 4 (k % 8) + k / 8] = f16 2^(s - C + SHIFT) in both halves of a word (0 for
+// s = 0 or an invalid key; k the key in its half, stored in the order a consumer lane reads its four
+// 8-key tiles), and per half (warp 0) the accumulators' rescale beta[hb] = 2^(C_before - C_after)
+// and the exponent cabs[hb] = C_after. Warp 0 also writes vm (0 / -inf) and, with HW, zeroes
+// invalid keys' bytes (never copied; the hardware conversion keeps NaN, and 0 x NaN is NaN). crun:
+// the running C. TL: clock64() of warp 0 at the start and end into
 // marks[9 * 256 + i], marks[10 * 256 + i] (the timeline tool; marks: the float buffer mark_buf from
 // float mark_row on).
 __device__ __forceinline__ float di_pow2f(int e) {       // 2^e, 0 below float's normal range
   return e >= -126 ? __uint_as_float((unsigned)(e + 127) << 23) : 0.f;
 }
 template <int REC, int D, bool HW, bool TL, int PW>
-__device__ __forceinline__ void di_mma_prep(unsigned char* stage, const int* ix, float* vm, float* sct,
-                                            unsigned short* rat, float* beta, int* cabs, int* crun, int pw,
-                                            int lane, void* mark_buf, int mark_row, int i) {
+__device__ __forceinline__ void di_mma_prep(unsigned char* stage, const int* ix, float* vm, unsigned* kfac,
+                                            float* beta, int* cabs, int* crun, int pw, int lane,
+                                            void* mark_buf, int mark_row, int i) {
   constexpr int NG = D / 32, GW = NG / PW;               // groups of a prep warp
-  constexpr unsigned SHIFT = HW ? 0u : 8u;
+  static_assert(NG == 16, "16 scale bytes a record");
   long long* marks = reinterpret_cast<long long*>(reinterpret_cast<float*>(mark_buf) + mark_row);
   if (TL && pw == 0 && lane == 0) marks[9 * 256 + i] = clock64();
+  constexpr int SHIFT = HW ? 0 : 8;                      // the integer conversion gives the value x 2^-8
   const int g0 = pw * GW;
-  unsigned sb[2][GW];                                    // the warp's scale bytes of the lane's two keys
+  unsigned sw[2][GW / 4];                                // the warp's scale words of the lane's two keys
+  int kmax[2];                                           // the largest scale byte of each key
 #pragma unroll
   for (int hb = 0; hb < 2; ++hb) {
     const int key = 32 * hb + lane;
     const bool ok = ix[key] >= 0;
-    unsigned wd[GW / 4];
+    uint4 s4 = make_uint4(0u, 0u, 0u, 0u);
+    if (ok) s4 = *reinterpret_cast<const uint4*>(stage + key * REC + D);
+    unsigned m4 = __vmaxu4(__vmaxu4(s4.x, s4.y), __vmaxu4(s4.z, s4.w));
+    m4 = __vmaxu4(m4, m4 >> 16);
+    kmax[hb] = (int)max(m4 & 0xffu, (m4 >> 8) & 0xffu);
 #pragma unroll
-    for (int q = 0; q < GW / 4; ++q) wd[q] = ok ? *reinterpret_cast<const unsigned*>(stage + key * REC + D + g0 + 4 * q) : 0u;
-#pragma unroll
-    for (int G = 0; G < GW; ++G) sb[hb][G] = (wd[G / 4] >> (8 * (G % 4))) & 0xffu;
+    for (int q = 0; q < GW / 4; ++q) {                   // selected, not indexed (no local array)
+      const int wi = g0 / 4 + q;
+      sw[hb][q] = wi == 0 ? s4.x : wi == 1 ? s4.y : wi == 2 ? s4.z : s4.w;
+    }
     if (pw == 0) {
       vm[key] = ok ? 0.f : __int_as_float(0xff800000);
       if (HW && !ok) {
@@ -71,36 +89,33 @@ __device__ __forceinline__ void di_mma_prep(unsigned char* stage, const int* ix,
       }
     }
   }
+  const int c0 = *crun;
+  const int c1 = max(c0, (int)__reduce_max_sync(0xffffffffu, (unsigned)kmax[0]));
+  const int c2 = max(c1, (int)__reduce_max_sync(0xffffffffu, (unsigned)kmax[1]));
+  *crun = c2;
+  const int C[2] = {c1, c2};
+  const int slot = 4 * (lane & 7) + (lane >> 3);         // the key's place among a consumer lane's four
 #pragma unroll
-  for (int G = 0; G < GW; ++G) {
-    const int c0 = crun[G];
-    const int c1 = max(c0, (int)__reduce_max_sync(0xffffffffu, sb[0][G]));
-    const int c2 = max(c1, (int)__reduce_max_sync(0xffffffffu, sb[1][G]));
-    crun[G] = c2;
-    const int C[2] = {c1, c2};
+  for (int G = 0; G < GW; ++G)
 #pragma unroll
     for (int hb = 0; hb < 2; ++hb) {
-      const int key = 32 * hb + lane;
-      const unsigned b = sb[hb][G];
-      // HW: b << 23 is 2^(b - 127) as a float (0 for b = 0; 255, ue8m0's NaN, gives inf as the
-      // reference's 2^128 does); the integer conversion's 2^8 needs the clamp
-      sct[(g0 + G) * 64 + key] = HW ? __uint_as_float(b << 23) : (b ? __uint_as_float(min(b + SHIFT, 254u) << 23) : 0.f);
-      unsigned short r;
-      asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(di_pow2f((int)b - C[hb])));
-      rat[(g0 + G) * 64 + key] = b ? r : (unsigned short)0;
+      const unsigned b = (sw[hb][G / 4] >> (8 * (G % 4))) & 0xffu;
+      unsigned short f;
+      asm("cvt.rn.f16.f32 %0, %1;" : "=h"(f) : "f"(di_pow2f((int)b - C[hb] + SHIFT)));
+      const unsigned fw = b ? (unsigned)f * 0x10001u : 0u;
+      kfac[(g0 + G) * 64 + 32 * hb + slot] = fw;
     }
-    if (lane == 0) {
-      beta[g0 + G] = di_pow2f(c0 - c1);
-      beta[16 + g0 + G] = di_pow2f(c1 - c2);
-      cabs[g0 + G] = c1;
-      cabs[16 + g0 + G] = c2;
-    }
+  if (pw == 0 && lane == 0) {
+    beta[0] = di_pow2f(c0 - c1);
+    beta[1] = di_pow2f(c1 - c2);
+    cabs[0] = c1;
+    cabs[1] = c2;
   }
   if (HW && pw == 0) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // zeroes before later TMA writes
   if (TL && pw == 0 && lane == 0) marks[10 * 256 + i] = clock64();
 }
 // ---------------------------------------------------------------- the consumer (256 threads)
-// Shared buffers: K8 [NST][64][REC], vm [NST][64], sct / rat [NST][16][64], beta / cabs [NST][2][16],
+// Shared buffers: K8 [NST][64][REC], vm [NST][64], kfac [NST][16][64], beta / cabs [NST][2],
 // S_red [2][8][16][40] (the warps' partial scores), P_sm [2][16][40] (f16), alpha_sm [2][16] (each
 // alternating between halves), qsm [16], fin_sm [16]; ready / empty: NST mbarriers each. out_row:
 // the row's [H][D] (bf16, or f32 split partials), lse_row its [H] (ln-sum-exp, or split:
@@ -110,8 +125,8 @@ __device__ __forceinline__ void di_mma_prep(unsigned char* stage, const int* ix,
 // and this half's transposes done, 2: past the barrier, 3: PV done); marks: the float buffer
 // mark_buf from row mark_row of [H][D] floats on.
 template <int REC, int D, int NST, int H, int SST, bool SPLIT, bool HW, bool TL, bool LAZY>
-__device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const float* vm, const float* sct,
-                                                const unsigned short* rat, const float* beta, const int* cabs,
+__device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const float* vm, const unsigned* kfac,
+                                                const float* beta, const int* cabs,
                                                 float* S_red, unsigned short* P_sm, float* alpha_sm, float* qsm,
                                                 float* fin_sm, void* ready, void* empty, int nblk, const void* q_row,
                                                 void* out_row, float* lse_row, float scale, int tx,
@@ -182,37 +197,41 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
   unsigned long long* emp = reinterpret_cast<unsigned long long*>(empty);
   // One 32-key half at a time. Before the half's barrier a warp issues the next half's QK (loads,
   // conversions, mma) first, then this half's reduction and softmax while those are in flight, then
-  // the next half's scaled partial scores (to the other S_red buffer), the transposes of this half's
-  // registers for PV and PV's table loads; after the barrier only P's load, its scaling and the PV
-  // mma remain. The last half's "next" QK re-reads its own stage (ignored).
-  auto qk_mma = [&](int s, int hb, unsigned (&kv)[4][4][2], float (&acc)[2][4][4]) {
+  // the next half's partial scores (to the other S_red buffer) and the transposes of this half's
+  // registers for PV; after the barrier only P's load and the PV mma remain. The last half's "next"
+  // QK re-reads its own stage (ignored).
+  // QK of a half: the lane's converted bytes (key 8j + g of the half, dims 4t.. of each 16-dim chunk)
+  // times the key's factor for their group (kfac: a word of two equal f16), then 16 mma into one
+  // accumulator per 8-key tile: the warp's partial score in units of 2^(C - 127).
+  auto qk_mma = [&](int s, int hb, unsigned (&kv)[4][4][2], float (&acc)[4][4]) {
+    const unsigned* kf = kfac + (s * 16 + 2 * w) * 64 + 32 * hb + 4 * g;
+    const uint4 f0 = *reinterpret_cast<const uint4*>(kf), f1 = *reinterpret_cast<const uint4*>(kf + 64);
+    const unsigned fac[2][4] = {{f0.x, f0.y, f0.z, f0.w}, {f1.x, f1.y, f1.z, f1.w}};   // [group][tile j]
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       unsigned r[4];
       di_ldsm_x4_s(k8_base + (s * 64 + 32 * hb + 8 * j) * REC, r[0], r[1], r[2], r[3]);
 #pragma unroll
-      for (int c = 0; c < 4; ++c) di_e4m3x4_f16<HW>(r[c], kv[j][c][0], kv[j][c][1]);
+      for (int c = 0; c < 4; ++c) {
+        unsigned lo, hi;
+        di_e4m3x4_f16<HW>(r[c], lo, hi);
+        kv[j][c][0] = di_hmul2(lo, fac[c >> 1][j]);
+        kv[j][c][1] = di_hmul2(hi, fac[c >> 1][j]);
+      }
     }
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        if (c % 2 == 0) di_mma16816_z(acc[c >> 1][j], qa[c], kv[j][c][0], kv[j][c][1]);
-        else di_mma16816(acc[c >> 1][j], qa[c], kv[j][c][0], kv[j][c][1]);
+        if (c == 0) di_mma16816_z(acc[j], qa[c], kv[j][c][0], kv[j][c][1]);
+        else di_mma16816(acc[j], qa[c], kv[j][c][0], kv[j][c][1]);
       }
   };
-  auto qk_store = [&](int s, int hb, const float (&acc)[2][4][4], float* red) {   // scaled partials -> red
-    const float* sc0 = sct + (s * 16 + 2 * w) * 64 + 32 * hb + 2 * t;
+  auto qk_store = [&](const float (&acc)[4][4], float* red) {   // the partials -> red
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const float2 f0 = *reinterpret_cast<const float2*>(sc0 + 8 * j);
-      const float2 f1 = *reinterpret_cast<const float2*>(sc0 + 64 + 8 * j);
-      const float2 pg = make_float2(fmaf(acc[1][j][0], f1.x, acc[0][j][0] * f0.x),
-                                    fmaf(acc[1][j][1], f1.y, acc[0][j][1] * f0.y));
-      const float2 pg8 = make_float2(fmaf(acc[1][j][2], f1.x, acc[0][j][2] * f0.x),
-                                     fmaf(acc[1][j][3], f1.y, acc[0][j][3] * f0.y));
-      *reinterpret_cast<float2*>(red + (w * 16 + g) * SST + 8 * j + 2 * t) = pg;
-      *reinterpret_cast<float2*>(red + (w * 16 + g + 8) * SST + 8 * j + 2 * t) = pg8;
+      *reinterpret_cast<float2*>(red + (w * 16 + g) * SST + 8 * j + 2 * t) = make_float2(acc[j][0], acc[j][1]);
+      *reinterpret_cast<float2*>(red + (w * 16 + g + 8) * SST + 8 * j + 2 * t) = make_float2(acc[j][2], acc[j][3]);
     }
   };
   constexpr int RED = 8 * 16 * SST;                        // floats of one S_red buffer
@@ -220,9 +239,9 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
   unsigned kv0[4][4][2], kv1[4][4][2];                     // converted bytes of a block's halves: [8-key tile j][chunk c][lo / hi]
   if (nblk > 0) {
     di_mbar_wait(rdy, 0);
-    float acc[2][4][4];
+    float acc[4][4];
     qk_mma(0, 0, kv0, acc);
-    qk_store(0, 0, acc, S_red);
+    qk_store(acc, S_red);
   }
   di_named_sync(1, 256);                                   // the first half's partials complete
   // Half hb of block i (hb a constant: the loop body is the block's two halves, so the S_red / P /
@@ -239,8 +258,10 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
     // above), and P / alpha alternate between two buffers, so the last half's PV may still read
     // the other one.
     mark(1 + 4 * hb);
-    float acc[2][4][4];
+    float acc[4][4];
     qk_mma(s_next, hb_next, kv_next, acc);
+    const float bt = beta[s * 2 + hb];                     // this half's tables (ready since its stage was)
+    const float qs = qinv * __uint_as_float((unsigned)cabs[s * 2 + hb] << 23);   // x 2^(C - 127): score units
     // ---- warp w: the scores of heads 2w, 2w + 1 (16 lanes each, two keys a lane), online softmax
     {
       const float* red = S_red + hb * RED;
@@ -252,8 +273,8 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
         sum.y += v.y;
       }
       const float2 mask = *reinterpret_cast<const float2*>(vm + s * 64 + 32 * hb + kk);
-      const float x0 = mask.x == 0.f ? sum.x * qinv : NEG_INF;
-      const float x1 = mask.y == 0.f ? sum.y * qinv : NEG_INF;
+      const float x0 = mask.x == 0.f ? sum.x * qs : NEG_INF;
+      const float x1 = mask.y == 0.f ? sum.y * qs : NEG_INF;
       // The half's maximum of each of the warp's two heads (lanes 0-15 / 16-31): two redux.sync
       // over order-preserving integers, no dependent shuffles (1.04x over four shfl.bfly rounds,
       // H200 session 30; a vote that skips them while no score passes the lazy threshold: 0.99x)
@@ -274,8 +295,8 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
       *reinterpret_cast<unsigned*>(P_sm + hb * 16 * SST + hr * SST + kk) = di_f16x2(p0, p1);
       if ((lane & 15) == 0) alpha_sm[hb * 16 + hr] = alpha;
     }
-    qk_store(s_next, hb_next, acc, S_red + (1 - hb) * RED);
-    // ---- before the barrier: this half's registers transposed for PV, its per-group tables
+    qk_store(acc, S_red + (1 - hb) * RED);
+    // ---- before the barrier: this half's registers transposed for PV
     unsigned vt[4][4][2];                                  // [8-key tile j][chunk c][lo / hi], transposed
 #pragma unroll
     for (int j = 0; j < 4; ++j)
@@ -284,29 +305,17 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
         vt[j][c][0] = di_movt(kv[j][c][0]);
         vt[j][c][1] = di_movt(kv[j][c][1]);
       }
-    const float* bt = beta + (s * 2 + hb) * 16 + 2 * w;
-    const float b0 = bt[0], b1 = bt[1];
-    const unsigned short* rt = rat + (s * 16 + 2 * w) * 64 + 32 * hb + 2 * t;
-    unsigned ratio[2][2][2];                               // [k-step][group][keys 2t.. / 2t + 8..]
-#pragma unroll
-    for (int kq = 0; kq < 2; ++kq)
-#pragma unroll
-      for (int G = 0; G < 2; ++G) {
-        ratio[kq][G][0] = *reinterpret_cast<const unsigned*>(rt + G * 64 + 16 * kq);
-        ratio[kq][G][1] = *reinterpret_cast<const unsigned*>(rt + G * 64 + 16 * kq + 8);
-      }
     mark(2 + 4 * hb);
     di_named_sync(2, 256);                                 // P and alpha complete
     mark(3 + 4 * hb);
-    // ---- PV: rescale (skipped when every factor of the warp is 1), then P (scaled per group)
-    // times the transposed registers
+    // ---- PV: rescale (skipped when every factor of the warp is 1), then P times the transposed
+    // registers (already scaled per key and group)
     {
       const float a_g = alpha_sm[hb * 16 + g], a_g8 = alpha_sm[hb * 16 + g + 8];
-      if (__any_sync(0xffffffffu, a_g != 1.f || a_g8 != 1.f) || b0 != 1.f || b1 != 1.f) {
+      if (__any_sync(0xffffffffu, a_g != 1.f || a_g8 != 1.f) || bt != 1.f) {
+        const float fg = a_g * bt, fg8 = a_g8 * bt;
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-          const float bc = c < 2 ? b0 : b1;
-          const float fg = a_g * bc, fg8 = a_g8 * bc;
 #pragma unroll
           for (int x = 0; x < 2; ++x) {
             O[c][x][0] *= fg;
@@ -320,18 +329,10 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
       for (int kq = 0; kq < 2; ++kq) {
         unsigned pa[4];
         di_ldsm_x4_s(p_base + 2 * (hb * 16 * SST + 16 * kq), pa[0], pa[1], pa[2], pa[3]);
-        unsigned pg[2][4];
-#pragma unroll
-        for (int G = 0; G < 2; ++G) {
-          pg[G][0] = di_hmul2(pa[0], ratio[kq][G][0]);
-          pg[G][1] = di_hmul2(pa[1], ratio[kq][G][0]);
-          pg[G][2] = di_hmul2(pa[2], ratio[kq][G][1]);
-          pg[G][3] = di_hmul2(pa[3], ratio[kq][G][1]);
-        }
 #pragma unroll
         for (int c = 0; c < 4; ++c)
 #pragma unroll
-          for (int x = 0; x < 2; ++x) di_mma16816(O[c][x], pg[c >> 1], vt[2 * kq][c][x], vt[2 * kq + 1][c][x]);
+          for (int x = 0; x < 2; ++x) di_mma16816(O[c][x], pa, vt[2 * kq][c][x], vt[2 * kq + 1][c][x]);
       }
     }
     if (TL) asm volatile("" :: "f"(O[0][0][0]), "f"(O[3][1][3]));   // the mark after the PV results
@@ -348,8 +349,7 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
   float l_run = l_lane;
 #pragma unroll
   for (int o = 1; o < 16; o <<= 1) l_run += __shfl_xor_sync(0xffffffffu, l_run, o);
-  // ---- epilogue: 1 / l per head, the groups' units 2^(C - 127 + SHIFT), the row's output
-  constexpr int SHIFT = HW ? 0 : 8;
+  // ---- epilogue: 1 / l per head, the unit 2^(C - 127), the row's output
   if ((lane & 15) == 0) {
     fin_sm[hr] = l_run > 0.f ? 1.f / l_run : 0.f;
     if (hr < H) {
@@ -359,14 +359,11 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
   }
   di_named_sync(1, 256);
   const int last = nblk > 0 ? ((nblk - 1) % NST) * 2 + 1 : -1;
-  float unit[2];
-#pragma unroll
-  for (int G = 0; G < 2; ++G) unit[G] = last < 0 ? 0.f : exp2f((float)(cabs[last * 16 + 2 * w + G] + SHIFT - 127));
+  const float u = last < 0 ? 0.f : __uint_as_float((unsigned)cabs[last] << 23);
   const float f_g = fin_sm[g], f_g8 = fin_sm[g + 8];
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
     const int dim = 64 * w + 16 * c + 4 * t;
-    const float u = unit[c >> 1];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int h = g + 8 * half;

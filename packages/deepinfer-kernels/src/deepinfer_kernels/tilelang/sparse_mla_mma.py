@@ -8,32 +8,32 @@ warpgroups each carry their own copy of the code and stall on instruction fetch.
 
 Here the 16 heads are the M of ``mma.sync.m16n8k16``, so no operand is padded and every operand is
 a register: eight consumer warps split the 512 latent dims (64 each), convert their bytes to f16
-once, and use the same registers for QK and (transposed with ``movmatrix``) for PV. The warps'
+once (times each key's group scale over the row's largest, ``kfac``), and use the same registers
+for QK and (transposed with ``movmatrix``) for PV. The warps'
 partial scores meet once per 32 keys in shared memory (4 KB a warp), where each warp runs the
 online softmax of two heads. All the consumer code is one CUDA function (``_cuda_mma.MMA_SRC``)
 that the eight warps share; TileLang lays out the buffers and barriers and runs the producers:
 
     producer warp 0:    block i + NST -> K8[s]  (after empty[s]; TMA bulk copies, bytes on full[s])
-    producer warps 1-2: after full[s]: the stage's scale tables (8 groups each) and -inf mask -> ready[s]
+    producer warps 1-2: after full[s]: the stage's key factors (8 groups each), the row's running
+                        scale exponent and -inf mask -> ready[s]
     consumer warps 0-7: after ready[s]: two halves of QK, softmax, PV -> empty[s]
 
-Measured (H200, 2026-12-02, session 30 call 2; ``tools/sparse_mla_mma_ab.py``, CUDA graphs, L2 flushed, 132 rows x
-16 heads), us against ``bulk`` in the same process: 64.0 vs 74.8 over KV blocks of 128 at 2,048 keys
-(54.0% of copy), 225.0 vs 270.4 at 8,192 (60.1%), 102.1 vs 124.9 over random slots, 19.2 vs 19.9 on
-the engine's packed layout (session 29's version: 71.2 / 255.9 / 108.3 / 20.9 us beside bulk in
-call 1). Per 32-key half a warp issues ~300 instructions when no rescale is due (two halves a loop
-body, one barrier a half, the maxima by ``redux``). Not dispatched: `mini` decode end to end (prompt
-512, batch 1 / 64) ran 0.99x / 0.98x with it in "auto" (session 30 call 2).
+Measured (H200, 2026-12-02, session 31 call 4; ``tools/sparse_mla_mma_ab.py`` with session 30's
+sources beside it, CUDA graphs, L2 flushed, 132 rows x 16 heads), us: 207.4 over KV blocks of 128 at
+8,192 keys (65.2% of copy; session 30's 224.6, ``bulk`` 271.6), 58.5 at 2,048 (63.4, 74.0), 107.2
+over random slots (102.7, 125.1) and 18.2 on the engine's packed layout (19.5, 19.8). Per 32-key
+half a warp issues ~265 instructions when no rescale is due. Not dispatched: `mini` decode end to
+end (prompt 512, batch 1 / 64) ran 0.99x / 0.98x with session 30's version in "auto".
 
 Precision: Q goes to f16 with a power-of-two scale per head (its largest element in [2^14, 2^15)),
-K / V are f16 exactly (``hw_cvt``: the hardware e4m3 -> f16 conversion; otherwise three integer
-operations give the value times 2^-8), QK accumulates in fp32 and scales each 32-dim group by its
-key's ue8m0 scale in fp32. P is f16 times 2^(s - C) per group, C the running maximum of the group's
-scale exponents, so keys whose group scale sits more than 2^14 below the largest seen so far in
-that row lose precision (f16 subnormals) -- far outside what RMS-normalized latents produce. With
-``lazy_rescale`` (the default) a head's reference maximum moves only when a score passes it by more
-than 8 (log2 units), so P <= 2^8 (exact in f16) and most halves skip the accumulators' rescale; the
-result is the same softmax, referred to another maximum.
+K / V are f16 (``hw_cvt``: the hardware e4m3 -> f16 conversion; otherwise three integer operations
+give the value times 2^-8) times 2^(s - C), s the key's group scale and C the row's running maximum
+of every scale byte: exact while s >= C - 15; further below, f16 subnormals and, past C - 24, zero
+(``_cuda_mma.py``; RMS-normalized latents keep a record's group scales within a few powers of two).
+QK accumulates in fp32. With ``lazy_rescale`` (the default) a head's reference maximum moves only
+when a score passes it by more than 8 (log2 units), so P <= 2^8 (exact in f16) and most halves skip
+the accumulators' rescale; the result is the same softmax, referred to another maximum.
 """
 
 # No `from __future__ import annotations`: TileLang evaluates the prim_func annotations at
@@ -103,10 +103,9 @@ def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline:
             K8 = T.alloc_shared((NST, BI, REC), T.uint8)
             ix_s = T.alloc_shared((NST, BI), T.int32)
             vm = T.alloc_shared((NST, BI), T.float32)
-            sct = T.alloc_shared((NST, NG, BI), T.float32)
-            rat = T.alloc_shared((NST, NG, BI), T.uint16)
-            beta = T.alloc_shared((NST, 2, NG), T.float32)
-            cabs = T.alloc_shared((NST, 2, NG), T.int32)
+            kfac = T.alloc_shared((NST, NG, BI), T.uint32)
+            beta = T.alloc_shared((NST, 2), T.float32)
+            cabs = T.alloc_shared((NST, 2), T.int32)
             S_red = T.alloc_shared((2, 8, 16, SCORE_STRIDE), T.float32)
             P_sm = T.alloc_shared((2, 16, SCORE_STRIDE), T.uint16)
             alpha_sm = T.alloc_shared((2, 16), T.float32)
@@ -123,8 +122,8 @@ def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline:
                 T.set_max_nreg(MMA_CONSUMER_REGS, 1)
                 if split:
                     T.call_extern("handle", CONSUME, T.access_ptr(K8[0, 0, 0], "r"), T.access_ptr(vm[0, 0], "r"),
-                                  T.access_ptr(sct[0, 0, 0], "r"), T.access_ptr(rat[0, 0, 0], "r"),
-                                  T.access_ptr(beta[0, 0, 0], "r"), T.access_ptr(cabs[0, 0, 0], "r"),
+                                  T.access_ptr(kfac[0, 0, 0], "r"), T.access_ptr(beta[0, 0], "r"),
+                                  T.access_ptr(cabs[0, 0], "r"),
                                   T.access_ptr(S_red[0, 0, 0, 0], "rw"), T.access_ptr(P_sm[0, 0, 0], "rw"),
                                   T.access_ptr(alpha_sm[0, 0], "rw"), T.access_ptr(qsm[0], "rw"),
                                   T.access_ptr(fin_sm[0], "rw"), T.access_ptr(ready[0], "rw"),
@@ -133,8 +132,8 @@ def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline:
                                   T.access_ptr(Opart[0, 0, 0, 0], "w"), r)
                 else:
                     T.call_extern("handle", CONSUME, T.access_ptr(K8[0, 0, 0], "r"), T.access_ptr(vm[0, 0], "r"),
-                                  T.access_ptr(sct[0, 0, 0], "r"), T.access_ptr(rat[0, 0, 0], "r"),
-                                  T.access_ptr(beta[0, 0, 0], "r"), T.access_ptr(cabs[0, 0, 0], "r"),
+                                  T.access_ptr(kfac[0, 0, 0], "r"), T.access_ptr(beta[0, 0], "r"),
+                                  T.access_ptr(cabs[0, 0], "r"),
                                   T.access_ptr(S_red[0, 0, 0, 0], "rw"), T.access_ptr(P_sm[0, 0, 0], "rw"),
                                   T.access_ptr(alpha_sm[0, 0], "rw"), T.access_ptr(qsm[0], "rw"),
                                   T.access_ptr(fin_sm[0], "rw"), T.access_ptr(ready[0], "rw"),
@@ -149,16 +148,14 @@ def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline:
                 elif tp < 32 * (1 + PW):
                     pw = tp // 32 - 1
                     lane = tp % 32
-                    crun = T.alloc_local((NG // PW,), T.int32)    # running scale exponents of the warp's groups
-                    for q in T.unroll(NG // PW):
-                        crun[q] = 0
+                    crun = T.alloc_local((1,), T.int32)    # the row's running scale exponent
+                    crun[0] = 0
                     for i in T.serial(nblk):
                         s = i % NST
                         T.barrier_wait(full[s], (i // NST) & 1)
                         T.call_extern("handle", PREP, T.access_ptr(K8[s, 0, 0], "rw"), T.access_ptr(ix_s[s, 0], "r"),
-                                      T.access_ptr(vm[s, 0], "w"), T.access_ptr(sct[s, 0, 0], "w"),
-                                      T.access_ptr(rat[s, 0, 0], "w"), T.access_ptr(beta[s, 0, 0], "w"),
-                                      T.access_ptr(cabs[s, 0, 0], "w"), crun.data, pw, lane,
+                                      T.access_ptr(vm[s, 0], "w"), T.access_ptr(kfac[s, 0, 0], "w"),
+                                      T.access_ptr(beta[s, 0], "w"), T.access_ptr(cabs[s, 0], "w"), crun.data, pw, lane,
                                       T.access_ptr(Opart[0, 0, 0, 0], "w"), r * H * d, i)
                         T.barrier_arrive(ready[s])
 
