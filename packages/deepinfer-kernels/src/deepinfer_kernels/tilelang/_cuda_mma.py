@@ -305,6 +305,10 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
         vt[j][c][0] = di_movt(kv[j][c][0]);
         vt[j][c][1] = di_movt(kv[j][c][1]);
       }
+    // ptxas places an instruction by its distance to the end of its basic block; the transposes (used
+    // only past the rescale branch below) sank past the barrier, onto PV's critical path. A branch
+    // never taken (beta is a power of two) ends their block here: 1.02x (H200, session 31).
+    if (bt < 0.f) __trap();
     mark(2 + 4 * hb);
     di_named_sync(2, 256);                                 // P and alpha complete
     mark(3 + 4 * hb);
