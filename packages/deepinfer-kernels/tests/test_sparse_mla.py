@@ -96,7 +96,8 @@ def test_auto_variant_runs_bulk_at_many_heads_only_where_ws_leaves_most_sms_idle
     assert resolve_variant("ws", 64, 512, 1, 132) == "ws"      # an explicit variant stays
     assert resolve_variant("regs", 64, 512, 1, 132) == "bulk"  # regs' fallback is what auto picks
     assert resolve_variant("mma", 16, 512, 132, 132) == "mma"
-    assert resolve_variant("mma", 64, 512, 1, 132) == "bulk"   # and mma's (16 heads at most, D 512)
+    assert resolve_variant("mma", 64, 512, 1, 132) == "mma"    # a CTA per 16 heads
+    assert resolve_variant("mma", 24, 512, 1, 132) == "bulk"   # and mma's (up to 16 heads or a multiple, D 512)
     assert resolve_variant("mma", 16, 64, 1, 132) == "ws"
     with batch_invariant_kernels():
         assert resolve_variant("auto", 64, 512, 1, 132) == "ws"

@@ -133,6 +133,8 @@ MMA_CASES = [
     (132, 16, 2048, None, dict(paged=128)),                       # the decode benchmark's KV-block layout
     (4, 16, 256, None, dict(pool_scale=2.0 ** 16, q_scale=2.0 ** -16)),   # large latents, small queries
     (4, 16, 256, None, dict(pool_scale=2.0 ** -20, q_scale=4.0)),  # tiny latents
+    (3, 64, 300, None, dict(empty_frac=0.1)),                     # flash's 64 heads: a CTA per 16
+    (2, 32, 1024, 2, dict(ragged=True)),                          # head groups with split-KV partials
 ]
 
 

@@ -50,7 +50,8 @@ def resolve_variant(variant: str, heads: int, d: int, rows: int = 0, sms: int = 
     1.43x "ws" over the engine's block layout, 0.94x over random slots, H200 2026-11-30), "ws"
     otherwise. "bulk" copies whole records, so it needs them 16-byte sized (D a multiple of
     512); other D run "ws". "regs" and "mma" (experimental, ``sparse_mla_regs.py`` /
-    ``sparse_mla_mma.py``) take up to 16 heads at D 512; other shapes run what "auto" picks.
+    ``sparse_mla_mma.py``) take up to 16 heads at D 512, "mma" also a multiple of 16 (a CTA per 16);
+    other shapes run what "auto" picks.
 
     More than 16 heads: "ws" takes 32 heads per CTA, "bulk" 16 (so twice the CTAs per row, each
     reading the row's records). Where "ws"'s CTAs would fill fewer than half the SMs
@@ -61,7 +62,8 @@ def resolve_variant(variant: str, heads: int, d: int, rows: int = 0, sms: int = 
     on the row count."""
     bulk_ok = _record_bytes(d) % 16 == 0
     if variant in ("regs", "mma"):
-        return variant if heads <= 16 and d == 512 else resolve_variant("auto", heads, d, rows, sms)
+        heads_ok = heads <= 16 or (variant == "mma" and heads % 16 == 0)
+        return variant if heads_ok and d == 512 else resolve_variant("auto", heads, d, rows, sms)
     if variant == "bulk" and not bulk_ok:
         return "ws"
     if variant != "auto":
@@ -229,8 +231,9 @@ def sparse_mla_attention_tilelang(q: torch.Tensor, kv_pool: torch.Tensor, indice
     H200): the one-row ``bulk`` kernel with two consumer warpgroups on alternate blocks, merged by
     the split-KV combine (``_build_bulk``). ``variant="regs"`` (experimental): the register-operand
     decode kernel (``sparse_mla_regs.py``) for every row, up to 16 heads at D 512. ``variant="mma"``
-    (experimental): the warp-MMA decode kernel (``sparse_mla_mma.py``; the same shapes), 1.20-1.25x
-    ``bulk`` on the decode benchmarks, 1.02x on the engine's packed layout (H200, 2026-12-02).
+    (experimental): the warp-MMA decode kernel (``sparse_mla_mma.py``; those shapes and multiples of
+    16 heads), 1.20-1.30x ``bulk`` on the decode benchmarks, 1.09x on the engine's packed layout
+    (H200, 2026-12-02, session 31).
     """
     require(variant in VARIANTS, f"variant={variant!r}: expected one of {VARIANTS}")
     require(q.dim() == 3 and q.dtype == torch.bfloat16, f"q: expected bf16 [rows, heads, D], got {q.dtype} {tuple(q.shape)}")

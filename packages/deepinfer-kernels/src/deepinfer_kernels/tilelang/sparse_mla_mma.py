@@ -58,8 +58,9 @@ LAZY_RESCALE = True       # the softmax's reference maximum moves only by more t
 def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline: bool = False,
                lazy_rescale: bool = LAZY_RESCALE):
     """Warp-MMA decode kernel; same signature and dynamic shapes as ``_build_bulk`` / ``_build_regs``
-    (one query row x ``heads`` <= 16 heads per CTA; ``bps`` blocks per split). ``timeline`` (not
-    split): clock64() marks of consumer thread 0 and the prep warp into the row's ``Opart[0, r]``
+    (one query row x up to 16 heads per CTA: more heads, a multiple of 16, take a CTA per 16, each
+    reading the row's records; ``bps`` blocks per split). ``timeline`` (not split, 16 heads):
+    clock64() marks of consumer thread 0 and the prep warp into the row's ``Opart[0, r]``
     viewed as int64 (``tools/sparse_mla_decode_timeline.py mma``). The mark buffer goes in as
     ``Opart``'s base and the row's offset: an index ``Opart[0, r]`` would make TileLang guard the
     call with ``r < RP``, and the whole-row launch passes a one-row ``Opart``."""
@@ -68,13 +69,16 @@ def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline:
     BI = BLOCK_TOKENS
     REC = _record_bytes(d)
     H = heads
+    HC = min(H, 16)                # heads of a CTA
+    HG = H // HC                   # CTAs of a row
     NST = MMA_STAGES
     NG = d // 32
-    assert H <= 16 and d == 512 and REC % 16 == 0 and NG == 16, "mma: up to 16 heads, D 512"
+    assert (H <= 16 or H % 16 == 0) and d == 512 and REC % 16 == 0 and NG == 16, "mma: up to 16 heads or a multiple, D 512"
+    assert not (timeline and H > 16), "timeline marks: one CTA a row"
     issue_stream = _issue_stream_macro(T, *_bulk_macros(T, d, 1)[:2], NST)
     assert not (timeline and split), "timeline marks go into Opart: whole rows only"
     hw, tl, lazy = ("true" if flag else "false" for flag in (hw_cvt, timeline, lazy_rescale))
-    CONSUME = f"di_mma_consumer<{REC}, {d}, {NST}, {H}, {SCORE_STRIDE}, {'true' if split else 'false'}, {hw}, {tl}, {lazy}>"
+    CONSUME = f"di_mma_consumer<{REC}, {d}, {NST}, {HC}, {SCORE_STRIDE}, {'true' if split else 'false'}, {hw}, {tl}, {lazy}>"
     PW = PREP_WARPS
     PREP = f"di_mma_prep<{REC}, {d}, {hw}, {tl}, {PW}>"
 
@@ -96,7 +100,9 @@ def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline:
         scale: T.float32,          # sm_scale * log2(e)
         bps: T.int32,              # blocks per split
     ):
-        with T.Kernel(R, NS, threads=384) as (r, sp):
+        with T.Kernel(R * HG, NS, threads=384) as (bx, sp):
+            r = bx // HG
+            h0 = bx % HG * HC
             if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
                 T.evaluate(pdl_sync())
             T.import_source(BULK_COPY_SRC + WARP_SRC + MMA_SRC)
@@ -127,8 +133,8 @@ def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline:
                                   T.access_ptr(S_red[0, 0, 0, 0], "rw"), T.access_ptr(P_sm[0, 0, 0], "rw"),
                                   T.access_ptr(alpha_sm[0, 0], "rw"), T.access_ptr(qsm[0], "rw"),
                                   T.access_ptr(fin_sm[0], "rw"), T.access_ptr(ready[0], "rw"),
-                                  T.access_ptr(empty[0], "rw"), nblk, T.access_ptr(Q[r, 0, 0], "r"),
-                                  T.access_ptr(Opart[sp, r, 0, 0], "w"), T.access_ptr(Lpart[sp, r, 0], "w"), scale, tx,
+                                  T.access_ptr(empty[0], "rw"), nblk, T.access_ptr(Q[r, h0, 0], "r"),
+                                  T.access_ptr(Opart[sp, r, h0, 0], "w"), T.access_ptr(Lpart[sp, r, h0], "w"), scale, tx,
                                   T.access_ptr(Opart[0, 0, 0, 0], "w"), r)
                 else:
                     T.call_extern("handle", CONSUME, T.access_ptr(K8[0, 0, 0], "r"), T.access_ptr(vm[0, 0], "r"),
@@ -137,8 +143,8 @@ def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline:
                                   T.access_ptr(S_red[0, 0, 0, 0], "rw"), T.access_ptr(P_sm[0, 0, 0], "rw"),
                                   T.access_ptr(alpha_sm[0, 0], "rw"), T.access_ptr(qsm[0], "rw"),
                                   T.access_ptr(fin_sm[0], "rw"), T.access_ptr(ready[0], "rw"),
-                                  T.access_ptr(empty[0], "rw"), nblk, T.access_ptr(Q[r, 0, 0], "r"),
-                                  T.access_ptr(Out[r, 0, 0], "w"), T.access_ptr(Lse[r, 0], "w"), scale, tx,
+                                  T.access_ptr(empty[0], "rw"), nblk, T.access_ptr(Q[r, h0, 0], "r"),
+                                  T.access_ptr(Out[r, h0, 0], "w"), T.access_ptr(Lse[r, h0], "w"), scale, tx,
                                   T.access_ptr(Opart[0, 0, 0, 0], "w"), r)
             else:
                 T.set_max_nreg(MMA_PRODUCER_REGS, 0)
