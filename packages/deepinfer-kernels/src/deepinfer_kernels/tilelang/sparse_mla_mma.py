@@ -19,7 +19,7 @@ that the eight warps share; TileLang lays out the buffers and barriers and runs 
                         scale exponent and -inf mask -> ready[s]
     consumer warps 0-7: after ready[s]: two halves of QK, softmax, PV -> empty[s]
 
-Measured (H200, 2026-12-02, session 31 call 4; ``tools/sparse_mla_mma_ab.py`` with session 30's
+Measured (H200, 2026-12-02, session 31 call 6; ``tools/sparse_mla_mma_ab.py`` with session 30's
 sources beside it, CUDA graphs, L2 flushed, 132 rows x 16 heads), us: 207.4 over KV blocks of 128 at
 8,192 keys (65.2% of copy; session 30's 224.6, ``bulk`` 271.6), 58.5 at 2,048 (63.4, 74.0), 107.2
 over random slots (102.7, 125.1) and 18.2 on the engine's packed layout (19.5, 19.8). Per 32-key
