@@ -263,6 +263,7 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
     const float bt = beta[s * 2 + hb];                     // this half's tables (ready since its stage was)
     const float qs = qinv * __uint_as_float((unsigned)cabs[s * 2 + hb] << 23);   // x 2^(C - 127): score units
     // ---- warp w: the scores of heads 2w, 2w + 1 (16 lanes each, two keys a lane), online softmax
+    bool grew;                                             // this lane's head moved its reference maximum
     {
       const float* red = S_red + hb * RED;
       float2 sum = make_float2(0.f, 0.f);
@@ -292,6 +293,7 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
       const float p0 = exp2f(x0 - ms), p1 = exp2f(x1 - ms);
       l_lane = l_lane * alpha + (p0 + p1);
       m_run = m_new;
+      grew = grow;
       *reinterpret_cast<unsigned*>(P_sm + hb * 16 * SST + hr * SST + kk) = di_f16x2(p0, p1);
       if ((lane & 15) == 0) alpha_sm[hb * 16 + hr] = alpha;
     }
@@ -310,14 +312,13 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
     // never taken (beta is a power of two) ends their block here: 1.02x (H200, session 31).
     if (bt < 0.f) __trap();
     mark(2 + 4 * hb);
-    di_named_sync(2, 256);                                 // P and alpha complete
+    const bool any_grew = di_named_sync_or(2, 256, grew);  // P and alpha complete; did any head's maximum move
     mark(3 + 4 * hb);
-    // ---- PV: rescale (skipped when every factor of the warp is 1), then P times the transposed
-    // registers (already scaled per key and group)
+    // ---- PV: rescale (skipped, alpha unread, when no head's maximum moved and C did not grow), then
+    // P times the transposed registers (already scaled per key and group)
     {
-      const float a_g = alpha_sm[hb * 16 + g], a_g8 = alpha_sm[hb * 16 + g + 8];
-      if (__any_sync(0xffffffffu, a_g != 1.f || a_g8 != 1.f) || bt != 1.f) {
-        const float fg = a_g * bt, fg8 = a_g8 * bt;
+      if (any_grew || bt != 1.f) {
+        const float fg = alpha_sm[hb * 16 + g] * bt, fg8 = alpha_sm[hb * 16 + g + 8] * bt;
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
 #pragma unroll

@@ -22,6 +22,13 @@ __device__ __forceinline__ void di_mbar_arrive(void* bar) {
 __device__ __forceinline__ void di_named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
 }
+// the same barrier, also returning whether any of its threads passed p true (bar.red.or)
+__device__ __forceinline__ bool di_named_sync_or(int id, int threads, bool p) {
+  unsigned r;
+  asm volatile("{\n.reg .pred pi, po;\nsetp.ne.u32 pi, %1, 0;\nbarrier.red.or.pred po, %2, %3, pi;\nselp.u32 %0, 1, 0, po;\n}"
+               : "=r"(r) : "r"((unsigned)p), "r"(id), "r"(threads) : "memory");
+  return r != 0;
+}
 // ldmatrix.x4 (b16) at shared address a
 __device__ __forceinline__ void di_ldsm_x4_s(unsigned a, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
