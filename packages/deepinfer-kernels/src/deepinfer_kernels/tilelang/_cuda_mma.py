@@ -17,7 +17,9 @@ Eight consumer warps share one query row's 16 heads; warp w owns the latent dims
    partials of heads 2r, 2r + 1 (complete since the last half's barrier), scales them by
    2^(C - 127), runs their online softmax (LAZY: the reference maximum moves only by more than
    2^8, so alpha is mostly 1 and the rescale is skipped) and writes P (f16) and the rescale alpha
-   (two buffers too); one barrier a half;
+   (two buffers too); one barrier a half, whose OR reduction (``bar.red.or``) tells every warp
+   whether any head's maximum moved: if none did, PV starts without reading alpha (1.05x at
+   8,192 keys, H200 session 31);
 4. PV, ``mma.m16n8k16`` again: A = P, B = the same registers transposed in registers
    (``movmatrix``). The accumulators hold O in units of 2^(C - 127); a half where C grows rescales
    them by alpha x 2^(C_old - C_new).

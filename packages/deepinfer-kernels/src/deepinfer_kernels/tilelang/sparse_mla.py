@@ -232,7 +232,7 @@ def sparse_mla_attention_tilelang(q: torch.Tensor, kv_pool: torch.Tensor, indice
     the split-KV combine (``_build_bulk``). ``variant="regs"`` (experimental): the register-operand
     decode kernel (``sparse_mla_regs.py``) for every row, up to 16 heads at D 512. ``variant="mma"``
     (experimental): the warp-MMA decode kernel (``sparse_mla_mma.py``; those shapes and multiples of
-    16 heads), 1.20-1.30x ``bulk`` on the decode benchmarks, 1.09x on the engine's packed layout
+    16 heads), 1.17-1.37x ``bulk`` on the decode benchmarks, 1.11x on the engine's packed layout
     (H200, 2026-12-02, session 31).
     """
     require(variant in VARIANTS, f"variant={variant!r}: expected one of {VARIANTS}")

@@ -19,11 +19,11 @@ that the eight warps share; TileLang lays out the buffers and barriers and runs 
                         scale exponent and -inf mask -> ready[s]
     consumer warps 0-7: after ready[s]: two halves of QK, softmax, PV -> empty[s]
 
-Measured (H200, 2026-12-02, session 31 call 6; ``tools/sparse_mla_mma_ab.py`` with session 30's
-sources beside it, CUDA graphs, L2 flushed, 132 rows x 16 heads), us: 207.4 over KV blocks of 128 at
-8,192 keys (65.2% of copy; session 30's 224.6, ``bulk`` 271.6), 58.5 at 2,048 (63.4, 74.0), 107.2
-over random slots (102.7, 125.1) and 18.2 on the engine's packed layout (19.5, 19.8). Per 32-key
-half a warp issues ~265 instructions when no rescale is due. Not dispatched: `mini` decode end to
+Measured (H200, 2026-12-02, session 31 call 11; the README's benchmark command, CUDA graphs, L2
+flushed, 132 rows x 16 heads), us against ``bulk`` in the same run: 197.6 vs 270.1 over KV blocks of
+128 at 8,192 keys (68.4% of copy; session 30's kernel: 226.5), 56.4 vs 74.7 at 2,048 (61.2%), 106.6
+vs 124.4 over random slots, 17.8 vs 19.8 on the engine's packed layout. Per 32-key half a warp
+issues ~260 instructions when no rescale is due. Not dispatched: `mini` decode end to
 end (prompt 512, batch 1 / 64) ran 0.99x / 0.98x with session 30's version in "auto".
 
 Precision: Q goes to f16 with a power-of-two scale per head (its largest element in [2^14, 2^15)),
