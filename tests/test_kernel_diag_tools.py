@@ -4,6 +4,7 @@ fail, not time the base kernel), and builds its TileLang prim_func where TileLan
 tools/sparse_mla_decode_timeline.py: its marks land where it says and its phase arithmetic.
 tools/sparse_mla_regs_qk_probe.py: its probes replace the regs kernel's QK."""
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -178,9 +179,28 @@ def test_qk_probe_prim_func_builds():
 
 
 def test_mma_ab_build_specs():
-    assert sparse_mla_mma_ab.parse_build("bulk") == ("bulk", {})
-    assert sparse_mla_mma_ab.parse_build("mma") == ("mma", {})
-    assert sparse_mla_mma_ab.parse_build("mma:lazy_rescale=0;hw_cvt=1") == ("mma", {"lazy_rescale": 0, "hw_cvt": 1})
-    for bad in ("regs", "bulk:hw_cvt=0", "mma:lazy_rescale", "mma:hw_cvt=yes"):
+    assert sparse_mla_mma_ab.parse_build("bulk") == ("bulk", {}, None)
+    assert sparse_mla_mma_ab.parse_build("mma") == ("mma", {}, None)
+    assert sparse_mla_mma_ab.parse_build("mma:lazy_rescale=0;hw_cvt=1") == ("mma", {"lazy_rescale": 0, "hw_cvt": 1}, None)
+    assert sparse_mla_mma_ab.parse_build("mma@d93b62c:hw_cvt=0") == ("mma", {"hw_cvt": 0}, "d93b62c")
+    assert sparse_mla_mma_ab.parse_build("mma@HEAD~2") == ("mma", {}, "HEAD~2")
+    for bad in ("regs", "bulk:hw_cvt=0", "mma:lazy_rescale", "mma:hw_cvt=yes", "bulk@HEAD", "mma@a;b"):
         with pytest.raises(ValueError, match="build"):
             sparse_mla_mma_ab.parse_build(bad)
+
+
+def test_mma_ab_loads_a_revisions_kernel_sources():
+    """``mma@REV`` builds from the revision's three kernel files, wired to each other: at HEAD of a
+    clean checkout its CUDA source is the package's."""
+    root = Path(__file__).resolve().parent.parent
+    status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", sparse_mla_mma_ab.KERNEL_DIR],
+                            capture_output=True, text=True)
+    if status.returncode != 0 or status.stdout.strip():
+        pytest.skip("needs a git checkout with the kernel files as committed")
+    from deepinfer_kernels.tilelang import _cuda_mma, _cuda_warp
+
+    build = sparse_mla_mma_ab.load_revision_builder("HEAD", root)
+    module = sys.modules[build.__module__]
+    assert build.__name__ == "_build_mma" and module.__name__ == "sparse_mla_mma_HEAD"
+    assert module.MMA_SRC == _cuda_mma.MMA_SRC and module.WARP_SRC == _cuda_warp.WARP_SRC
+    assert sys.modules["_cuda_mma_HEAD"].__file__ != _cuda_mma.__file__

@@ -4,15 +4,22 @@ L2 flushed. 132 rows x 16 heads x D 512 over KV blocks of 128 at each width, ran
 keys and the engine's packed decode layout (docs/benchmarks.md, thirtieth session).
 
     python tools/sparse_mla_mma_ab.py --widths 2048,8192 --builds "bulk,mma,mma:lazy_rescale=0"
+    python tools/sparse_mla_mma_ab.py --widths 8192 --builds "mma@d93b62c,mma,mma@d93b62c,mma"
 
-A build is ``bulk`` / ``mma`` (the launcher's kernels) or ``mma:k=v;k=v`` (``_build_mma`` options,
-integer values).
+A build is ``bulk`` / ``mma`` (the launcher's kernels), ``mma:k=v;k=v`` (``_build_mma`` options,
+integer values) or ``mma@REV[:k=v;...]``: the kernel as a git revision had it (its
+``sparse_mla_mma.py``, ``_cuda_mma.py`` and ``_cuda_warp.py``; the rest of the package is the
+working tree's), to time a change against what it replaced in one process.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -21,18 +28,40 @@ COPY_TBS = 4.29
 ROWS, HEADS, D = 132, 16, 512
 
 
-def parse_build(spec: str) -> tuple[str, dict[str, int]]:
-    """``"mma:lazy_rescale=0;hw_cvt=1"`` -> ("mma", {"lazy_rescale": 0, "hw_cvt": 1}); ``"bulk"`` -> ("bulk", {})."""
+REV_FILES = ("sparse_mla_mma", "_cuda_mma", "_cuda_warp")     # what "mma@REV" takes from the revision
+KERNEL_DIR = "packages/deepinfer-kernels/src/deepinfer_kernels/tilelang"
+
+
+def parse_build(spec: str) -> tuple[str, dict[str, int], str | None]:
+    """``"mma:lazy_rescale=0;hw_cvt=1"`` -> ("mma", {"lazy_rescale": 0, "hw_cvt": 1}, None); ``"bulk"`` ->
+    ("bulk", {}, None); ``"mma@abc123:hw_cvt=0"`` -> ("mma", {"hw_cvt": 0}, "abc123")."""
     name, _, opts = spec.partition(":")
-    if name not in ("bulk", "mma") or (opts and name != "mma"):
-        raise ValueError(f"build {spec!r}: expected bulk, mma or mma:k=v;k=v")
+    name, _, rev = name.partition("@")
+    if name not in ("bulk", "mma") or ((opts or rev) and name != "mma") or (rev and not re.fullmatch(r"[\w./~^-]+", rev)):
+        raise ValueError(f"build {spec!r}: expected bulk, mma, mma:k=v;k=v or mma@REV[:k=v;k=v]")
     kw = {}
     for item in filter(None, opts.split(";")):
         key, eq, value = item.partition("=")
         if not eq or not value.lstrip("-").isdigit():
             raise ValueError(f"build {spec!r}: option {item!r} is not k=<int>")
         kw[key] = int(value)
-    return name, kw
+    return name, kw, rev or None
+
+
+def load_revision_builder(rev: str, root: Path | None = None):
+    """``_build_mma`` as revision ``rev`` had it: its three kernel files read with ``git show``, their
+    imports of each other pointed at the copies, imported from a temporary directory."""
+    root = root or Path(__file__).resolve().parent.parent
+    tag = re.sub(r"\W", "_", rev)
+    out = Path(tempfile.mkdtemp(prefix=f"mma_{tag}_"))
+    for stem in REV_FILES:
+        src = subprocess.run(["git", "-C", str(root), "show", f"{rev}:{KERNEL_DIR}/{stem}.py"],
+                             capture_output=True, text=True, check=True).stdout
+        for other in REV_FILES:
+            src = src.replace(f"deepinfer_kernels.tilelang.{other} import", f"{other}_{tag} import")
+        (out / f"{stem}_{tag}.py").write_text(src)
+    sys.path.insert(0, str(out))
+    return importlib.import_module(f"sparse_mla_mma_{tag}")._build_mma
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -59,11 +88,12 @@ def main(argv: list[str] | None = None) -> None:
     cases["random_w2048"] = T.make_sparse_mla_case(ROWS, HEADS, D, 2048, slots, "cuda", pool=pool, distinct=True, seed=1)
     cases["engine_packed"] = T.make_engine_decode_case(ROWS, HEADS, D, 128, 16, 16, 4, slots, "cuda", pool=pool, seed=5,
                                                        packed=True)
-    kernels = {spec: compile_variant(_build_mma(HEADS, D, False, **kw)) for spec, name, kw in builds if kw}
+    kernels = {spec: compile_variant((load_revision_builder(rev) if rev else _build_mma)(HEADS, D, False, **kw))
+               for spec, name, kw, rev in builds if kw or rev}
     for case_name, c in cases.items():
         ref_out, ref_lse = sparse_mla_attention_ref(c.q, c.pool, c.indices, c.sm_scale)
         finite = torch.isfinite(ref_lse)
-        for spec, name, _ in builds:
+        for spec, name, _, _ in builds:
             run = _runner(c, name, kernels.get(spec), LOG2E, sparse_mla_attention_tilelang)
             out, lse = run()
             torch.cuda.synchronize()
