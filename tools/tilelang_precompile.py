@@ -61,8 +61,9 @@ def _specs():
     add("sparse_mla", "sparse_mla", [("get_shared_keys_kernel", (128, 4))])   # quads of window-only rows
     # the experimental register-operand decode kernel (variant="regs": heads <= 16 at D 512, whole rows and split)
     add("sparse_mla_regs", "sparse_mla", [("get_kernel", (h, 512, "regs", split)) for h in (8, 16) for split in (False, True)])
-    # the experimental warp-MMA decode kernel (variant="mma": the same shapes)
-    add("sparse_mla_mma", "sparse_mla", [("get_kernel", (h, 512, "mma", split)) for h in (8, 16) for split in (False, True)])
+    # the experimental warp-MMA decode kernel (variant="mma": up to 16 heads or a multiple, a CTA per 16)
+    add("sparse_mla_mma", "sparse_mla", [("get_kernel", (h, 512, "mma", split)) for h in (8, 16, 32, 64)
+                                         for split in (False, True)])
     # the experimental two-consumer bulk kernel (sparse_mla_attention_tilelang(..., consumers=2)), untrimmed and trimmed
     add("sparse_mla", "sparse_mla", [("get_kernel", (16, 512, "bulk", True, 16, 0, trim, 2)) for trim in (False, True)])
 
