@@ -9,9 +9,8 @@ warpgroups each carry their own copy of the code and stall on instruction fetch.
 Here the 16 heads are the M of ``mma.sync.m16n8k16``, so no operand is padded and every operand is
 a register: eight consumer warps split the 512 latent dims (64 each), convert their bytes to f16
 once (times each key's group scale over the row's largest, ``kfac``), and use the same registers
-for QK and (transposed with ``movmatrix``) for PV. The warps'
-partial scores meet once per 32 keys in shared memory (4 KB a warp), where each warp runs the
-online softmax of two heads. All the consumer code is one CUDA function (``_cuda_mma.MMA_SRC``)
+for QK and (transposed with ``movmatrix``) for PV. The warps' partial scores meet once per 32 keys
+in shared memory (4 KB a warp), where each warp runs the online softmax of two heads. All the consumer code is one CUDA function (``_cuda_mma.MMA_SRC``)
 that the eight warps share; TileLang lays out the buffers and barriers and runs the producers:
 
     producer warp 0:    block i + NST -> K8[s]  (after empty[s]; TMA bulk copies, bytes on full[s])
@@ -23,8 +22,8 @@ Measured (H200, 2026-12-02, session 31 call 11; the README's benchmark command, 
 flushed, 132 rows x 16 heads), us against ``bulk`` in the same run: 197.6 vs 270.1 over KV blocks of
 128 at 8,192 keys (68.4% of copy; session 30's kernel: 226.5), 56.4 vs 74.7 at 2,048 (61.2%), 106.6
 vs 124.4 over random slots, 17.8 vs 19.8 on the engine's packed layout. Per 32-key half a warp
-issues ~260 instructions when no rescale is due. Not dispatched: `mini` decode end to
-end (prompt 512, batch 1 / 64) ran 0.99x / 0.98x with session 30's version in "auto".
+issues ~260 instructions when no rescale is due. Not dispatched: `mini` decode end to end (prompt
+512, batch 1 / 64) ran 0.99x / 0.98x with session 30's version in "auto".
 
 Precision: Q goes to f16 with a power-of-two scale per head (its largest element in [2^14, 2^15)),
 K / V are f16 (``hw_cvt``: the hardware e4m3 -> f16 conversion; otherwise three integer operations
