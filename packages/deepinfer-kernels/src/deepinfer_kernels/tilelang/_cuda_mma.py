@@ -43,16 +43,16 @@ MMA_SRC = r"""
 #define DI_MMA_SRC
 // ---------------------------------------------------------------- per-stage tables (PW warps)
 // One exponent for the whole row: C, the running maximum of every scale byte seen so far (after
-// each 32-key half; never lower than before: the prep warps keep the same). For the stage's 64 keys (two halves of 32; lane = key
-// within the half) and prep warp pw's groups G in [16 pw / PW, 16 (pw + 1) / PW): the key factor
-// kfac[G * 64 + 32 hb + 4 (k % 8) + k / 8] = f16 2^(s - C + SHIFT) in both halves of a word (0 for
-// s = 0 or an invalid key; k the key in its half, stored in the order a consumer lane reads its four
-// 8-key tiles), and per half (warp 0) the accumulators' rescale beta[hb] = 2^(C_before - C_after)
-// and the exponent cabs[hb] = C_after. Warp 0 also writes vm (0 / -inf) and, with HW, zeroes
-// invalid keys' bytes (never copied; the hardware conversion keeps NaN, and 0 x NaN is NaN). crun:
-// the running C. TL: clock64() of warp 0 at the start and end into
-// marks[9 * 256 + i], marks[10 * 256 + i] (the timeline tool; marks: the float buffer mark_buf from
-// float mark_row on).
+// each 32-key half; never lower than before; every prep warp computes the same, so none waits for
+// another). For the stage's 64 keys (two halves of 32; lane = key within the half) and prep warp
+// pw's groups G in [16 pw / PW, 16 (pw + 1) / PW): the key factor kfac[G * 64 + 32 hb + 4 (k % 8) +
+// k / 8] = f16 2^(s - C + SHIFT) in both halves of a word (0 for s = 0 or an invalid key; k the key
+// in its half, stored in the order a consumer lane reads its four 8-key tiles), and per half
+// (warp 0) the accumulators' rescale beta[hb] = 2^(C_before - C_after) and the exponent
+// cabs[hb] = C_after. Warp 0 also writes vm (0 / -inf) and, with HW, zeroes invalid keys' bytes
+// (never copied; the hardware conversion keeps NaN, and 0 x NaN is NaN). crun: the running C. TL:
+// clock64() of warp 0 at the start and end into marks[9 * 256 + i], marks[10 * 256 + i] (the
+// timeline tool; marks: the float buffer mark_buf from float mark_row on).
 __device__ __forceinline__ float di_pow2f(int e) {       // 2^e, 0 below float's normal range
   return e >= -126 ? __uint_as_float((unsigned)(e + 127) << 23) : 0.f;
 }
