@@ -8,8 +8,9 @@ keys and the engine's packed decode layout (docs/benchmarks.md, thirtieth sessio
 
 A build is ``bulk`` / ``mma`` (the launcher's kernels), ``mma:k=v;k=v`` (``_build_mma`` options,
 integer values) or ``mma@REV[:k=v;...]``: the kernel as a git revision had it (its
-``sparse_mla_mma.py``, ``_cuda_mma.py`` and ``_cuda_warp.py``; the rest of the package is the
-working tree's), to time a change against what it replaced in one process.
+``sparse_mla_mma.py``, ``_cuda_mma.py``, ``_cuda_warp.py`` and, where it has one, ``_cuda_mma_teams.py``;
+the rest of the package is the working tree's), to time a change against what it replaced in one
+process.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ COPY_TBS = 4.29
 ROWS, HEADS, D = 132, 16, 512
 
 
-REV_FILES = ("sparse_mla_mma", "_cuda_mma", "_cuda_warp")     # what "mma@REV" takes from the revision
+# what "mma@REV" takes from the revision (those it has: the two-team consumer came later)
+REV_FILES = ("sparse_mla_mma", "_cuda_mma", "_cuda_warp", "_cuda_mma_teams")
 KERNEL_DIR = "packages/deepinfer-kernels/src/deepinfer_kernels/tilelang"
 
 
@@ -58,8 +60,12 @@ def load_revision_builder(rev: str, root: Path | None = None):
     tag = re.sub(r"\W", "_", rev)
     out = Path(tempfile.mkdtemp(prefix=f"mma_{tag}_"))
     for stem in REV_FILES:
-        src = subprocess.run(["git", "-C", str(root), "show", f"{rev}:{KERNEL_DIR}/{stem}.py"],
-                             capture_output=True, text=True, check=True).stdout
+        shown = subprocess.run(["git", "-C", str(root), "show", f"{rev}:{KERNEL_DIR}/{stem}.py"],
+                               capture_output=True, text=True)
+        if shown.returncode != 0 and stem == "_cuda_mma_teams":
+            continue
+        shown.check_returncode()
+        src = shown.stdout
         for other in REV_FILES:
             src = src.replace(f"deepinfer_kernels.tilelang.{other} import", f"{other}_{tag} import")
         (out / f"{stem}_{tag}.py").write_text(src)

@@ -16,7 +16,7 @@ SMEM_PER_BLOCK = 232_448        # SM90 opt-in maximum, static + dynamic
 
 
 @functools.cache
-def _lower(split: bool, hw_cvt: bool) -> tuple[str, int]:
+def _lower(split: bool, hw_cvt: bool, teams: bool) -> tuple[str, int]:
     import tilelang
     from tilelang import tvm
 
@@ -25,26 +25,30 @@ def _lower(split: bool, hw_cvt: bool) -> tuple[str, int]:
 
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
     with tvm.transform.PassContext(config=NO_AUTO_SYNC), target:
-        art = tilelang.lower(_build_mma(16, 512, split, hw_cvt=hw_cvt), target=target)
+        art = tilelang.lower(_build_mma(16, 512, split, hw_cvt=hw_cvt, teams=teams), target=target)
     (dyn,) = [int(n) for n in re.findall(r"buf_dyn_shmem = T\.alloc_buffer\(\((\d+),\)", str(art.device_mod.script()))]
     return art.kernel_source, dyn
 
 
-@pytest.fixture(params=[(False, True), (True, True), (False, False)], ids=["whole_rows", "split", "intcvt"])
+@pytest.fixture(params=[(False, True, True), (True, True, True), (False, False, True), (False, True, False),
+                        (True, True, False)],
+                ids=["whole_rows", "split", "intcvt", "one_team", "one_team_split"])
 def lowered(request):
     pytest.importorskip("tilelang")
-    split, hw_cvt = request.param
-    return split, *_lower(split, hw_cvt)
+    split, hw_cvt, teams = request.param
+    return split, teams, *_lower(split, hw_cvt, teams)
 
 
 def test_one_consumer_call_and_no_guard(lowered):
-    """All eight consumer warps run one inlined copy of ``di_mma_consumer`` (what keeps the code small:
+    """All eight consumer warps run one inlined copy of ``di_mma_consumer`` (or of the two-team
+    ``di_mma_teams_consumer``; what keeps the code small:
     ``regs`` carries one per warpgroup), and in a whole-row build TileLang wraps no CUDA call in a
     row-bounds check: an index into the one-row ``Opart`` that launch passes would make it skip every
     CTA but the first (the kernel then hung, 2026-12-02). A split build indexes ``Opart[sp, r]``, whose
     ``RP`` is the row count: its ``r < RP`` check always holds."""
-    split, src, dyn = lowered
-    assert len(re.findall(r"di_mma_consumer<[^>]*>\(", src)) == 1
+    split, teams, src, dyn = lowered
+    consumer = "di_mma_teams_consumer" if teams else "di_mma_consumer"
+    assert len(re.findall(consumer + r"<[^>]*>\(", src)) == 1
     assert len(re.findall(r"di_mma_prep<[^>]*>\(", src)) == 1
     assert ("< RP)" in src) == split and "< NS)" not in src
     assert "wgmma" not in src                         # mma.sync only
@@ -53,13 +57,13 @@ def test_one_consumer_call_and_no_guard(lowered):
 
 
 def test_split_writes_partials(lowered):
-    split, src, _ = lowered
-    assert re.search(r"di_mma_consumer<528, 512, 4, 16, 40, (true|false)", src).group(1) == ("true" if split else "false")
+    split, _, src, _ = lowered
+    assert re.search(r"consumer<528, 512, 4, 16, 40, (true|false)", src).group(1) == ("true" if split else "false")
     assert ("Lpart[" in src) == split and ("Lse[" in src) == (not split)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 def test_no_register_spill(lowered, ptxas_report):
-    split, src, _ = lowered
+    split, _, src, _ = lowered
     report = ptxas_report(src)
     assert "0 bytes spill stores, 0 bytes spill loads" in report, (split, report[-1000:])

@@ -138,15 +138,17 @@ MMA_CASES = [
 ]
 
 
-@pytest.mark.parametrize("build_kw", [{}, dict(hw_cvt=False), dict(lazy_rescale=False)],
-                         ids=["default", "intcvt", "exact_rescale"])
+@pytest.mark.parametrize("build_kw", [{}, dict(hw_cvt=False), dict(lazy_rescale=False), dict(teams=True),
+                                      dict(teams=True, hw_cvt=False, lazy_rescale=False)],
+                         ids=["default", "intcvt", "exact_rescale", "teams", "teams_intcvt_exact_rescale"])
 @pytest.mark.parametrize("rows,heads,width,num_splits,kw", MMA_CASES)
 def test_mma_kernel_matches_the_reference_and_bulk(rows, heads, width, num_splits, kw, build_kw):
     """The warp-MMA decode kernel (``sparse_mla_mma.py``: 16 heads as the M of ``mma.m16n8k16``, eight
     warps splitting the latent dims, f16 operands converted once and transposed in registers) against
     the reference and the bulk kernel: the default build (the hardware e4m3 conversion, the lazy
     rescale) through the variant's launcher, and builds with the integer conversion or a rescale
-    whenever a maximum grows, compiled here with the same call."""
+    whenever a maximum grows, or the two-team consumer (``_cuda_mma_teams.py``), compiled here with the
+    same call."""
     from deepinfer_kernels.tilelang import sparse_mla as launcher
     from deepinfer_kernels.tilelang._common import TARGET
     from deepinfer_kernels.tilelang.sparse_mla_builders import NO_AUTO_SYNC
@@ -181,14 +183,16 @@ def test_mma_kernel_matches_the_reference_and_bulk(rows, heads, width, num_split
     T.check_close_to_kernel(out, lse, bulk_out, bulk_lse, lse_atol=1e-3, out_atol=1e-2 * pool_scale)
 
 
+@pytest.mark.parametrize("teams", [False, True], ids=["one_team", "teams"])
 @pytest.mark.parametrize("hw_cvt", [True, False], ids=["hwcvt", "intcvt"])
-def test_mma_one_exponent_a_row_bounds_the_error_of_far_smaller_groups(hw_cvt):
+def test_mma_one_exponent_a_row_bounds_the_error_of_far_smaller_groups(hw_cvt, teams):
     """The mma kernel carries one scale exponent a row (C, the largest group scale so far): a value of a
     group whose scale sits more than 2^15 below it becomes an f16 subnormal (fewer bits), and past
     2^24 below (its f16 factor 0), zero. With one valid key per row the output is that record's
     values, so the error is that rounding alone: under 2^-25 of the largest value the largest scale
     expresses (448 x 2^(C - 127)), on records whose group scales span up to 2^40; within 2^15 of the
-    largest every value stays exact."""
+    largest every value stays exact. The two-team consumer keeps one exponent per team (per half of
+    every stage): the same bound."""
     import tilelang
 
     from deepinfer_kernels.ops.kv_fp8 import dequantize_kv_fp8_ref
@@ -209,7 +213,8 @@ def test_mma_one_exponent_a_row_bounds_the_error_of_far_smaller_groups(hw_cvt):
     idx = torch.full((rows, 64), -1, dtype=torch.int32)
     slot_of_row = torch.randperm(slots, generator=g)[:rows]
     idx[torch.arange(rows), torch.randint(0, 64, (rows,), generator=g)] = slot_of_row.int()
-    kernel = tilelang.compile(_build_mma(16, 512, False, hw_cvt=hw_cvt), target=TARGET, pass_configs=NO_AUTO_SYNC)
+    kernel = tilelang.compile(_build_mma(16, 512, False, hw_cvt=hw_cvt, teams=teams), target=TARGET,
+                              pass_configs=NO_AUTO_SYNC)
     original = launcher.get_kernel
     launcher.get_kernel = lambda h, dd, variant, split, *a, **k: (kernel if variant == "mma" and not split
                                                                   else original(h, dd, variant, split, *a, **k))

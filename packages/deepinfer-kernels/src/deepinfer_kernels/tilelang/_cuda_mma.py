@@ -49,14 +49,15 @@ MMA_SRC = r"""
 // k / 8] = f16 2^(s - C + SHIFT) in both halves of a word (0 for s = 0 or an invalid key; k the key
 // in its half, stored in the order a consumer lane reads its four 8-key tiles), and per half
 // (warp 0) the accumulators' rescale beta[hb] = 2^(C_before - C_after) and the exponent
-// cabs[hb] = C_after. Warp 0 also writes vm (0 / -inf) and, with HW, zeroes invalid keys' bytes
-// (never copied; the hardware conversion keeps NaN, and 0 x NaN is NaN). crun: the running C. TL:
+// cabs[hb] = C_after (TEAMS: C runs over each half's keys apart, for the two-team consumer of
+// _cuda_mma_teams.py). Warp 0 also writes vm (0 / -inf) and, with HW, zeroes invalid keys' bytes
+// (never copied; the hardware conversion keeps NaN, and 0 x NaN is NaN). crun: the running C (TEAMS: two). TL:
 // clock64() of warp 0 at the start and end into marks[9 * 256 + i], marks[10 * 256 + i] (the
 // timeline tool; marks: the float buffer mark_buf from float mark_row on).
 __device__ __forceinline__ float di_pow2f(int e) {       // 2^e, 0 below float's normal range
   return e >= -126 ? __uint_as_float((unsigned)(e + 127) << 23) : 0.f;
 }
-template <int REC, int D, bool HW, bool TL, int PW>
+template <int REC, int D, bool HW, bool TL, int PW, bool TEAMS>
 __device__ __forceinline__ void di_mma_prep(unsigned char* stage, const int* ix, float* vm, unsigned* kfac,
                                             float* beta, int* cabs, int* crun, int pw, int lane,
                                             void* mark_buf, int mark_row, int i) {
@@ -91,11 +92,13 @@ __device__ __forceinline__ void di_mma_prep(unsigned char* stage, const int* ix,
       }
     }
   }
-  const int c0 = *crun;
-  const int c1 = max(c0, (int)__reduce_max_sync(0xffffffffu, (unsigned)kmax[0]));
-  const int c2 = max(c1, (int)__reduce_max_sync(0xffffffffu, (unsigned)kmax[1]));
-  *crun = c2;
-  const int C[2] = {c1, c2};
+  // one running exponent over both halves, or (TEAMS: each half has its own consumer team) one per half
+  const int m0 = (int)__reduce_max_sync(0xffffffffu, (unsigned)kmax[0]);
+  const int m1 = (int)__reduce_max_sync(0xffffffffu, (unsigned)kmax[1]);
+  const int before[2] = {crun[0], TEAMS ? crun[1] : max(crun[0], m0)};
+  const int C[2] = {max(crun[0], m0), TEAMS ? max(crun[1], m1) : max(max(crun[0], m0), m1)};
+  crun[0] = TEAMS ? C[0] : C[1];
+  if (TEAMS) crun[1] = C[1];
   const int slot = 4 * (lane & 7) + (lane >> 3);         // the key's place among a consumer lane's four
 #pragma unroll
   for (int G = 0; G < GW; ++G)
@@ -108,13 +111,61 @@ __device__ __forceinline__ void di_mma_prep(unsigned char* stage, const int* ix,
       kfac[(g0 + G) * 64 + 32 * hb + slot] = fw;
     }
   if (pw == 0 && lane == 0) {
-    beta[0] = di_pow2f(c0 - c1);
-    beta[1] = di_pow2f(c1 - c2);
-    cabs[0] = c1;
-    cabs[1] = c2;
+    beta[0] = di_pow2f(before[0] - C[0]);
+    beta[1] = di_pow2f(before[1] - C[1]);
+    cabs[0] = C[0];
+    cabs[1] = C[1];
   }
   if (HW && pw == 0) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // zeroes before later TMA writes
   if (TL && pw == 0 && lane == 0) marks[10 * 256 + i] = clock64();
+}
+// ---------------------------------------------------------------- Q (both consumers)
+// Per-head power-of-two scale to f16 (max |q| in [2^14, 2^15)). qsm[h] = max |q_h| (256 threads, 16 a head)
+template <int H, int D>
+__device__ __forceinline__ void di_mma_q_maxima(const unsigned short* q, float* qsm, int tx) {
+  static_assert(D == 512, "16 threads x 32 dims a head");
+  const int hq = tx >> 4, part = tx & 15;
+  float mx = 0.f;
+  if (hq < H) {
+    const uint4* qp = reinterpret_cast<const uint4*>(q + hq * D + 32 * part);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint4 v = qp[i];
+      const unsigned u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        mx = fmaxf(mx, fmaxf(fabsf(__uint_as_float(u[k] << 16)), fabsf(__uint_as_float(u[k] & 0xffff0000u))));
+    }
+  }
+#pragma unroll
+  for (int o = 1; o < 16; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if (part == 0) qsm[hq] = mx;
+}
+__device__ __forceinline__ int di_mma_q_exp(const float* qsm, int h) {   // a: max |q_h| 2^a in [2^14, 2^15)
+  const float mx = qsm[h];
+  int e = 0;
+  frexpf(mx, &e);
+  return mx > 0.f ? 15 - e : 0;
+}
+// The mma A fragments of NC 16-dim chunks from dim d0 (lane g, t: heads g, g + 8; dims 4t .. 4t + 3 of
+// each chunk, the permuted k order), after di_mma_q_maxima's barrier.
+template <int H, int D, int NC>
+__device__ __forceinline__ void di_mma_q_fragments(const unsigned short* q, const float* qsm, int d0, int g, int t,
+                                                   unsigned (&qa)[NC][4]) {
+  const float up_g = ldexpf(1.f, di_mma_q_exp(qsm, g)), up_g8 = ldexpf(1.f, di_mma_q_exp(qsm, g + 8));
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+    const int dim = d0 + 16 * c + 4 * t;
+    uint2 vg = make_uint2(0u, 0u), vg8 = make_uint2(0u, 0u);
+    if (g < H) vg = *reinterpret_cast<const uint2*>(q + g * D + dim);
+    if (g + 8 < H) vg8 = *reinterpret_cast<const uint2*>(q + (g + 8) * D + dim);
+    auto lo = [](unsigned u) { return __uint_as_float(u << 16); };
+    auto hi = [](unsigned u) { return __uint_as_float(u & 0xffff0000u); };
+    qa[c][0] = di_f16x2(lo(vg.x) * up_g, hi(vg.x) * up_g);          // head g, dims 4t, 4t + 1
+    qa[c][1] = di_f16x2(lo(vg8.x) * up_g8, hi(vg8.x) * up_g8);      // head g + 8
+    qa[c][2] = di_f16x2(lo(vg.y) * up_g, hi(vg.y) * up_g);          // head g, dims 4t + 2, 4t + 3
+    qa[c][3] = di_f16x2(lo(vg8.y) * up_g8, hi(vg8.y) * up_g8);
+  }
 }
 // ---------------------------------------------------------------- the consumer (256 threads)
 // Shared buffers: K8 [NST][64][REC], vm [NST][64], kfac [NST][16][64], beta / cabs [NST][2],
@@ -132,58 +183,19 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
                                                 float* S_red, unsigned short* P_sm, float* alpha_sm, float* qsm,
                                                 float* fin_sm, void* ready, void* empty, int nblk, const void* q_row,
                                                 void* out_row, float* lse_row, float scale, int tx,
-                                                void* mark_buf, int mark_row) {
+                                                void* mark_buf, int mark_row, int /*keys*/, int /*bps*/) {
   long long* marks = reinterpret_cast<long long*>(reinterpret_cast<float*>(mark_buf) + (size_t)mark_row * H * D);
   static_assert(D == 512 && H <= 16, "mma: D 512, up to 16 heads");
   const float NEG_INF = __int_as_float(0xff800000);
   constexpr float LAZY_TAU = 8.f;                          // log2 units: P <= 2^8 between rescales
   const int w = tx >> 5, lane = tx & 31, g = lane >> 2, t = lane & 3;
   const unsigned short* q = reinterpret_cast<const unsigned short*>(q_row);   // bf16 bits
-  // ---- Q: per-head power-of-two scale to f16 (max |q| in [2^14, 2^15)), the warp's A fragments
-  {
-    const int hq = tx >> 4, part = tx & 15;
-    float mx = 0.f;
-    if (hq < H) {
-      const uint4* qp = reinterpret_cast<const uint4*>(q + hq * D + 32 * part);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint4 v = qp[i];
-        const unsigned u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-          mx = fmaxf(mx, fmaxf(fabsf(__uint_as_float(u[k] << 16)), fabsf(__uint_as_float(u[k] & 0xffff0000u))));
-      }
-    }
-#pragma unroll
-    for (int o = 1; o < 16; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    if (part == 0) qsm[hq] = mx;
-  }
+  di_mma_q_maxima<H, D>(q, qsm, tx);
   di_named_sync(3, 256);
-  auto qexp = [&](int h) {                                 // a with max |q_h| 2^a in [2^14, 2^15)
-    const float mx = qsm[h];
-    int e = 0;
-    frexpf(mx, &e);
-    return mx > 0.f ? 15 - e : 0;
-  };
   unsigned qa[4][4];                                       // [chunk c][A register]
-  {
-    const float up_g = ldexpf(1.f, qexp(g)), up_g8 = ldexpf(1.f, qexp(g + 8));
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int dim = 64 * w + 16 * c + 4 * t;
-      uint2 vg = make_uint2(0u, 0u), vg8 = make_uint2(0u, 0u);
-      if (g < H) vg = *reinterpret_cast<const uint2*>(q + g * D + dim);
-      if (g + 8 < H) vg8 = *reinterpret_cast<const uint2*>(q + (g + 8) * D + dim);
-      auto lo = [](unsigned u) { return __uint_as_float(u << 16); };
-      auto hi = [](unsigned u) { return __uint_as_float(u & 0xffff0000u); };
-      qa[c][0] = di_f16x2(lo(vg.x) * up_g, hi(vg.x) * up_g);          // head g, dims 4t, 4t + 1
-      qa[c][1] = di_f16x2(lo(vg8.x) * up_g8, hi(vg8.x) * up_g8);      // head g + 8
-      qa[c][2] = di_f16x2(lo(vg.y) * up_g, hi(vg.y) * up_g);          // head g, dims 4t + 2, 4t + 3
-      qa[c][3] = di_f16x2(lo(vg8.y) * up_g8, hi(vg8.y) * up_g8);
-    }
-  }
+  di_mma_q_fragments<H, D, 4>(q, qsm, 64 * w, g, t, qa);
   const int hr = 2 * w + (lane >> 4), kk = 2 * (lane & 15);     // this lane's softmax head and key pair
-  const float qinv = ldexpf(1.f, -qexp(hr)) * scale;
+  const float qinv = ldexpf(1.f, -di_mma_q_exp(qsm, hr)) * scale;
   float m_run = NEG_INF;
   float O[4][2][4];                                        // [chunk c][dims 4t + {0,1} / + {2,3}][C register]
 #pragma unroll
@@ -299,8 +311,9 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
       *reinterpret_cast<unsigned*>(P_sm + hb * 16 * SST + hr * SST + kk) = di_f16x2(p0, p1);
       if ((lane & 15) == 0) alpha_sm[hb * 16 + hr] = alpha;
     }
-    qk_store(acc, S_red + (1 - hb) * RED);
-    // ---- before the barrier: this half's registers transposed for PV
+    // ---- before the barrier: this half's registers transposed for PV, then the next half's partials
+    // stored (after them, so ptxas interleaves the transposes with the next half's mma instead of
+    // leaving them between the stores and the barrier)
     unsigned vt[4][4][2];                                  // [8-key tile j][chunk c][lo / hi], transposed
 #pragma unroll
     for (int j = 0; j < 4; ++j)
@@ -313,6 +326,7 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
     // only past the rescale branch below) sank past the barrier, onto PV's critical path. A branch
     // never taken (beta is a power of two) ends their block here: 1.02x (H200, session 31).
     if (bt < 0.f) __trap();
+    qk_store(acc, S_red + (1 - hb) * RED);
     mark(2 + 4 * hb);
     const bool any_grew = di_named_sync_or(2, 256, grew);  // P and alpha complete; did any head's maximum move
     mark(3 + 4 * hb);

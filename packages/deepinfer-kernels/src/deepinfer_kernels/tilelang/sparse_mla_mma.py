@@ -41,6 +41,7 @@ the accumulators' rescale; the result is the same softmax, referred to another m
 from deepinfer_kernels.tilelang._common import PDL, pdl_sync
 from deepinfer_kernels.tilelang._cuda import BULK_COPY_SRC
 from deepinfer_kernels.tilelang._cuda_mma import MMA_SRC
+from deepinfer_kernels.tilelang._cuda_mma_teams import MMA_TEAMS_SRC
 from deepinfer_kernels.tilelang._cuda_warp import WARP_SRC
 from deepinfer_kernels.tilelang.sparse_mla_builders import BLOCK_TOKENS, _record_bytes
 from deepinfer_kernels.tilelang.sparse_mla_bulk import _bulk_macros, _issue_stream_macro
@@ -52,17 +53,19 @@ HW_CVT = True             # the hardware e4m3 -> f16 conversion (else the intege
 SCORE_STRIDE = 40         # row stride (floats / halves) of the partial scores and of P (_cuda_mma's SST)
 PREP_WARPS = 2            # producer warps building the stage tables (8 scale groups each)
 LAZY_RESCALE = True       # the softmax's reference maximum moves only by more than 2^8 (_cuda_mma's LAZY)
+TEAMS = True              # two consumer teams, one per half of each stage (_cuda_mma_teams.py)
 
 
 def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline: bool = False,
-               lazy_rescale: bool = LAZY_RESCALE):
+               lazy_rescale: bool = LAZY_RESCALE, teams: bool = TEAMS):
     """Warp-MMA decode kernel; same signature and dynamic shapes as ``_build_bulk`` / ``_build_regs``
     (one query row x up to 16 heads per CTA: more heads, a multiple of 16, take a CTA per 16, each
     reading the row's records; ``bps`` blocks per split). ``timeline`` (not split, 16 heads):
     clock64() marks of consumer thread 0 and the prep warp into the row's ``Opart[0, r]``
     viewed as int64 (``tools/sparse_mla_decode_timeline.py mma``). The mark buffer goes in as
     ``Opart``'s base and the row's offset: an index ``Opart[0, r]`` would make TileLang guard the
-    call with ``r < RP``, and the whole-row launch passes a one-row ``Opart``."""
+    call with ``r < RP``, and the whole-row launch passes a one-row ``Opart``. ``teams``: the
+    two-team consumer (``_cuda_mma_teams.py``; no timeline marks)."""
     import tilelang.language as T
 
     BI = BLOCK_TOKENS
@@ -76,10 +79,17 @@ def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline:
     assert not (timeline and H > 16), "timeline marks: one CTA a row"
     issue_stream = _issue_stream_macro(T, *_bulk_macros(T, d, 1)[:2], NST)
     assert not (timeline and split), "timeline marks go into Opart: whole rows only"
+    assert not (timeline and teams), "timeline marks: the one-team consumer"
     hw, tl, lazy = ("true" if flag else "false" for flag in (hw_cvt, timeline, lazy_rescale))
-    CONSUME = f"di_mma_consumer<{REC}, {d}, {NST}, {HC}, {SCORE_STRIDE}, {'true' if split else 'false'}, {hw}, {tl}, {lazy}>"
+    sp_ = "true" if split else "false"
+    if teams:
+        CONSUME = f"di_mma_teams_consumer<{REC}, {d}, {NST}, {HC}, {SCORE_STRIDE}, {sp_}, {hw}, {lazy}>"
+    else:
+        CONSUME = f"di_mma_consumer<{REC}, {d}, {NST}, {HC}, {SCORE_STRIDE}, {sp_}, {hw}, {tl}, {lazy}>"
     PW = PREP_WARPS
-    PREP = f"di_mma_prep<{REC}, {d}, {hw}, {tl}, {PW}>"
+    PREP = f"di_mma_prep<{REC}, {d}, {hw}, {tl}, {PW}, {'true' if teams else 'false'}>"
+    FIN = 64 if teams else 16     # per head: the row's 1 / l (teams: each team's maximum and sum)
+    CRUN = 2 if teams else 1      # running scale exponents (teams: one per half)
 
     R = T.dynamic("R")
     W = T.dynamic("W")
@@ -104,7 +114,7 @@ def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline:
             h0 = bx % HG * HC
             if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
                 T.evaluate(pdl_sync())
-            T.import_source(BULK_COPY_SRC + WARP_SRC + MMA_SRC)
+            T.import_source(BULK_COPY_SRC + WARP_SRC + MMA_SRC + (MMA_TEAMS_SRC if teams else ""))
             K8 = T.alloc_shared((NST, BI, REC), T.uint8)
             ix_s = T.alloc_shared((NST, BI), T.int32)
             vm = T.alloc_shared((NST, BI), T.float32)
@@ -115,7 +125,7 @@ def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline:
             P_sm = T.alloc_shared((2, 16, SCORE_STRIDE), T.uint16)
             alpha_sm = T.alloc_shared((2, 16), T.float32)
             qsm = T.alloc_shared((16,), T.float32)
-            fin_sm = T.alloc_shared((16,), T.float32)
+            fin_sm = T.alloc_shared((FIN,), T.float32)
             full = T.alloc_barrier(arrive_count=[1] * NST)
             ready = T.alloc_barrier(arrive_count=[32 * PW] * NST)
             empty = T.alloc_barrier(arrive_count=[8] * NST)
@@ -134,7 +144,7 @@ def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline:
                                   T.access_ptr(fin_sm[0], "rw"), T.access_ptr(ready[0], "rw"),
                                   T.access_ptr(empty[0], "rw"), nblk, T.access_ptr(Q[r, h0, 0], "r"),
                                   T.access_ptr(Opart[sp, r, h0, 0], "w"), T.access_ptr(Lpart[sp, r, h0], "w"), scale, tx,
-                                  T.access_ptr(Opart[0, 0, 0, 0], "w"), r)
+                                  T.access_ptr(Opart[0, 0, 0, 0], "w"), r, W, bps)
                 else:
                     T.call_extern("handle", CONSUME, T.access_ptr(K8[0, 0, 0], "r"), T.access_ptr(vm[0, 0], "r"),
                                   T.access_ptr(kfac[0, 0, 0], "r"), T.access_ptr(beta[0, 0], "r"),
@@ -144,7 +154,7 @@ def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline:
                                   T.access_ptr(fin_sm[0], "rw"), T.access_ptr(ready[0], "rw"),
                                   T.access_ptr(empty[0], "rw"), nblk, T.access_ptr(Q[r, h0, 0], "r"),
                                   T.access_ptr(Out[r, h0, 0], "w"), T.access_ptr(Lse[r, h0], "w"), scale, tx,
-                                  T.access_ptr(Opart[0, 0, 0, 0], "w"), r)
+                                  T.access_ptr(Opart[0, 0, 0, 0], "w"), r, W, bps)
             else:
                 T.set_max_nreg(MMA_PRODUCER_REGS, 0)
                 tp = tx - 256
@@ -153,8 +163,9 @@ def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline:
                 elif tp < 32 * (1 + PW):
                     pw = tp // 32 - 1
                     lane = tp % 32
-                    crun = T.alloc_local((1,), T.int32)    # the row's running scale exponent
-                    crun[0] = 0
+                    crun = T.alloc_local((CRUN,), T.int32)    # the row's running scale exponent(s)
+                    for c in T.serial(CRUN):
+                        crun[c] = 0
                     for i in T.serial(nblk):
                         s = i % NST
                         T.barrier_wait(full[s], (i // NST) & 1)

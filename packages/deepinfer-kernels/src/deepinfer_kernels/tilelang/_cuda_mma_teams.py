@@ -1,0 +1,255 @@
+"""CUDA device code of the warp-MMA sparse MLA decode kernel's two-team consumer
+(``_build_mma(..., teams=True)``), pulled in after ``_cuda_mma.MMA_SRC`` (whose prep tables, with
+one running scale exponent per half, it reads).
+
+Why: in the one-team consumer (``di_mma_consumer``) all eight warps meet at a barrier every 32 keys,
+so the two warps of each SM sub-partition run the same phase at the same time (the conversions, then
+the mma, then the softmax) and leave the other pipes idle; and every score sums eight partials
+through shared memory. Here the eight warps form two teams of four, one warp of each per
+sub-partition: team T takes half T (keys 32T .. 32T + 31) of every 64-key stage, its warp u the
+latent dims [128u, 128u + 128) (scale groups 4u .. 4u + 3), with its own online softmax, running
+scale exponent, accumulators and barriers (128 threads). The teams drift apart, so one team's
+conversions or softmax run beside the other's mma, and a score sums four partials. Per half a warp:
+
+1. QK (after ready[s]): ``ldmatrix`` of its 128 dims of the half's 32 keys, conversion to f16 times
+   the key's factor for its group (``kfac``, as in ``di_mma_consumer``), 32 ``mma.m16n8k16``; the
+   partials to shared memory; team barrier;
+2. the softmax of heads 4u .. 4u + 3 (8 lanes a head, 4 keys a lane; LAZY as in ``di_mma_consumer``),
+   P (f16) and alpha to shared memory; the registers transposed for PV (``movmatrix``); the stage
+   released (empty[s]); team barrier (``bar.red.or``: did any head's maximum move);
+3. PV: rescale (skipped when no maximum moved and the exponent did not grow), 32 mma.
+
+The epilogue merges the teams' softmax states (maximum, sum, exponent) per head, as a split-KV
+combine does: each team scales its accumulators, hands the other team's half of the dims over in
+shared memory and writes its own half.
+"""
+
+MMA_TEAMS_SRC = r"""
+#ifndef DI_MMA_TEAMS_SRC
+#define DI_MMA_TEAMS_SRC
+// Shared buffers as di_mma_consumer's (team T: S_red[T][0..3], P_sm[T], alpha_sm[T]; beta / cabs[s][T]
+// its half's rescale and exponent), and fin_sm [64]: the teams' maxima and sums per head. The same
+// arguments as di_mma_consumer's (no timeline marks).
+template <int REC, int D, int NST, int H, int SST, bool SPLIT, bool HW, bool LAZY>
+__device__ __forceinline__ void di_mma_teams_consumer(const unsigned char* K8, const float* vm, const unsigned* kfac,
+                                                      const float* beta, const int* cabs,
+                                                      float* S_red, unsigned short* P_sm, float* alpha_sm, float* qsm,
+                                                      float* fin_sm, void* ready, void* empty, int /*nblk*/,
+                                                      const void* q_row, void* out_row, float* lse_row, float scale,
+                                                      int tx, void* /*mark_buf*/, int /*mark_row*/, int keys, int bps) {
+  static_assert(D == 512 && H <= 16, "mma: D 512, up to 16 heads");
+  const float NEG_INF = __int_as_float(0xff800000);
+  constexpr float LAZY_TAU = 8.f;
+  const int w = tx >> 5, lane = tx & 31, g = lane >> 2, t = lane & 3;
+  // the block count again from the launch's constants (W, bps: kernel parameters), not the argument:
+  // ptxas kept that live from the kernel's start and spilled it
+  const int nblk = max(0, min(bps, (keys + 63) / 64 - (int)blockIdx.y * bps));
+  const int T = w >> 2, u = w & 3;                         // team (its half of every stage), warp in team (its dims)
+  const int team_bar = 4 + T;                              // the team's named barrier (128 threads)
+  const unsigned short* q = reinterpret_cast<const unsigned short*>(q_row);
+  di_mma_q_maxima<H, D>(q, qsm, tx);
+  di_named_sync(3, 256);
+  unsigned qa[8][4];                                       // [chunk c][A register]: dims 128u + 16c + 4t ..
+  di_mma_q_fragments<H, D, 8>(q, qsm, 128 * u, g, t, qa);
+  const int hl = 4 * u + (lane >> 3), kq4 = 4 * (lane & 7);   // this lane's softmax head and four keys
+  const float qinv = ldexpf(1.f, -di_mma_q_exp(qsm, hl)) * scale;
+  float m_run = NEG_INF, l_lane = 0.f;
+  float O[8][2][4];                                        // [chunk c][dims 4t + {0,1} / + {2,3}][C register]
+#pragma unroll
+  for (int c = 0; c < 8; ++c)
+#pragma unroll
+    for (int x = 0; x < 2; ++x)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) O[c][x][e] = 0.f;
+  const unsigned k8_base = (unsigned)__cvta_generic_to_shared(K8) + (32 * T + (lane & 7)) * REC + 128 * u + 16 * (lane >> 3);
+  const unsigned p_base = (unsigned)__cvta_generic_to_shared(P_sm)
+                          + 2 * (T * 16 * SST + ((lane & 7) + 8 * ((lane >> 3) & 1)) * SST + 8 * (lane >> 4));
+  float* red = S_red + T * 4 * 16 * SST;                   // the team's partial scores [4 warps][16 heads][SST]
+  unsigned short* P_team = P_sm + T * 16 * SST;
+  float* alpha_team = alpha_sm + T * 16;
+  unsigned long long* rdy = reinterpret_cast<unsigned long long*>(ready);
+  unsigned long long* emp = reinterpret_cast<unsigned long long*>(empty);
+  if (nblk > 0) di_mbar_wait(rdy, 0);
+  for (int i = 0; i < nblk; ++i) {
+    const int s = i % NST;
+    // ---- QK: the lane's bytes (key 8j + g of the half, dims 4t.. of each 16-dim chunk) to f16 times the
+    // key's factor for their group, then 8 mma per 8-key tile: the warp's partial score
+    unsigned kv[4][8][2];                                  // [8-key tile j][chunk c][lo / hi]
+    float acc[4][4];
+    {
+      const unsigned* kf = kfac + (s * 16 + 4 * u) * 64 + 32 * T + 4 * g;
+      uint4 f4[4];
+#pragma unroll
+      for (int G = 0; G < 4; ++G) f4[G] = *reinterpret_cast<const uint4*>(kf + 64 * G);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+          unsigned r[4];
+          di_ldsm_x4_s(k8_base + (s * 64 + 8 * j) * REC + 64 * cc, r[0], r[1], r[2], r[3]);
+#pragma unroll
+          for (int m = 0; m < 4; ++m) {
+            const uint4 fg = f4[2 * cc + (m >> 1)];
+            const unsigned fac = j == 0 ? fg.x : j == 1 ? fg.y : j == 2 ? fg.z : fg.w;
+            unsigned lo, hi;
+            di_e4m3x4_f16<HW>(r[m], lo, hi);
+            kv[j][4 * cc + m][0] = di_hmul2(lo, fac);
+            kv[j][4 * cc + m][1] = di_hmul2(hi, fac);
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+          if (c == 0) di_mma16816_z(acc[j], qa[c], kv[j][c][0], kv[j][c][1]);
+          else di_mma16816(acc[j], qa[c], kv[j][c][0], kv[j][c][1]);
+        }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        *reinterpret_cast<float2*>(red + (u * 16 + g) * SST + 8 * j + 2 * t) = make_float2(acc[j][0], acc[j][1]);
+        *reinterpret_cast<float2*>(red + (u * 16 + g + 8) * SST + 8 * j + 2 * t) = make_float2(acc[j][2], acc[j][3]);
+      }
+    }
+    const float bt = beta[s * 2 + T];
+    const float qs = qinv * __uint_as_float((unsigned)cabs[s * 2 + T] << 23);   // x 2^(C_T - 127): score units
+    di_named_sync(team_bar, 128);                          // the team's partials complete
+    // ---- softmax of head hl over keys kq4 .. kq4 + 3 (8 lanes a head)
+    bool grew;
+    {
+      float4 sum = *reinterpret_cast<const float4*>(red + hl * SST + kq4);
+#pragma unroll
+      for (int u2 = 1; u2 < 4; ++u2) {
+        const float4 v = *reinterpret_cast<const float4*>(red + (u2 * 16 + hl) * SST + kq4);
+        sum.x += v.x;
+        sum.y += v.y;
+        sum.z += v.z;
+        sum.w += v.w;
+      }
+      const float4 mask = *reinterpret_cast<const float4*>(vm + s * 64 + 32 * T + kq4);
+      const float x0 = mask.x == 0.f ? sum.x * qs : NEG_INF, x1 = mask.y == 0.f ? sum.y * qs : NEG_INF;
+      const float x2 = mask.z == 0.f ? sum.z * qs : NEG_INF, x3 = mask.w == 0.f ? sum.w * qs : NEG_INF;
+      const int o = di_f2ord(fmaxf(fmaxf(x0, x1), fmaxf(x2, x3)));
+      int mo = (int)0x80000000;                            // the head's maximum: one redux.sync per 8-lane group
+#pragma unroll
+      for (int hq = 0; hq < 4; ++hq) {
+        const int m_q = __reduce_max_sync(0xffffffffu, (lane >> 3) == hq ? o : (int)0x80000000);
+        mo = (lane >> 3) == hq ? m_q : mo;
+      }
+      const float mb = di_ord2f(mo);
+      const bool grow = LAZY ? mb > m_run + LAZY_TAU : mb > m_run;
+      const float m_new = grow ? mb : m_run;
+      const float ms = m_new == NEG_INF ? 0.f : m_new;
+      const float alpha = grow ? exp2f(m_run - ms) : 1.f;
+      const float p0 = exp2f(x0 - ms), p1 = exp2f(x1 - ms), p2 = exp2f(x2 - ms), p3 = exp2f(x3 - ms);
+      l_lane = l_lane * alpha + ((p0 + p1) + (p2 + p3));
+      m_run = m_new;
+      grew = grow;
+      *reinterpret_cast<uint2*>(P_team + hl * SST + kq4) = make_uint2(di_f16x2(p0, p1), di_f16x2(p2, p3));
+      if ((lane & 7) == 0) alpha_team[hl] = alpha;
+    }
+    unsigned vt[4][8][2];                                  // the registers transposed for PV
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        vt[j][c][0] = di_movt(kv[j][c][0]);
+        vt[j][c][1] = di_movt(kv[j][c][1]);
+      }
+    // ptxas places an instruction by its distance to the end of its basic block and moves movmatrix
+    // across barriers: all 64 sank past the next barrier, onto PV's path. A branch never taken (beta is
+    // a power of two) ends their block here: 1.03x at 8,192 keys (H200, session 32).
+    if (bt < 0.f) __trap();
+    __syncwarp();                                          // the stage's bytes and tables are no longer read
+    if (lane == 0) di_mbar_arrive(emp + s);
+    const bool any_grew = di_named_sync_or(team_bar, 128, grew);   // P and alpha complete
+    if (i + 1 < nblk) di_mbar_wait(rdy + (i + 1) % NST, ((i + 1) / NST) & 1);
+    // ---- PV: rescale (skipped when no head's maximum moved and C_T did not grow), then P times the
+    // transposed registers
+    if (any_grew || bt != 1.f) {
+      const float fg = alpha_team[g] * bt, fg8 = alpha_team[g + 8] * bt;
+#pragma unroll
+      for (int c = 0; c < 8; ++c)
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+          O[c][x][0] *= fg;
+          O[c][x][1] *= fg;
+          O[c][x][2] *= fg8;
+          O[c][x][3] *= fg8;
+        }
+    }
+#pragma unroll
+    for (int kq = 0; kq < 2; ++kq) {
+      unsigned pa[4];
+      di_ldsm_x4_s(p_base + 2 * 16 * kq, pa[0], pa[1], pa[2], pa[3]);
+#pragma unroll
+      for (int c = 0; c < 8; ++c)
+#pragma unroll
+        for (int x = 0; x < 2; ++x) di_mma16816(O[c][x], pa, vt[2 * kq][c][x], vt[2 * kq + 1][c][x]);
+    }
+  }
+  // ---- epilogue: the teams' softmax states merged per head (as a split-KV combine), then each team
+  // hands the other its half of the dims (scaled) and writes its own half: team 0 chunks 0-3, team 1 4-7
+  float l_run = l_lane;
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) l_run += __shfl_xor_sync(0xffffffffu, l_run, o);
+  if ((lane & 7) == 0) {
+    fin_sm[T * 16 + hl] = m_run;
+    fin_sm[32 + T * 16 + hl] = l_run;
+  }
+  const int last = nblk > 0 ? ((nblk - 1) % NST) * 2 + T : -1;
+  const float unit = last < 0 ? 0.f : __uint_as_float((unsigned)cabs[last] << 23);   // 2^(C_T - 127)
+  di_named_sync(1, 256);                                   // both teams are past their last half
+  auto merged = [&](int h, float& own, float& lse2) {      // head h: this team's factor, the log2-sum-exp
+    const float m0 = fin_sm[h], m1 = fin_sm[16 + h], l0 = fin_sm[32 + h], l1 = fin_sm[48 + h];
+    const float m = fmaxf(m0, m1);
+    const float w0 = m0 == NEG_INF ? 0.f : exp2f(m0 - m), w1 = m1 == NEG_INF ? 0.f : exp2f(m1 - m);
+    const float l = l0 * w0 + l1 * w1;
+    own = l > 0.f ? (T == 0 ? w0 : w1) / l * unit : 0.f;
+    lse2 = l > 0.f ? log2f(l) + m : NEG_INF;
+  };
+  float f_g, f_g8, lse2;
+  merged(g, f_g, lse2);
+  merged(g + 8, f_g8, lse2);
+  if (T == 0 && (lane & 7) == 0 && hl < H) {
+    float own;
+    merged(hl, own, lse2);
+    lse_row[hl] = SPLIT ? lse2 : lse2 * 0.6931471805599453f;
+  }
+  constexpr int XST = D + 16;                              // row stride (floats) of the hand-over
+  float* xch = S_red;                                      // [16 heads][XST]: the partials are no longer read
+#pragma unroll
+  for (int c = 0; c < 8; ++c) {
+    if ((c >> 2) == T) continue;                           // the other team's chunks
+    const int dim = 128 * u + 16 * c + 4 * t;
+    *reinterpret_cast<float4*>(xch + g * XST + dim) =
+        make_float4(O[c][0][0] * f_g, O[c][0][1] * f_g, O[c][1][0] * f_g, O[c][1][1] * f_g);
+    *reinterpret_cast<float4*>(xch + (g + 8) * XST + dim) =
+        make_float4(O[c][0][2] * f_g8, O[c][0][3] * f_g8, O[c][1][2] * f_g8, O[c][1][3] * f_g8);
+  }
+  di_named_sync(1, 256);
+#pragma unroll
+  for (int c = 0; c < 8; ++c) {
+    if ((c >> 2) != T) continue;                           // this team's chunks
+    const int dim = 128 * u + 16 * c + 4 * t;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int h = g + 8 * hh;
+      if (h >= H) continue;
+      const float f = hh ? f_g8 : f_g;
+      const float4 o2 = *reinterpret_cast<const float4*>(xch + h * XST + dim);
+      const float v0 = O[c][0][2 * hh] * f + o2.x, v1 = O[c][0][2 * hh + 1] * f + o2.y;
+      const float v2 = O[c][1][2 * hh] * f + o2.z, v3 = O[c][1][2 * hh + 1] * f + o2.w;
+      if (SPLIT) {
+        *reinterpret_cast<float4*>(reinterpret_cast<float*>(out_row) + h * D + dim) = make_float4(v0, v1, v2, v3);
+      } else {
+        unsigned b01, b23;
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(b01) : "f"(v1), "f"(v0));
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(b23) : "f"(v3), "f"(v2));
+        *reinterpret_cast<uint2*>(reinterpret_cast<unsigned short*>(out_row) + h * D + dim) = make_uint2(b01, b23);
+      }
+    }
+  }
+}
+#endif
+"""
