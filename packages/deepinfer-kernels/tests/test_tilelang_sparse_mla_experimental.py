@@ -138,17 +138,17 @@ MMA_CASES = [
 ]
 
 
-@pytest.mark.parametrize("build_kw", [{}, dict(hw_cvt=False), dict(lazy_rescale=False), dict(teams=True),
-                                      dict(teams=True, hw_cvt=False, lazy_rescale=False)],
-                         ids=["default", "intcvt", "exact_rescale", "teams", "teams_intcvt_exact_rescale"])
+@pytest.mark.parametrize("build_kw", [{}, dict(hw_cvt=False), dict(lazy_rescale=False), dict(teams=False),
+                                      dict(teams=False, hw_cvt=False, lazy_rescale=False)],
+                         ids=["default", "intcvt", "exact_rescale", "one_team", "one_team_intcvt_exact_rescale"])
 @pytest.mark.parametrize("rows,heads,width,num_splits,kw", MMA_CASES)
 def test_mma_kernel_matches_the_reference_and_bulk(rows, heads, width, num_splits, kw, build_kw):
     """The warp-MMA decode kernel (``sparse_mla_mma.py``: 16 heads as the M of ``mma.m16n8k16``, eight
     warps splitting the latent dims, f16 operands converted once and transposed in registers) against
     the reference and the bulk kernel: the default build (the hardware e4m3 conversion, the lazy
     rescale) through the variant's launcher, and builds with the integer conversion or a rescale
-    whenever a maximum grows, or the two-team consumer (``_cuda_mma_teams.py``), compiled here with the
-    same call."""
+    whenever a maximum grows, or the one-team consumer (``_cuda_mma.py``; the default is the two-team
+    one of ``_cuda_mma_teams.py``), compiled here with the same call."""
     from deepinfer_kernels.tilelang import sparse_mla as launcher
     from deepinfer_kernels.tilelang._common import TARGET
     from deepinfer_kernels.tilelang.sparse_mla_builders import NO_AUTO_SYNC
