@@ -18,10 +18,13 @@ that the eight warps share; TileLang lays out the buffers and barriers and runs 
                         scale exponent and -inf mask -> ready[s]
     consumer warps 0-7: after ready[s]: two halves of QK, softmax, PV -> empty[s]
 
-Measured (H200, 2026-12-02, session 31 call 11; the README's benchmark command, CUDA graphs, L2
-flushed, 132 rows x 16 heads), us against ``bulk`` in the same run: 197.6 vs 270.1 over KV blocks of
-128 at 8,192 keys (68.4% of copy; session 30's kernel: 226.5), 56.4 vs 74.7 at 2,048 (61.2%), 106.6
-vs 124.4 over random slots, 17.8 vs 19.8 on the engine's packed layout. Per 32-key half a warp
+The default consumer is the two-team one (``_cuda_mma_teams.py``): warps 0-3 take the first 32 keys
+of every stage, warps 4-7 the last 32, each team with its own softmax, scale exponent and barriers.
+
+Measured (H200, 2026-12-03, session 32 call 3; the README's benchmark command, CUDA graphs, L2
+flushed, 132 rows x 16 heads), us against ``bulk`` in the same run: 179.3 vs 270.8 over KV blocks of
+128 at 8,192 keys (75.3% of copy; the one-team consumer 193.4-197.6), 52.8 vs 74.7 at 2,048 (65.4%),
+105.8 vs 123.9 over random slots, 17.4 vs 19.6 on the engine's packed layout. Per 32-key half a warp
 issues ~260 instructions when no rescale is due. Not dispatched: `mini` decode end to end (prompt
 512, batch 1 / 64) ran 0.99x / 0.98x with session 30's version in "auto".
 
