@@ -167,6 +167,34 @@ __device__ __forceinline__ void di_mma_q_fragments(const unsigned short* q, cons
     qa[c][3] = di_f16x2(lo(vg8.y) * up_g8, hi(vg8.y) * up_g8);
   }
 }
+// PV of a 32-key half (both consumers): the accumulators of NC 16-dim chunks rescaled by alpha[g] /
+// alpha[g + 8] x bt when asked, then P (f16, ldmatrix from p_addr: two 16-key steps) times the
+// transposed registers vt [8-key tile][chunk][lo / hi]
+template <int NC>
+__device__ __forceinline__ void di_mma_pv(float (&O)[NC][2][4], bool rescale, const float* alpha, float bt, int g,
+                                          unsigned p_addr, const unsigned (&vt)[4][NC][2]) {
+  if (rescale) {
+    const float fg = alpha[g] * bt, fg8 = alpha[g + 8] * bt;
+#pragma unroll
+    for (int c = 0; c < NC; ++c)
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        O[c][x][0] *= fg;
+        O[c][x][1] *= fg;
+        O[c][x][2] *= fg8;
+        O[c][x][3] *= fg8;
+      }
+  }
+#pragma unroll
+  for (int kq = 0; kq < 2; ++kq) {
+    unsigned pa[4];
+    di_ldsm_x4_s(p_addr + 2 * 16 * kq, pa[0], pa[1], pa[2], pa[3]);
+#pragma unroll
+    for (int c = 0; c < NC; ++c)
+#pragma unroll
+      for (int x = 0; x < 2; ++x) di_mma16816(O[c][x], pa, vt[2 * kq][c][x], vt[2 * kq + 1][c][x]);
+  }
+}
 // ---------------------------------------------------------------- the consumer (256 threads)
 // Shared buffers: K8 [NST][64][REC], vm [NST][64], kfac [NST][16][64], beta / cabs [NST][2],
 // S_red [2][8][16][40] (the warps' partial scores), P_sm [2][16][40] (f16), alpha_sm [2][16] (each
@@ -332,30 +360,7 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
     mark(3 + 4 * hb);
     // ---- PV: rescale (skipped, alpha unread, when no head's maximum moved and C did not grow), then
     // P times the transposed registers (already scaled per key and group)
-    {
-      if (any_grew || bt != 1.f) {
-        const float fg = alpha_sm[hb * 16 + g] * bt, fg8 = alpha_sm[hb * 16 + g + 8] * bt;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-#pragma unroll
-          for (int x = 0; x < 2; ++x) {
-            O[c][x][0] *= fg;
-            O[c][x][1] *= fg;
-            O[c][x][2] *= fg8;
-            O[c][x][3] *= fg8;
-          }
-        }
-      }
-#pragma unroll
-      for (int kq = 0; kq < 2; ++kq) {
-        unsigned pa[4];
-        di_ldsm_x4_s(p_base + 2 * (hb * 16 * SST + 16 * kq), pa[0], pa[1], pa[2], pa[3]);
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-#pragma unroll
-          for (int x = 0; x < 2; ++x) di_mma16816(O[c][x], pa, vt[2 * kq][c][x], vt[2 * kq + 1][c][x]);
-      }
-    }
+    di_mma_pv<4>(O, any_grew || bt != 1.f, alpha_sm + hb * 16, bt, g, p_base + 2 * hb * 16 * SST, vt);
     if (TL) asm volatile("" :: "f"(O[0][0][0]), "f"(O[3][1][3]));   // the mark after the PV results
     mark(4 + 4 * hb);
     if (hb == 1) {                                         // the stage's bytes and tables are no longer read

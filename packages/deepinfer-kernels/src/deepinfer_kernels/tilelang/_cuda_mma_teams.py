@@ -167,27 +167,7 @@ __device__ __forceinline__ void di_mma_teams_consumer(const unsigned char* K8, c
     if (i + 1 < nblk) di_mbar_wait(rdy + (i + 1) % NST, ((i + 1) / NST) & 1);
     // ---- PV: rescale (skipped when no head's maximum moved and C_T did not grow), then P times the
     // transposed registers
-    if (any_grew || bt != 1.f) {
-      const float fg = alpha_team[g] * bt, fg8 = alpha_team[g + 8] * bt;
-#pragma unroll
-      for (int c = 0; c < 8; ++c)
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          O[c][x][0] *= fg;
-          O[c][x][1] *= fg;
-          O[c][x][2] *= fg8;
-          O[c][x][3] *= fg8;
-        }
-    }
-#pragma unroll
-    for (int kq = 0; kq < 2; ++kq) {
-      unsigned pa[4];
-      di_ldsm_x4_s(p_base + 2 * 16 * kq, pa[0], pa[1], pa[2], pa[3]);
-#pragma unroll
-      for (int c = 0; c < 8; ++c)
-#pragma unroll
-        for (int x = 0; x < 2; ++x) di_mma16816(O[c][x], pa, vt[2 * kq][c][x], vt[2 * kq + 1][c][x]);
-    }
+    di_mma_pv<8>(O, any_grew || bt != 1.f, alpha_team, bt, g, p_base, vt);
   }
   // ---- epilogue: the teams' softmax states merged per head (as a split-KV combine), then each team
   // hands the other its half of the dims (scaled) and writes its own half: team 0 chunks 0-3, team 1 4-7
