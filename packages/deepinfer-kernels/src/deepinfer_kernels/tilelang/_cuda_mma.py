@@ -119,6 +119,11 @@ __device__ __forceinline__ void di_mma_prep(unsigned char* stage, const int* ix,
   if (HW && pw == 0) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // zeroes before later TMA writes
   if (TL && pw == 0 && lane == 0) marks[10 * 256 + i] = clock64();
 }
+// The CTA's 64-key blocks: keys (W) and bps are kernel parameters, so ptxas reloads them where
+// needed; a block count passed in stayed live from the kernel's start and was spilled (two-team consumer).
+__device__ __forceinline__ int di_mma_block_count(int keys, int bps) {
+  return max(0, min(bps, (keys + 63) / 64 - (int)blockIdx.y * bps));
+}
 // ---------------------------------------------------------------- Q (both consumers)
 // Per-head power-of-two scale to f16 (max |q| in [2^14, 2^15)). qsm[h] = max |q_h| (256 threads, 16 a head)
 template <int H, int D>
@@ -209,9 +214,10 @@ template <int REC, int D, int NST, int H, int SST, bool SPLIT, bool HW, bool TL,
 __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const float* vm, const unsigned* kfac,
                                                 const float* beta, const int* cabs,
                                                 float* S_red, unsigned short* P_sm, float* alpha_sm, float* qsm,
-                                                float* fin_sm, void* ready, void* empty, int nblk, const void* q_row,
+                                                float* fin_sm, void* ready, void* empty, const void* q_row,
                                                 void* out_row, float* lse_row, float scale, int tx,
-                                                void* mark_buf, int mark_row, int /*keys*/, int /*bps*/) {
+                                                void* mark_buf, int mark_row, int keys, int bps) {
+  const int nblk = di_mma_block_count(keys, bps);
   long long* marks = reinterpret_cast<long long*>(reinterpret_cast<float*>(mark_buf) + (size_t)mark_row * H * D);
   static_assert(D == 512 && H <= 16, "mma: D 512, up to 16 heads");
   const float NEG_INF = __int_as_float(0xff800000);

@@ -34,16 +34,14 @@ template <int REC, int D, int NST, int H, int SST, bool SPLIT, bool HW, bool LAZ
 __device__ __forceinline__ void di_mma_teams_consumer(const unsigned char* K8, const float* vm, const unsigned* kfac,
                                                       const float* beta, const int* cabs,
                                                       float* S_red, unsigned short* P_sm, float* alpha_sm, float* qsm,
-                                                      float* fin_sm, void* ready, void* empty, int /*nblk*/,
+                                                      float* fin_sm, void* ready, void* empty,
                                                       const void* q_row, void* out_row, float* lse_row, float scale,
                                                       int tx, void* /*mark_buf*/, int /*mark_row*/, int keys, int bps) {
   static_assert(D == 512 && H <= 16, "mma: D 512, up to 16 heads");
   const float NEG_INF = __int_as_float(0xff800000);
   constexpr float LAZY_TAU = 8.f;
   const int w = tx >> 5, lane = tx & 31, g = lane >> 2, t = lane & 3;
-  // the block count again from the launch's constants (W, bps: kernel parameters), not the argument:
-  // ptxas kept that live from the kernel's start and spilled it
-  const int nblk = max(0, min(bps, (keys + 63) / 64 - (int)blockIdx.y * bps));
+  const int nblk = di_mma_block_count(keys, bps);
   const int T = w >> 2, u = w & 3;                         // team (its half of every stage), warp in team (its dims)
   const int team_bar = 4 + T;                              // the team's named barrier (128 threads)
   const unsigned short* q = reinterpret_cast<const unsigned short*>(q_row);
