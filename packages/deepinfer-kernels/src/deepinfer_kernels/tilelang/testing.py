@@ -273,10 +273,25 @@ def capture_graph(body: Callable[[], object]) -> torch.cuda.CUDAGraph:
     return g
 
 
-def cuda_time_us(fn: Callable[[], object], *, reps: int = 50, warmup: int = 5, flush_l2: bool = True,
+def l2_flusher(mode: str = "write") -> Callable[[], object]:
+    """A call that leaves nothing of the timed call's data in L2: "write" overwrites a 256 MB buffer
+    (L2 is left full of the buffer's dirty lines, and the next kernel's misses write them back to
+    HBM), "read" reads one (L2 is left full of clean lines, as a decode step's weight reads leave
+    it). ``tools/l2_flush_probe.py`` times kernels after each."""
+    if mode not in ("write", "read"):
+        raise ValueError(f"flush mode {mode!r}: 'write' or 'read'")
+    buf = torch.zeros(64 * 1024 * 1024, dtype=torch.float32, device="cuda")   # 256 MB, over the 50 MB L2
+    if mode == "write":
+        return buf.zero_
+    total = torch.zeros((), dtype=torch.float32, device="cuda")
+    return lambda: torch.sum(buf, dim=0, out=total)
+
+
+def cuda_time_us(fn: Callable[[], object], *, reps: int = 50, warmup: int = 5, flush_l2: bool | str = True,
                  graph: bool = False) -> dict:
     """Median / min per-call time in microseconds with CUDA events; optionally overwrites a 256 MB
-    buffer before each call so data never starts L2-resident.
+    buffer before each call so data never starts L2-resident (``flush_l2="read"``: reads it instead,
+    ``l2_flusher``).
 
     ``graph=True``: the device time of the call's kernels as a decode-step graph runs them, between
     other kernels. One graph holds ``IN_GRAPH_COPIES`` x (L2 flush, call); a second the flushes
@@ -285,8 +300,7 @@ def cuda_time_us(fn: Callable[[], object], *, reps: int = 50, warmup: int = 5, f
     engine, not per kernel) is counted. ``replay_median_us``: one call per graph replay, launch
     latency included (what these benchmarks reported before 2026-11-30's eighth session). Raises
     if ``fn`` cannot be captured (host syncs)."""
-    flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda") if flush_l2 else None
-    do_flush = flush.zero_ if flush is not None else (lambda: None)
+    do_flush = l2_flusher("write" if flush_l2 is True else flush_l2) if flush_l2 else (lambda: None)
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
