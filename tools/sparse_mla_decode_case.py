@@ -18,19 +18,20 @@ VARIANTS = {
 LAYOUTS = ("paged128", "random")
 
 
-def make_decode_case(width: int, layout: str, slots: int, pool):
-    """``ROWS`` rows of ``width`` keys over ``pool`` (``slots`` records) in ``layout``."""
+def make_decode_case(width: int, layout: str, slots: int, pool, rows: int = ROWS):
+    """``rows`` rows of ``width`` keys over ``pool`` (``slots`` records) in ``layout``."""
     from deepinfer_kernels.tilelang import testing as T
 
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r}: expected one of {LAYOUTS}")
     kw = {"paged": 128} if layout == "paged128" else {"distinct": True}
-    return T.make_sparse_mla_case(ROWS, HEADS, D, width, slots, "cuda", pool=pool, seed=1, **kw)
+    return T.make_sparse_mla_case(rows, HEADS, D, width, slots, "cuda", pool=pool, seed=1, **kw)
 
 
-def attention_call(case, name: str):
-    """A no-argument call of ``case`` on variant ``name`` (for timing, capture or profiling)."""
+def attention_call(case, name: str, num_splits: int | None = None):
+    """A no-argument call of ``case`` on variant ``name`` (for timing, capture or profiling);
+    ``num_splits`` overrides the split-KV heuristic."""
     from deepinfer_kernels.tilelang.sparse_mla import sparse_mla_attention_tilelang
 
-    kw = VARIANTS[name]
+    kw = dict(VARIANTS[name], num_splits=num_splits)
     return lambda: sparse_mla_attention_tilelang(case.q, case.pool, case.indices, case.sm_scale, **kw)
