@@ -71,10 +71,8 @@ def test_graphs_and_zos_each_on_and_off_agree_in_bf16(graphs, zos):
                 compile_decode=False) == base
 
 
-def test_sparse_mla_kernel_variants_give_the_same_tokens(tmp_path, monkeypatch):
-    """The engine path through the "bulk" sparse-MLA kernel ("auto" at 16 heads of 512-wide
-    latents, the mini / flash shape) and through "ws": bf16, graphs + ZOS, identical tokens (the
-    kernels compute the same values; `tiny`'s 64-wide latents never reach "bulk")."""
+def _kernel_variant_case(tmp_path):
+    """`tiny` with 16 heads of 512-wide latents (the mini / flash attention shape), random weights."""
     import dataclasses
 
     from deepinfer_model import presets
@@ -83,12 +81,63 @@ def test_sparse_mla_kernel_variants_give_the_same_tokens(tmp_path, monkeypatch):
 
     cfg = dataclasses.replace(presets.tiny(), head_dim=512, qk_rope_head_dim=64, num_attention_heads=16)
     save_checkpoint(V41ForCausalLM(cfg).init_random_weights(0), tmp_path)
+    return str(tmp_path)
+
+
+def test_sparse_mla_kernel_variants_give_the_same_tokens(tmp_path, monkeypatch):
+    """The engine path through each SM90 sparse-MLA kernel at 16 heads of 512-wide latents (`tiny`'s
+    64-wide latents never reach them), bf16, graphs + ZOS, greedy. "bulk" and "ws" compute the same
+    values: identical tokens; so do "auto" and "mma" (every call here has <= 256 rows: prefill
+    chunks of 256 tokens, then decode). "mma" rounds differently from "bulk" (f16 operands, its own
+    summation order); ``test_sparse_mla_mma_scores_as_close_to_float32_as_bulk`` checks how much."""
+    from deepinfer_kernels.tilelang.sparse_mla import resolve_variant
+
+    assert resolve_variant("auto", 16, 512, 256, 132) == "mma"    # every call's rows below
+    model = _kernel_variant_case(tmp_path)
     tokens = {}
-    for variant in ("ws", "bulk", "auto"):
+    for variant in ("ws", "bulk", "mma", "auto"):
         monkeypatch.setenv("DEEPINFER_SPARSE_MLA_VARIANT", variant)
-        tokens[variant] = _run("cuda", None, model=str(tmp_path), cuda_graphs=True, zero_overhead_scheduling=True,
+        tokens[variant] = _run("cuda", None, model=model, cuda_graphs=True, zero_overhead_scheduling=True,
                                num_speculative_tokens=0, compile_decode=False)
-    assert tokens["bulk"] == tokens["ws"] == tokens["auto"]
+    assert tokens["bulk"] == tokens["ws"]
+    assert tokens["auto"] == tokens["mma"]
+
+
+def test_sparse_mla_mma_scores_as_close_to_float32_as_bulk(tmp_path, monkeypatch):
+    """Teacher-forced through the engine's paged path: each prompt cut after several tokens of its
+    greedy continuation under "bulk", one step each (the chunk's rows attend the pool through the
+    sparse-MLA kernel, the cut prefixes partly from the prefix cache), and the peak of each
+    next-token distribution (its top logprob: continuous in the logits, unlike the argmax) compared
+    with the float32 run's (the torch attention). This random model is chaotic (bf16 rounding
+    anywhere moves logprobs by ~0.1), so "mma" must be about as close as "bulk", not closer than
+    a bound. (``prompt_logprobs`` would not do: they come from a separate dense forward.)"""
+    from deepinfer_engine.sampling_params import MAX_TOP_LOGPROBS
+
+    model = _kernel_variant_case(tmp_path)
+    kw = dict(model=model, device="cuda", block_size=16, max_num_batched_tokens=256, max_num_seqs=16,
+              max_model_len=512, enable_mtp_varlen=False, cuda_graphs=True, zero_overhead_scheduling=True,
+              num_speculative_tokens=0, compile_decode=False)
+    monkeypatch.setenv("DEEPINFER_SPARSE_MLA_VARIANT", "bulk")
+    llm = LLM(**kw)
+    greedy = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    seqs = [p + o.token_ids for p, o in zip(_prompts(), llm.generate(prompt_token_ids=_prompts(),
+                                                                     sampling_params=greedy, use_tqdm=False))]
+    del llm
+    cuts = [s[:len(s) - 48 + k] for s in seqs for k in (1, 16, 47)]
+    one = SamplingParams(temperature=0, max_tokens=1, logprobs=MAX_TOP_LOGPROBS)
+    peaks = {}
+    for variant, dtype in (("bulk", None), ("mma", None), ("auto", "float32")):
+        monkeypatch.setenv("DEEPINFER_SPARSE_MLA_VARIANT", variant)
+        llm = LLM(**dict(kw, dtype=dtype))
+        outs = llm.generate(prompt_token_ids=cuts, sampling_params=one, use_tqdm=False)
+        peaks[dtype or variant] = torch.tensor([max(o.top_logprobs[0].values()) for o in outs], dtype=torch.float64)
+        del llm
+    err = {v: (peaks[v] - peaks["float32"]).abs() for v in ("bulk", "mma")}
+    summary = {v: (round(e.mean().item(), 4), round(e.max().item(), 4)) for v, e in err.items()}
+    print("top logprob error vs float32 (mean, max):", summary)
+    assert not torch.equal(peaks["mma"], peaks["bulk"]), "mma and bulk gave identical scores: not both ran"
+    assert err["mma"].mean() <= 1.5 * err["bulk"].mean() + 0.01, summary
+    assert err["mma"].max() <= 2.0 * err["bulk"].max() + 0.05, summary
 
 
 def test_graph_buckets_cover_decode_steps():

@@ -84,18 +84,19 @@ def test_bench_sparse_mla_tilelang(benchmark, name, variant):
     benchmark.extra_info["gathered_TB/s"] = info["gathered_TB/s"]
 
 
+@pytest.mark.parametrize("variant", [pytest.param("bulk", id="bulkcopy"), pytest.param("mma", id="warpmma")])
 @pytest.mark.parametrize("num_splits", [pytest.param(None, id="auto"), pytest.param(1, id="nosplit")])
 @pytest.mark.parametrize("rows", [1, 8])
-def test_bench_sparse_mla_small_batch_splits(benchmark, rows, num_splits):
+def test_bench_sparse_mla_small_batch_splits(benchmark, rows, num_splits, variant):
     """The engine's decode layout at batch 1 and 8: the split-KV heuristic (a split per block pair
-    plus the combine kernel) against one CTA per row, side by side."""
+    plus the combine kernel) against one CTA per row, side by side, on both decode kernels."""
     from deepinfer_kernels.tilelang.sparse_mla import sparse_mla_attention_tilelang
 
     if "pool" not in _pool:
         _pool["pool"] = T.make_pool(SLOTS, 512, "cuda", seed=0)
     c = T.make_engine_decode_case(rows, 16, 512, 128, 16, 16, 4, SLOTS, "cuda", pool=_pool["pool"], seed=7)
     T.record_benchmark(benchmark, lambda: sparse_mla_attention_tilelang(c.q, c.pool, c.indices, c.sm_scale,
-                                                                        variant="bulk", num_splits=num_splits),
+                                                                        variant=variant, num_splits=num_splits),
                        bytes_moved=c.unique_bytes(), extra={"rows": rows, "num_splits": num_splits or 0})
 
 

@@ -83,12 +83,19 @@ def test_engine_decode_case_packed_entries_are_runs():
 
 
 def test_auto_variant_runs_bulk_at_many_heads_only_where_ws_leaves_most_sms_idle():
-    """The dispatch rule (CPU-checkable: no kernel is built): up to 16 heads "bulk" always; more heads
-    "bulk" (16 per CTA) while "ws"'s 32-head CTAs would fill < half the SMs, else "ws"; in batch-invariant
-    mode a row's kernel must not depend on the row count, so "ws"."""
+    """The dispatch rule (CPU-checkable: no kernel is built): up to 16 heads of 512-wide latents
+    "mma" at decode row counts (1 .. 256), "bulk" above and without a row count; more heads "bulk"
+    (16 per CTA) while "ws"'s 32-head CTAs would fill < half the SMs, else "ws"; in batch-invariant
+    mode a row's kernel must not depend on the row count: "bulk" at 16 heads, "ws" at 64."""
     from deepinfer_kernels.batch_invariant import batch_invariant_kernels
-    from deepinfer_kernels.tilelang.sparse_mla import resolve_variant
+    from deepinfer_kernels.tilelang.sparse_mla import MMA_MAX_ROWS, resolve_variant
 
+    assert [resolve_variant("auto", 16, 512, rows, 132) for rows in (1, 132, MMA_MAX_ROWS)] == ["mma"] * 3
+    assert resolve_variant("auto", 8, 512, 64, 132) == "mma"
+    assert resolve_variant("auto", 16, 512, MMA_MAX_ROWS + 1, 132) == "bulk"
+    assert resolve_variant("auto", 16, 512) == "bulk"          # no row count
+    assert resolve_variant("auto", 16, 1024, 8, 132) == "bulk"  # mma: D 512 only
+    assert resolve_variant("bulk", 16, 512, 8, 132) == "bulk"
     assert resolve_variant("auto", 16, 512, 1000, 132) == "bulk"
     assert [resolve_variant("auto", 64, 512, rows, 132) for rows in (1, 32, 33, 64)] == ["bulk", "bulk", "ws", "ws"]
     assert resolve_variant("auto", 64, 512) == "ws"            # no row count: the old rule
@@ -101,3 +108,4 @@ def test_auto_variant_runs_bulk_at_many_heads_only_where_ws_leaves_most_sms_idle
     assert resolve_variant("mma", 16, 64, 1, 132) == "ws"
     with batch_invariant_kernels():
         assert resolve_variant("auto", 64, 512, 1, 132) == "ws"
+        assert resolve_variant("auto", 16, 512, 8, 132) == "bulk"

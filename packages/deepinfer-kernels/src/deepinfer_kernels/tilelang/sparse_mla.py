@@ -46,12 +46,16 @@ VARIANTS = KERNEL_VARIANTS
 
 
 def resolve_variant(variant: str, heads: int, d: int, rows: int = 0, sms: int = 132) -> str:
-    """"auto": "bulk" for one head group of 512-multiple records (the mini / flash MLA shape;
-    1.43x "ws" over the engine's block layout, 0.94x over random slots, H200 2026-11-30), "ws"
-    otherwise. "bulk" copies whole records, so it needs them 16-byte sized (D a multiple of
-    512); other D run "ws". "regs" and "mma" (experimental, ``sparse_mla_regs.py`` /
-    ``sparse_mla_mma.py``) take up to 16 heads at D 512, "mma" also a multiple of 16 (a CTA per 16);
-    other shapes run what "auto" picks.
+    """"auto": "mma" for decode calls of one head group at D 512 (up to 16 heads, 1 to 256 rows,
+    not in batch-invariant mode: ``_mma_serves``); "bulk" for one head group of 512-multiple
+    records elsewhere (1.43x "ws" over the engine's block layout, 0.94x over random slots, H200
+    2026-11-30), "ws" otherwise. "mma" against "bulk" (H200, 2026-12-03, session 33, one run,
+    132 rows x 16 heads, CUDA graphs, L2 flushed): 1.42x / 1.51x over KV blocks at 2,048 / 8,192
+    keys, 1.17x over random slots, 1.27x / 1.15x on the engine's decode layouts; the engine's
+    layout at 1 / 8 rows (split-KV): 1.05x / 1.10x. "bulk" copies whole records, so it needs them
+    16-byte sized (D a multiple of 512); other D run "ws". "regs" (experimental,
+    ``sparse_mla_regs.py``) takes up to 16 heads at D 512, "mma" also a multiple of 16 (a CTA
+    per 16); other shapes run what "auto" picks.
 
     More than 16 heads: "ws" takes 32 heads per CTA, "bulk" 16 (so twice the CTAs per row, each
     reading the row's records). Where "ws"'s CTAs would fill fewer than half the SMs
@@ -61,6 +65,8 @@ def resolve_variant(variant: str, heads: int, d: int, rows: int = 0, sms: int = 
     decode 736.7 vs 720.0 tokens/s. Not in batch-invariant mode, where a row's kernel must not depend
     on the row count."""
     bulk_ok = _record_bytes(d) % 16 == 0
+    if variant == "auto" and _mma_serves(heads, d, rows):
+        return "mma"
     if variant in ("regs", "mma"):
         heads_ok = heads <= 16 or (variant == "mma" and heads % 16 == 0)
         return variant if heads_ok and d == 512 else resolve_variant("auto", heads, d, rows, sms)
@@ -76,6 +82,14 @@ def resolve_variant(variant: str, heads: int, d: int, rows: int = 0, sms: int = 
     return "bulk" if rows > 0 and _leaves_most_sms_idle(ws_ctas, sms) and not batch_invariant_enabled() else "ws"
 
 
+def _mma_serves(heads: int, d: int, rows: int) -> bool:
+    """"auto" runs the warp-MMA kernel for decode calls: up to 16 heads of 512-wide latents (the
+    `mini` shape), 1 to ``MMA_MAX_ROWS`` rows, not in batch-invariant mode (there a row's kernel must
+    not depend on the row count: "bulk" everywhere). Above those rows "bulk" runs a pipeline over
+    several rows per CTA and the shared-key kernels."""
+    return heads <= 16 and d == 512 and 0 < rows <= MMA_MAX_ROWS and not batch_invariant_enabled()
+
+
 def _heads_per_cta(heads: int, variant: str = "ws") -> int:
     # "bulk" holds two fp8 stages beside the bf16 ones: 32 heads' Q tile would not fit in 227 KB
     return 16 if heads <= 16 or variant in ("bulk", "regs", "mma") else 32
@@ -86,6 +100,7 @@ def pipelined_bucket(bps: int) -> int:
 
 
 TRIM_MIN_ROWS = 256   # "bulk" calls with more rows (prefill) skip each row's trailing empty blocks
+MMA_MAX_ROWS = TRIM_MIN_ROWS   # "auto" runs "mma" up to this many rows (decode); above, "bulk"'s row pipelines
 
 
 def get_kernel(heads: int, d: int, variant: str = "ws", split: bool = False, hb: int | None = None,
@@ -230,10 +245,10 @@ def sparse_mla_attention_tilelang(q: torch.Tensor, kv_pool: torch.Tensor, indice
     index rows once. ``consumers=2`` (experimental, ``variant="bulk"`` only; no faster on the
     H200): the one-row ``bulk`` kernel with two consumer warpgroups on alternate blocks, merged by
     the split-KV combine (``_build_bulk``). ``variant="regs"`` (experimental): the register-operand
-    decode kernel (``sparse_mla_regs.py``) for every row, up to 16 heads at D 512. ``variant="mma"``
-    (experimental): the warp-MMA decode kernel (``sparse_mla_mma.py``; those shapes and multiples of
-    16 heads), 1.17-1.37x ``bulk`` on the decode benchmarks, 1.11x on the engine's packed layout
-    (H200, 2026-12-02, session 31).
+    decode kernel (``sparse_mla_regs.py``) for every row, up to 16 heads at D 512. ``variant="mma"``:
+    the warp-MMA decode kernel (``sparse_mla_mma.py``; those shapes and multiples of 16 heads),
+    what "auto" runs for decode calls (``resolve_variant``): 1.15-1.51x ``bulk`` on the decode
+    benchmarks (H200, 2026-12-03, session 33).
     """
     require(variant in VARIANTS, f"variant={variant!r}: expected one of {VARIANTS}")
     require(q.dim() == 3 and q.dtype == torch.bfloat16, f"q: expected bf16 [rows, heads, D], got {q.dtype} {tuple(q.shape)}")

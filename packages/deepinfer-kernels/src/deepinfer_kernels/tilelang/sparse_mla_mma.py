@@ -1,4 +1,4 @@
-"""TileLang builder of the warp-MMA sparse MLA decode kernel ("mma"; 16 heads, D 512).
+"""TileLang builder of the warp-MMA sparse MLA decode kernel ("mma"; 16 heads, D 512; "auto" at decode).
 
 Why: ``bulk`` dequantizes every 64-key block into a bf16 tile in shared memory that two wgmmas then
 read; Nsight Compute counts 2,283 shared-memory wavefronts a block even without bank conflicts,
@@ -25,8 +25,12 @@ Measured (H200, 2026-12-03, session 32 call 3; the README's benchmark command, C
 flushed, 132 rows x 16 heads), us against ``bulk`` in the same run: 179.3 vs 270.8 over KV blocks of
 128 at 8,192 keys (75.3% of copy; the one-team consumer 193.4-197.6), 52.8 vs 74.7 at 2,048 (65.4%),
 105.8 vs 123.9 over random slots, 17.4 vs 19.6 on the engine's packed layout. Per 32-key half a warp
-issues ~260 instructions when no rescale is due. Not dispatched: `mini` decode end to end (prompt
-512, batch 1 / 64) ran 0.99x / 0.98x with session 30's version in "auto".
+issues ~260 instructions when no rescale is due. "auto" runs it for decode calls since session 33
+(up to 16 heads at D 512, 1 to 256 rows, not batch-invariant: ``sparse_mla._mma_serves``); `mini`
+decode end to end at batch 64, prompt 4,096, it changed nothing measurable (29,292 vs 29,298
+tokens/s with "bulk", same call): attention is a small share of that step. Its steady state is the
+SM's own pace (1.28-1.30 us a 64-key block at 1, 66 and 132 rows: 80.3-80.5% of copy at 132),
+plus ~11 us a call at 132 rows (4.8 at one row; ``tools/sparse_mla_width_sweep.py --rows``).
 
 Precision: Q goes to f16 with a power-of-two scale per head (its largest element in [2^14, 2^15)),
 K / V are f16 (``hw_cvt``: the hardware e4m3 -> f16 conversion; otherwise three integer operations
