@@ -8,7 +8,8 @@ keys and the engine's packed decode layout (docs/benchmarks.md, thirtieth sessio
 
 A build is ``bulk`` / ``mma`` (the launcher's kernels), ``mma:k=v;k=v`` (``_build_mma`` options,
 integer values) or ``mma@REV[:k=v;...]``: the kernel as a git revision had it (its
-``sparse_mla_mma.py``, ``_cuda_mma.py``, ``_cuda_warp.py`` and, where it has one, ``_cuda_mma_teams.py``;
+``sparse_mla_mma.py``, ``_cuda_mma.py``, ``_cuda_warp.py`` and, where it has them, ``_cuda_mma_teams.py``,
+``_cuda_mma_prep.py`` and ``_cuda_mma_steps.py``;
 the rest of the package is the working tree's), to time a change against what it replaced in one
 process.
 """
@@ -30,8 +31,10 @@ COPY_TBS = 4.29
 ROWS, HEADS, D = 132, 16, 512
 
 
-# what "mma@REV" takes from the revision (those it has: the two-team consumer came later)
-REV_FILES = ("sparse_mla_mma", "_cuda_mma", "_cuda_warp", "_cuda_mma_teams")
+# what "mma@REV" takes from the revision (those it has: the two-team consumer, the prep tables' and the
+# shared steps' own files came later)
+REV_FILES = ("sparse_mla_mma", "_cuda_mma", "_cuda_warp", "_cuda_mma_teams", "_cuda_mma_prep", "_cuda_mma_steps")
+LATER_FILES = ("_cuda_mma_teams", "_cuda_mma_prep", "_cuda_mma_steps")
 KERNEL_DIR = "packages/deepinfer-kernels/src/deepinfer_kernels/tilelang"
 
 
@@ -62,7 +65,7 @@ def load_revision_builder(rev: str, root: Path | None = None):
     for stem in REV_FILES:
         shown = subprocess.run(["git", "-C", str(root), "show", f"{rev}:{KERNEL_DIR}/{stem}.py"],
                                capture_output=True, text=True)
-        if shown.returncode != 0 and stem == "_cuda_mma_teams":
+        if shown.returncode != 0 and stem in LATER_FILES:
             continue
         shown.check_returncode()
         src = shown.stdout

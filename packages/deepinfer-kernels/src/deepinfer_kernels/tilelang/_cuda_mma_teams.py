@@ -1,6 +1,6 @@
 """CUDA device code of the warp-MMA sparse MLA decode kernel's two-team consumer
-(``_build_mma(..., teams=True)``), pulled in after ``_cuda_mma.MMA_SRC`` (whose prep tables, with
-one running scale exponent per half, it reads).
+(``_build_mma(..., teams=True)``), pulled in after ``_cuda_mma_prep.MMA_PREP_SRC`` (whose tables,
+with one running scale exponent per half, it reads) and ``_cuda_mma_steps.MMA_STEPS_SRC``.
 
 Why: in the one-team consumer (``di_mma_consumer``) all eight warps meet at a barrier every 32 keys,
 so the two warps of each SM sub-partition run the same phase at the same time (the conversions, then

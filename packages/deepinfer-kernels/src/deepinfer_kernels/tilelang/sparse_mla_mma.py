@@ -10,8 +10,10 @@ Here the 16 heads are the M of ``mma.sync.m16n8k16``, so no operand is padded an
 a register: eight consumer warps split the 512 latent dims (64 each), convert their bytes to f16
 once (times each key's group scale over the row's largest, ``kfac``), and use the same registers
 for QK and (transposed with ``movmatrix``) for PV. The warps' partial scores meet once per 32 keys
-in shared memory (4 KB a warp), where each warp runs the online softmax of two heads. All the consumer code is one CUDA function (``_cuda_mma.MMA_SRC``)
-that the eight warps share; TileLang lays out the buffers and barriers and runs the producers:
+in shared memory (4 KB a warp), where each warp runs the online softmax of two heads. All the
+consumer code is one CUDA function that the eight warps share (``_cuda_mma_teams.py``;
+``_cuda_mma.py`` for one team; their common steps in ``_cuda_mma_steps.py``), the stage tables
+another (``_cuda_mma_prep.py``); TileLang lays out the buffers and barriers and runs the producers:
 
     producer warp 0:    block i + NST -> K8[s]  (after empty[s]; TMA bulk copies, bytes on full[s])
     producer warps 1-2: after full[s]: the stage's key factors (8 groups each), the row's running
@@ -48,6 +50,8 @@ the accumulators' rescale; the result is the same softmax, referred to another m
 from deepinfer_kernels.tilelang._common import PDL, pdl_sync
 from deepinfer_kernels.tilelang._cuda import BULK_COPY_SRC
 from deepinfer_kernels.tilelang._cuda_mma import MMA_SRC
+from deepinfer_kernels.tilelang._cuda_mma_prep import MMA_PREP_SRC
+from deepinfer_kernels.tilelang._cuda_mma_steps import MMA_STEPS_SRC
 from deepinfer_kernels.tilelang._cuda_mma_teams import MMA_TEAMS_SRC
 from deepinfer_kernels.tilelang._cuda_warp import WARP_SRC
 from deepinfer_kernels.tilelang.sparse_mla_builders import BLOCK_TOKENS, _record_bytes
@@ -121,7 +125,8 @@ def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline:
             h0 = bx % HG * HC
             if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
                 T.evaluate(pdl_sync())
-            T.import_source(BULK_COPY_SRC + WARP_SRC + MMA_SRC + (MMA_TEAMS_SRC if teams else ""))
+            T.import_source(BULK_COPY_SRC + WARP_SRC + MMA_PREP_SRC + MMA_STEPS_SRC
+                            + (MMA_TEAMS_SRC if teams else MMA_SRC))
             K8 = T.alloc_shared((NST, BI, REC), T.uint8)
             ix_s = T.alloc_shared((NST, BI), T.int32)
             vm = T.alloc_shared((NST, BI), T.float32)
