@@ -60,10 +60,9 @@ def _cases(only: set[str]):
         h, inter, e, k = 1024, 512, 64, 6
         for tokens in (8, 64, 256):
             x, w, ids, w13, w2 = T.make_moe_case(tokens, h, inter, e, k, "cuda", seed=tokens)
-            wbytes = T.moe_active_weight_bytes(ids, w13, w2)
-            act = tokens * k * (h * 2 + inter * 2 * 2 + h * 2) + tokens * h * 4
+            nbytes = T.moe_active_weight_bytes(ids, w13, w2) + T.moe_activation_bytes(tokens, k, h, inter)
             out.append((f"routed experts (mini), {tokens} tokens",
-                        (lambda a=(x, w, ids, w13, w2): routed_experts_tilelang(*a)), wbytes + act))
+                        (lambda a=(x, w, ids, w13, w2): routed_experts_tilelang(*a)), nbytes))
     return out
 
 

@@ -37,7 +37,7 @@ def test_bench_routed_experts_flash_shape(benchmark, tokens):
 
     x, w, ids, w13, w2 = _flash_moe_case(tokens, seed=tokens)
     wbytes = T.moe_active_weight_bytes(ids, w13, w2)
-    act_bytes = tokens * K * (FLASH_H * 2 + FLASH_I * 2 * 2 + FLASH_H * 2) + tokens * FLASH_H * 4
+    act_bytes = T.moe_activation_bytes(tokens, K, FLASH_H, FLASH_I)
     T.record_benchmark(benchmark, lambda: routed_experts_tilelang(x, w, ids, w13, w2),
                        bytes_moved=wbytes + act_bytes, flops=T.moe_flops(tokens, K, FLASH_H, FLASH_I),
                        ref_fn=lambda: routed_experts_ref(x, w, ids, w13, w2), reps=10,
@@ -52,7 +52,7 @@ def test_bench_routed_experts_tilelang(benchmark, tokens):
     x, w, ids, w13, w2 = T.make_moe_case(tokens, H, I, E, K, "cuda", seed=tokens)
     wbytes = T.moe_active_weight_bytes(ids, w13, w2)
     flops = T.moe_flops(tokens, K, H, I)
-    act_bytes = tokens * K * (H * 2 + I * 2 * 2 + H * 2) + tokens * H * 4
+    act_bytes = T.moe_activation_bytes(tokens, K, H, I)
     T.record_benchmark(benchmark, lambda: routed_experts_tilelang(x, w, ids, w13, w2),
                        bytes_moved=wbytes + act_bytes, flops=flops,
                        ref_fn=(lambda: routed_experts_ref(x, w, ids, w13, w2)) if tokens <= 256 else None,

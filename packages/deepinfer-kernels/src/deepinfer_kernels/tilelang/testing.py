@@ -238,6 +238,12 @@ def moe_active_weight_bytes(ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tens
     return active * per
 
 
+def moe_activation_bytes(tokens: int, topk: int, hidden: int, inter: int) -> int:
+    """bf16 activations routed experts move besides the weights: per (token, slot) its input row,
+    the gate/up output and the down output; per token the float32 combine."""
+    return tokens * topk * (hidden * 2 + inter * 2 * 2 + hidden * 2) + tokens * hidden * 4
+
+
 def moe_flops(tokens: int, topk: int, hidden: int, inter: int) -> float:
     return 2.0 * tokens * topk * hidden * (2 * inter) + 2.0 * tokens * topk * inter * hidden
 
