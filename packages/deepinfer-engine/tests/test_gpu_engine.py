@@ -15,10 +15,15 @@ def _prompts(n: int = 12) -> list[list[int]]:
     return [rng.integers(7, 8000, size=int(rng.integers(3, 150))).tolist() for _ in range(n)]
 
 
+def _llm(device: str, dtype: str | None = None, model: str | None = None, **kw) -> LLM:
+    """The engine these tests run: 16-token blocks, 256-token steps, 16 sequences of up to 512."""
+    return LLM(model=model, device=device, dtype=dtype, block_size=16, max_num_batched_tokens=256, max_num_seqs=16,
+               max_model_len=512, enable_mtp_varlen=False, **kw)
+
+
 def _run(device: str, dtype: str | None = None, model: str | None = None, logprobs: int | None = None,
          **kw) -> list[list[int]]:
-    llm = LLM(model=model, device=device, dtype=dtype, block_size=16, max_num_batched_tokens=256, max_num_seqs=16,
-              max_model_len=512, enable_mtp_varlen=False, **kw)
+    llm = _llm(device, dtype, model, **kw)
     greedy = SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True, logprobs=logprobs)
     return [o.token_ids for o in llm.generate(prompt_token_ids=_prompts(), sampling_params=greedy, use_tqdm=False)]
 
@@ -114,11 +119,10 @@ def test_sparse_mla_mma_scores_as_close_to_float32_as_bulk(tmp_path, monkeypatch
     from deepinfer_engine.sampling_params import MAX_TOP_LOGPROBS
 
     model = _kernel_variant_case(tmp_path)
-    kw = dict(model=model, device="cuda", block_size=16, max_num_batched_tokens=256, max_num_seqs=16,
-              max_model_len=512, enable_mtp_varlen=False, cuda_graphs=True, zero_overhead_scheduling=True,
-              num_speculative_tokens=0, compile_decode=False)
+    kw = dict(model=model, cuda_graphs=True, zero_overhead_scheduling=True, num_speculative_tokens=0,
+              compile_decode=False)
     monkeypatch.setenv("DEEPINFER_SPARSE_MLA_VARIANT", "bulk")
-    llm = LLM(**kw)
+    llm = _llm("cuda", **kw)
     greedy = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
     seqs = [p + o.token_ids for p, o in zip(_prompts(), llm.generate(prompt_token_ids=_prompts(),
                                                                      sampling_params=greedy, use_tqdm=False))]
@@ -128,7 +132,7 @@ def test_sparse_mla_mma_scores_as_close_to_float32_as_bulk(tmp_path, monkeypatch
     peaks = {}
     for variant, dtype in (("bulk", None), ("mma", None), ("auto", "float32")):
         monkeypatch.setenv("DEEPINFER_SPARSE_MLA_VARIANT", variant)
-        llm = LLM(**dict(kw, dtype=dtype))
+        llm = _llm("cuda", dtype, **kw)
         outs = llm.generate(prompt_token_ids=cuts, sampling_params=one, use_tqdm=False)
         peaks[dtype or variant] = torch.tensor([max(o.top_logprobs[0].values()) for o in outs], dtype=torch.float64)
         del llm
