@@ -98,5 +98,6 @@ def main(argv: list[str] | None = None) -> None:
                   f"({rows * RECORD_BYTES * 64 / (share * args.copy_tbs * 1e12) * 1e6:.3f} us a 64-key block), "
                   f"fixed {fixed:5.1f} us a call (widths {pts[0][0]}..{pts[-1][0]})", flush=True)
 
+
 if __name__ == "__main__":
     main()
