@@ -1,6 +1,7 @@
 """tools/sparse_mla_ncu.py (the Nsight Compute table of the sparse MLA decode kernels) on a CSV
 the H200 produced on 2026-12-02 (bulk, regs, bulk with two consumers; 132 rows x 2,048 keys over
-KV blocks of 128; the columns the tool reads), and tools/sparse_mla_width_sweep.py's line fit."""
+KV blocks of 128; the columns the tool reads), tools/sparse_mla_width_sweep.py's line fit and
+tools/sparse_mla_cta_marks.py's marked consumer source."""
 
 import csv
 import sys
@@ -10,6 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
+import sparse_mla_cta_marks as cta_marks  # noqa: E402
 import sparse_mla_ncu as ncu  # noqa: E402
 import sparse_mla_width_sweep as sweep  # noqa: E402
 
@@ -90,3 +92,14 @@ def test_the_tools_share_one_decode_case():
     assert ncu.VARIANTS is sweep.VARIANTS is clock.VARIANTS is case.VARIANTS
     with pytest.raises(ValueError, match="layout='blocks'"):
         case.make_decode_case(2048, "blocks", 400_000, pool=None)
+
+
+def test_cta_marks_patch_the_teams_consumer_once_each():
+    from deepinfer_kernels.tilelang._cuda_mma_teams import MMA_TEAMS_SRC
+
+    marked = cta_marks.marked_teams_source(MMA_TEAMS_SRC)
+    assert marked.count("di_gt_mark(mark_buf, mark_row, ") == 3       # start, first ready, end
+    assert marked.index("mark_row, 1)") < marked.index("for (int i = 0; i < nblk; ++i)") < marked.index("mark_row, 2)")
+    assert "void* mark_buf, int mark_row" in marked and marked.rstrip().endswith("#endif")
+    with pytest.raises(RuntimeError, match="anchor"):
+        cta_marks.marked_teams_source(MMA_TEAMS_SRC.replace("di_mbar_wait(rdy, 0);", "di_mbar_wait(rdy, 1);"))

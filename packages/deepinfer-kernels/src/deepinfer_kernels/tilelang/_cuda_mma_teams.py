@@ -27,9 +27,9 @@ shared memory and writes its own half.
 MMA_TEAMS_SRC = r"""
 #ifndef DI_MMA_TEAMS_SRC
 #define DI_MMA_TEAMS_SRC
-// Shared buffers as di_mma_consumer's (team T: S_red[T][0..3], P_sm[T], alpha_sm[T]; beta / cabs[s][T]
-// its half's rescale and exponent), and fin_sm [64]: the teams' maxima and sums per head. The same
-// arguments as di_mma_consumer's (no timeline marks).
+// Shared buffers as di_mma_consumer's but S_red [2][4][16][SST] (team T: S_red[T], P_sm[T], alpha_sm[T];
+// beta / cabs[s][T] its half's rescale and exponent), and fin_sm [64]: the teams' maxima and sums per
+// head. The same arguments as di_mma_consumer's (no timeline marks).
 template <int REC, int D, int NST, int H, int SST, bool SPLIT, bool HW, bool LAZY>
 __device__ __forceinline__ void di_mma_teams_consumer(const unsigned char* K8, const float* vm, const unsigned* kfac,
                                                       const float* beta, const int* cabs,
@@ -179,24 +179,29 @@ __device__ __forceinline__ void di_mma_teams_consumer(const unsigned char* K8, c
   const int last = nblk > 0 ? ((nblk - 1) % NST) * 2 + T : -1;
   const float unit = last < 0 ? 0.f : __uint_as_float((unsigned)cabs[last] << 23);   // 2^(C_T - 127)
   di_named_sync(1, 256);                                   // both teams are past their last half
-  auto merged = [&](int h, float& own, float& lse2) {      // head h: this team's factor, the log2-sum-exp
+  auto merged = [&](int h, float& m, float& l) {           // head h: the merged maximum and sum; this team's weight
     const float m0 = fin_sm[h], m1 = fin_sm[16 + h], l0 = fin_sm[32 + h], l1 = fin_sm[48 + h];
-    const float m = fmaxf(m0, m1);
+    m = fmaxf(m0, m1);
     const float w0 = m0 == NEG_INF ? 0.f : exp2f(m0 - m), w1 = m1 == NEG_INF ? 0.f : exp2f(m1 - m);
-    const float l = l0 * w0 + l1 * w1;
-    own = l > 0.f ? (T == 0 ? w0 : w1) / l * unit : 0.f;
-    lse2 = l > 0.f ? log2f(l) + m : NEG_INF;
+    l = l0 * w0 + l1 * w1;
+    return T == 0 ? w0 : w1;
   };
-  float f_g, f_g8, lse2;
-  merged(g, f_g, lse2);
-  merged(g + 8, f_g8, lse2);
-  if (T == 0 && (lane & 7) == 0 && hl < H) {
-    float own;
-    merged(hl, own, lse2);
+  auto factor = [&](int h) {                               // head h: this team's accumulators' factor
+    float m, l;
+    const float own = merged(h, m, l);
+    return l > 0.f ? own / l * unit : 0.f;
+  };
+  const float f_g = factor(g), f_g8 = factor(g + 8);
+  if (T == 0 && (lane & 7) == 0 && hl < H) {               // the row's log-sum-exp (log2 units when split)
+    float m, l;
+    merged(hl, m, l);
+    const float lse2 = l > 0.f ? log2f(l) + m : NEG_INF;
     lse_row[hl] = SPLIT ? lse2 : lse2 * 0.6931471805599453f;
   }
   constexpr int XST = D + 16;                              // row stride (floats) of the hand-over
-  float* xch = S_red;                                      // [16 heads][XST]: the partials are no longer read
+  // [16 heads][XST] (33 KB) over the stages' bytes: every copy has landed (each half waited for its
+  // stage) and no warp reads them any more
+  float* xch = reinterpret_cast<float*>(const_cast<unsigned char*>(K8));
 #pragma unroll
   for (int c = 0; c < 8; ++c) {
     if ((c >> 2) == T) continue;                           // the other team's chunks

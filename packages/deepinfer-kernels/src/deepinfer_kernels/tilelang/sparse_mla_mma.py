@@ -32,7 +32,10 @@ issues ~260 instructions when no rescale is due. "auto" runs it for decode calls
 decode end to end at batch 64, prompt 4,096, it changed nothing measurable (29,292 vs 29,298
 tokens/s with "bulk", same call): attention is a small share of that step. Its steady state is the
 SM's own pace (1.28-1.30 us a 64-key block at 1, 66 and 132 rows: 80.3-80.5% of copy at 132),
-plus ~11 us a call at 132 rows (4.8 at one row; ``tools/sparse_mla_width_sweep.py --rows``).
+plus ~11 us a call at 132 rows (4.8 at one row; ``tools/sparse_mla_width_sweep.py --rows``): per-CTA
+marks (``tools/sparse_mla_cta_marks.py``) show the first stage ready after 3.8-4.6 us (median; up to
+8.7) and CTAs ending up to ~4 us after the median. The two-team build keeps 177 KB of shared memory
+(the epilogue's hand-over over the stages' bytes); a fifth stage (``stages=5``, 215 KB) was slower.
 
 Precision: Q goes to f16 with a power-of-two scale per head (its largest element in [2^14, 2^15)),
 K / V are f16 (``hw_cvt``: the hardware e4m3 -> f16 conversion; otherwise three integer operations
@@ -68,7 +71,7 @@ TEAMS = True              # two consumer teams, one per half of each stage (_cud
 
 
 def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline: bool = False,
-               lazy_rescale: bool = LAZY_RESCALE, teams: bool = TEAMS):
+               lazy_rescale: bool = LAZY_RESCALE, teams: bool = TEAMS, stages: int = MMA_STAGES):
     """Warp-MMA decode kernel; same signature and dynamic shapes as ``_build_bulk`` / ``_build_regs``
     (one query row x up to 16 heads per CTA: more heads, a multiple of 16, take a CTA per 16, each
     reading the row's records; ``bps`` blocks per split). ``timeline`` (not split, 16 heads):
@@ -76,7 +79,7 @@ def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline:
     viewed as int64 (``tools/sparse_mla_decode_timeline.py mma``). The mark buffer goes in as
     ``Opart``'s base and the row's offset: an index ``Opart[0, r]`` would make TileLang guard the
     call with ``r < RP``, and the whole-row launch passes a one-row ``Opart``. ``teams``: the
-    two-team consumer (``_cuda_mma_teams.py``; no timeline marks)."""
+    two-team consumer (``_cuda_mma_teams.py``; no timeline marks). ``stages``: FP8 stages in flight."""
     import tilelang.language as T
 
     BI = BLOCK_TOKENS
@@ -84,7 +87,7 @@ def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline:
     H = heads
     HC = min(H, 16)                # heads of a CTA
     HG = H // HC                   # CTAs of a row
-    NST = MMA_STAGES
+    NST = stages
     NG = d // 32
     assert (H <= 16 or H % 16 == 0) and d == 512 and REC % 16 == 0 and NG == 16, "mma: up to 16 heads or a multiple, D 512"
     assert not (timeline and H > 16), "timeline marks: one CTA a row"
@@ -133,7 +136,7 @@ def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline:
             kfac = T.alloc_shared((NST, NG, BI), T.uint32)
             beta = T.alloc_shared((NST, 2), T.float32)
             cabs = T.alloc_shared((NST, 2), T.int32)
-            S_red = T.alloc_shared((2, 8, 16, SCORE_STRIDE), T.float32)
+            S_red = T.alloc_shared((2, 4 if teams else 8, 16, SCORE_STRIDE), T.float32)
             P_sm = T.alloc_shared((2, 16, SCORE_STRIDE), T.uint16)
             alpha_sm = T.alloc_shared((2, 16), T.float32)
             qsm = T.alloc_shared((16,), T.float32)
