@@ -19,6 +19,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "packages" / "deepinfer-kernels" / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sparse_mla_decode_case import HEADS, ROWS, D, make_decode_case  # noqa: E402
 
 MARK_FN = r'''
 __device__ __forceinline__ void di_gt_mark(void* buf, int row, int e) {
@@ -50,7 +53,7 @@ def marked_teams_source(src: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", type=int, default=132)
+    p.add_argument("--rows", type=int, default=ROWS)
     p.add_argument("--widths", default="2048,8192", help="keys per row, comma-separated")
     p.add_argument("--stages", default="4", help="FP8 stages in flight, comma-separated builds")
     p.add_argument("--reps", type=int, default=4)
@@ -62,18 +65,19 @@ def main(argv: list[str] | None = None) -> None:
     import deepinfer_kernels.tilelang.sparse_mla_mma as M
     from deepinfer_kernels.tilelang import testing as T
     from deepinfer_kernels.tilelang._common import TARGET
-    from deepinfer_kernels.tilelang.sparse_mla_builders import BLOCK_TOKENS, LOG2E, NO_AUTO_SYNC
+    from deepinfer_kernels.tilelang.sparse_mla import plan
+    from deepinfer_kernels.tilelang.sparse_mla_builders import LOG2E, NO_AUTO_SYNC
 
     M.MMA_TEAMS_SRC = marked_teams_source(M.MMA_TEAMS_SRC)   # read by _build_mma at build time
     stages = [int(s) for s in args.stages.split(",")]
-    kernels = {n: tilelang.compile(M._build_mma(16, 512, False, stages=n), target=TARGET, pass_configs=NO_AUTO_SYNC)
+    kernels = {n: tilelang.compile(M._build_mma(HEADS, D, False, stages=n), target=TARGET, pass_configs=NO_AUTO_SYNC)
                for n in stages}
     if not torch.cuda.is_available():
         print(f"compiled {len(kernels)} marked build(s); running them needs CUDA")
         return
     rows, widths = args.rows, [int(w) for w in args.widths.split(",")]
     slots = rows * max(widths) + 4096
-    pool = T.make_pool(slots, 512, "cuda", seed=0)
+    pool = T.make_pool(slots, D, "cuda", seed=0)
     flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
 
     def spread(x: torch.Tensor) -> str:
@@ -81,13 +85,12 @@ def main(argv: list[str] | None = None) -> None:
 
     print("us, min / median / max over the CTAs; times from the first CTA's start")
     for width in widths:
-        c = T.make_sparse_mla_case(rows, 16, 512, width, slots, "cuda", pool=pool, paged=128, seed=1)
-        out = torch.empty(rows, 16, 512, dtype=torch.bfloat16, device="cuda")
-        lse = torch.empty(rows, 16, dtype=torch.float32, device="cuda")
-        marks = torch.zeros(1, 1, 16, 512, dtype=torch.float32, device="cuda")   # Opart: rows x 4 int64 marks
-        lpart = torch.empty(1, 1, 16, dtype=torch.float32, device="cuda")
-        bps = -(-width // BLOCK_TOKENS)
-        bps += bps % 2
+        c = make_decode_case(width, "paged128", slots, pool, rows=rows)
+        out = torch.empty(rows, HEADS, D, dtype=torch.bfloat16, device="cuda")
+        lse = torch.empty(rows, HEADS, dtype=torch.float32, device="cuda")
+        marks = torch.zeros(1, 1, HEADS, D, dtype=torch.float32, device="cuda")   # Opart: rows x 4 int64 marks
+        lpart = torch.empty(1, 1, HEADS, dtype=torch.float32, device="cuda")
+        bps = plan(rows, HEADS, D, width, 132, 1, "mma")["bps"]            # whole rows, as the launcher sizes them
         for n, kernel in kernels.items():
             for rep in range(args.reps):
                 flush.zero_()
