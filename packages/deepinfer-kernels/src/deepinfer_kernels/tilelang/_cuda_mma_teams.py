@@ -201,6 +201,7 @@ __device__ __forceinline__ void di_mma_teams_consumer(const unsigned char* K8, c
   constexpr int XST = D + 16;                              // row stride (floats) of the hand-over
   // [16 heads][XST] (33 KB) over the stages' bytes: every copy has landed (each half waited for its
   // stage) and no warp reads them any more
+  static_assert(NST * 64 * REC >= 16 * XST * 4, "the hand-over fits in the stages' bytes");
   float* xch = reinterpret_cast<float*>(const_cast<unsigned char*>(K8));
 #pragma unroll
   for (int c = 0; c < 8; ++c) {
