@@ -27,148 +27,126 @@ shared memory and writes its own half.
 MMA_TEAMS_SRC = r"""
 #ifndef DI_MMA_TEAMS_SRC
 #define DI_MMA_TEAMS_SRC
-// Shared buffers as di_mma_consumer's but S_red [2][4][16][SST] (team T: S_red[T], P_sm[T], alpha_sm[T];
-// beta / cabs[s][T] its half's rescale and exponent), and fin_sm [64]: the teams' maxima and sums per
-// head. The same arguments as di_mma_consumer's (no timeline marks).
-template <int REC, int D, int NST, int H, int SST, bool SPLIT, bool HW, bool LAZY>
-__device__ __forceinline__ void di_mma_teams_consumer(const unsigned char* K8, const float* vm, const unsigned* kfac,
-                                                      const float* beta, const int* cabs,
-                                                      float* S_red, unsigned short* P_sm, float* alpha_sm, float* qsm,
-                                                      float* fin_sm, void* ready, void* empty,
-                                                      const void* q_row, void* out_row, float* lse_row, float scale,
-                                                      int tx, void* /*mark_buf*/, int /*mark_row*/, int keys, int bps) {
-  static_assert(D == 512 && H <= 16, "mma: D 512, up to 16 heads");
+// ---------------------------------------------------------------- one team's steps
+// A team warp's registers of a 32-key half: di_mma_team_load, the ldmatrix of its 128 dims (k8: the
+// lane's shared address in the stage) and the key factors of its four groups (kf: the lane's first
+// factor in the stage's table); di_mma_team_convert, each byte quad to f16 pairs times the key's
+// factor -> kv [8-key tile j][chunk c][lo / hi]
+struct DiTeamHalfBytes {
+  unsigned r[4][2][4];                                   // [tile j][16-dim chunk pair cc][ldmatrix register]
+  uint4 f4[4];                                           // [group]: the factors of the lane's four keys
+};
+template <int REC>
+__device__ __forceinline__ void di_mma_team_load(unsigned k8, const unsigned* kf, DiTeamHalfBytes& hb) {
+#pragma unroll
+  for (int G = 0; G < 4; ++G) hb.f4[G] = *reinterpret_cast<const uint4*>(kf + 64 * G);
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc)
+      di_ldsm_x4_s(k8 + 8 * j * REC + 64 * cc, hb.r[j][cc][0], hb.r[j][cc][1], hb.r[j][cc][2], hb.r[j][cc][3]);
+}
+template <bool HW>
+__device__ __forceinline__ void di_mma_team_convert(const DiTeamHalfBytes& hb, unsigned (&kv)[4][8][2]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc)
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const uint4 fg = hb.f4[2 * cc + (m >> 1)];
+        const unsigned fac = j == 0 ? fg.x : j == 1 ? fg.y : j == 2 ? fg.z : fg.w;
+        unsigned lo, hi;
+        di_e4m3x4_f16<HW>(hb.r[j][cc][m], lo, hi);
+        kv[j][4 * cc + m][0] = di_hmul2(lo, fac);
+        kv[j][4 * cc + m][1] = di_hmul2(hi, fac);
+      }
+}
+// The warp's partial scores of the half: 8 mma per 8-key tile (acc [tile j][C register]), then into
+// red [4 warps][16 heads][SST] at warp u. (Two chains of four mma a tile instead of one of eight were
+// slower: H200, session 35, 179.3 vs 178.0 us at 8,192 keys.)
+__device__ __forceinline__ void di_mma_team_qk(const unsigned (&qa)[8][4], const unsigned (&kv)[4][8][2],
+                                               float (&acc)[4][4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      if (c == 0) di_mma16816_z(acc[j], qa[c], kv[j][c][0], kv[j][c][1]);
+      else di_mma16816(acc[j], qa[c], kv[j][c][0], kv[j][c][1]);
+    }
+}
+template <int SST>
+__device__ __forceinline__ void di_mma_team_store_scores(const float (&acc)[4][4], float* red, int u, int g, int t) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    *reinterpret_cast<float2*>(red + (u * 16 + g) * SST + 8 * j + 2 * t) = make_float2(acc[j][0], acc[j][1]);
+    *reinterpret_cast<float2*>(red + (u * 16 + g + 8) * SST + 8 * j + 2 * t) = make_float2(acc[j][2], acc[j][3]);
+  }
+}
+// The scores of head hl over keys kq4 .. kq4 + 3 of the half (8 lanes a head): the four warps'
+// partials (red) summed, scaled (qs) and masked (vm: the half's 0 / -inf, added: an invalid key's
+// factors are 0 and its bytes finite (zeroed for the hardware conversion), so its sum is 0 and its
+// score -inf).
+template <int SST>
+__device__ __forceinline__ float4 di_mma_team_head_scores(const float* red, const float* vm, float qs, int hl, int kq4) {
+  float4 sum = *reinterpret_cast<const float4*>(red + hl * SST + kq4);
+#pragma unroll
+  for (int u2 = 1; u2 < 4; ++u2) {
+    const float4 v = *reinterpret_cast<const float4*>(red + (u2 * 16 + hl) * SST + kq4);
+    sum.x += v.x;
+    sum.y += v.y;
+    sum.z += v.z;
+    sum.w += v.w;
+  }
+  const float4 mask = *reinterpret_cast<const float4*>(vm + kq4);
+  return make_float4(fmaf(sum.x, qs, mask.x), fmaf(sum.y, qs, mask.y), fmaf(sum.z, qs, mask.z), fmaf(sum.w, qs, mask.w));
+}
+// 2^x: exp2f, or (FAST) the bare ex2.approx.ftz: exp2f is the same instruction plus a rescale around
+// it for results below 2^-126, which here flush to 0 (P is f16, whose smallest subnormal is 2^-24;
+// an alpha that small zeroes the accumulators either way). H200, session 35: 175.6 vs 178.0 us at
+// 8,192 keys, 16.9 vs 17.2 on the engine's packed layout, same errors.
+template <bool FAST>
+__device__ __forceinline__ float di_exp2(float x) {
+  if (!FAST) return exp2f(x);
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+// The online softmax step of head hl over those four scores x: P (f16) and alpha to shared memory.
+// Returns whether the head's reference maximum moved (LAZY: by more than 8).
+template <int SST, bool LAZY, bool FAST_EXP>
+__device__ __forceinline__ bool di_mma_team_softmax(float4 x, int hl, int kq4, int lane, float& m_run, float& l_lane,
+                                                    unsigned short* P_team, float* alpha_team) {
   const float NEG_INF = __int_as_float(0xff800000);
   constexpr float LAZY_TAU = 8.f;
-  const int w = tx >> 5, lane = tx & 31, g = lane >> 2, t = lane & 3;
-  const int nblk = di_mma_block_count(keys, bps);
-  const int T = w >> 2, u = w & 3;                         // team (its half of every stage), warp in team (its dims)
-  const int team_bar = 4 + T;                              // the team's named barrier (128 threads)
-  const unsigned short* q = reinterpret_cast<const unsigned short*>(q_row);
-  di_mma_q_maxima<H, D>(q, qsm, tx);
-  di_named_sync(3, 256);
-  unsigned qa[8][4];                                       // [chunk c][A register]: dims 128u + 16c + 4t ..
-  di_mma_q_fragments<H, D, 8>(q, qsm, 128 * u, g, t, qa);
-  const int hl = 4 * u + (lane >> 3), kq4 = 4 * (lane & 7);   // this lane's softmax head and four keys
-  const float qinv = ldexpf(1.f, -di_mma_q_exp(qsm, hl)) * scale;
-  float m_run = NEG_INF, l_lane = 0.f;
-  float O[8][2][4];                                        // [chunk c][dims 4t + {0,1} / + {2,3}][C register]
+  const int o = di_f2ord(fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w)));
+  int mo = (int)0x80000000;                              // the head's maximum: one redux.sync per 8-lane group
 #pragma unroll
-  for (int c = 0; c < 8; ++c)
-#pragma unroll
-    for (int x = 0; x < 2; ++x)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) O[c][x][e] = 0.f;
-  const unsigned k8_base = (unsigned)__cvta_generic_to_shared(K8) + (32 * T + (lane & 7)) * REC + 128 * u + 16 * (lane >> 3);
-  const unsigned p_base = (unsigned)__cvta_generic_to_shared(P_sm)
-                          + 2 * (T * 16 * SST + ((lane & 7) + 8 * ((lane >> 3) & 1)) * SST + 8 * (lane >> 4));
-  float* red = S_red + T * 4 * 16 * SST;                   // the team's partial scores [4 warps][16 heads][SST]
-  unsigned short* P_team = P_sm + T * 16 * SST;
-  float* alpha_team = alpha_sm + T * 16;
-  unsigned long long* rdy = reinterpret_cast<unsigned long long*>(ready);
-  unsigned long long* emp = reinterpret_cast<unsigned long long*>(empty);
-  if (nblk > 0) di_mbar_wait(rdy, 0);
-  for (int i = 0; i < nblk; ++i) {
-    const int s = i % NST;
-    // ---- QK: the lane's bytes (key 8j + g of the half, dims 4t.. of each 16-dim chunk) to f16 times the
-    // key's factor for their group, then 8 mma per 8-key tile: the warp's partial score
-    unsigned kv[4][8][2];                                  // [8-key tile j][chunk c][lo / hi]
-    float acc[4][4];
-    {
-      const unsigned* kf = kfac + (s * 16 + 4 * u) * 64 + 32 * T + 4 * g;
-      uint4 f4[4];
-#pragma unroll
-      for (int G = 0; G < 4; ++G) f4[G] = *reinterpret_cast<const uint4*>(kf + 64 * G);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-#pragma unroll
-        for (int cc = 0; cc < 2; ++cc) {
-          unsigned r[4];
-          di_ldsm_x4_s(k8_base + (s * 64 + 8 * j) * REC + 64 * cc, r[0], r[1], r[2], r[3]);
-#pragma unroll
-          for (int m = 0; m < 4; ++m) {
-            const uint4 fg = f4[2 * cc + (m >> 1)];
-            const unsigned fac = j == 0 ? fg.x : j == 1 ? fg.y : j == 2 ? fg.z : fg.w;
-            unsigned lo, hi;
-            di_e4m3x4_f16<HW>(r[m], lo, hi);
-            kv[j][4 * cc + m][0] = di_hmul2(lo, fac);
-            kv[j][4 * cc + m][1] = di_hmul2(hi, fac);
-          }
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int c = 0; c < 8; ++c) {
-          if (c == 0) di_mma16816_z(acc[j], qa[c], kv[j][c][0], kv[j][c][1]);
-          else di_mma16816(acc[j], qa[c], kv[j][c][0], kv[j][c][1]);
-        }
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        *reinterpret_cast<float2*>(red + (u * 16 + g) * SST + 8 * j + 2 * t) = make_float2(acc[j][0], acc[j][1]);
-        *reinterpret_cast<float2*>(red + (u * 16 + g + 8) * SST + 8 * j + 2 * t) = make_float2(acc[j][2], acc[j][3]);
-      }
-    }
-    const float bt = beta[s * 2 + T];
-    const float qs = qinv * __uint_as_float((unsigned)cabs[s * 2 + T] << 23);   // x 2^(C_T - 127): score units
-    di_named_sync(team_bar, 128);                          // the team's partials complete
-    // ---- softmax of head hl over keys kq4 .. kq4 + 3 (8 lanes a head)
-    bool grew;
-    {
-      float4 sum = *reinterpret_cast<const float4*>(red + hl * SST + kq4);
-#pragma unroll
-      for (int u2 = 1; u2 < 4; ++u2) {
-        const float4 v = *reinterpret_cast<const float4*>(red + (u2 * 16 + hl) * SST + kq4);
-        sum.x += v.x;
-        sum.y += v.y;
-        sum.z += v.z;
-        sum.w += v.w;
-      }
-      const float4 mask = *reinterpret_cast<const float4*>(vm + s * 64 + 32 * T + kq4);
-      const float x0 = mask.x == 0.f ? sum.x * qs : NEG_INF, x1 = mask.y == 0.f ? sum.y * qs : NEG_INF;
-      const float x2 = mask.z == 0.f ? sum.z * qs : NEG_INF, x3 = mask.w == 0.f ? sum.w * qs : NEG_INF;
-      const int o = di_f2ord(fmaxf(fmaxf(x0, x1), fmaxf(x2, x3)));
-      int mo = (int)0x80000000;                            // the head's maximum: one redux.sync per 8-lane group
-#pragma unroll
-      for (int hq = 0; hq < 4; ++hq) {
-        const int m_q = __reduce_max_sync(0xffffffffu, (lane >> 3) == hq ? o : (int)0x80000000);
-        mo = (lane >> 3) == hq ? m_q : mo;
-      }
-      const float mb = di_ord2f(mo);
-      const bool grow = LAZY ? mb > m_run + LAZY_TAU : mb > m_run;
-      const float m_new = grow ? mb : m_run;
-      const float ms = m_new == NEG_INF ? 0.f : m_new;
-      const float alpha = grow ? exp2f(m_run - ms) : 1.f;
-      const float p0 = exp2f(x0 - ms), p1 = exp2f(x1 - ms), p2 = exp2f(x2 - ms), p3 = exp2f(x3 - ms);
-      l_lane = l_lane * alpha + ((p0 + p1) + (p2 + p3));
-      m_run = m_new;
-      grew = grow;
-      *reinterpret_cast<uint2*>(P_team + hl * SST + kq4) = make_uint2(di_f16x2(p0, p1), di_f16x2(p2, p3));
-      if ((lane & 7) == 0) alpha_team[hl] = alpha;
-    }
-    unsigned vt[4][8][2];                                  // the registers transposed for PV
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int c = 0; c < 8; ++c) {
-        vt[j][c][0] = di_movt(kv[j][c][0]);
-        vt[j][c][1] = di_movt(kv[j][c][1]);
-      }
-    // ptxas places an instruction by its distance to the end of its basic block and moves movmatrix
-    // across barriers: all 64 sank past the next barrier, onto PV's path. A branch never taken (beta is
-    // a power of two) ends their block here (8,192 keys, H200 session 32: 184.8-186.1 us without it in
-    // call 1, 179.8-181.8 with it in call 2; not one process).
-    if (bt < 0.f) __trap();
-    __syncwarp();                                          // the stage's bytes and tables are no longer read
-    if (lane == 0) di_mbar_arrive(emp + s);
-    const bool any_grew = di_named_sync_or(team_bar, 128, grew);   // P and alpha complete
-    if (i + 1 < nblk) di_mbar_wait(rdy + (i + 1) % NST, ((i + 1) / NST) & 1);
-    // ---- PV: rescale (skipped when no head's maximum moved and C_T did not grow), then P times the
-    // transposed registers
-    di_mma_pv<8>(O, any_grew || bt != 1.f, alpha_team, bt, g, p_base, vt);
+  for (int hq = 0; hq < 4; ++hq) {
+    const int m_q = __reduce_max_sync(0xffffffffu, (lane >> 3) == hq ? o : (int)0x80000000);
+    mo = (lane >> 3) == hq ? m_q : mo;
   }
-  // ---- epilogue: the teams' softmax states merged per head (as a split-KV combine), then each team
-  // hands the other its half of the dims (scaled) and writes its own half: team 0 chunks 0-3, team 1 4-7
+  const float mb = di_ord2f(mo);
+  const bool grow = LAZY ? mb > m_run + LAZY_TAU : mb > m_run;
+  const float m_new = grow ? mb : m_run;
+  const float ms = m_new == NEG_INF ? 0.f : m_new;
+  const float alpha = grow ? di_exp2<FAST_EXP>(m_run - ms) : 1.f;
+  const float p0 = di_exp2<FAST_EXP>(x.x - ms), p1 = di_exp2<FAST_EXP>(x.y - ms);
+  const float p2 = di_exp2<FAST_EXP>(x.z - ms), p3 = di_exp2<FAST_EXP>(x.w - ms);
+  l_lane = l_lane * alpha + ((p0 + p1) + (p2 + p3));
+  m_run = m_new;
+  *reinterpret_cast<uint2*>(P_team + hl * SST + kq4) = make_uint2(di_f16x2(p0, p1), di_f16x2(p2, p3));
+  if ((lane & 7) == 0) alpha_team[hl] = alpha;
+  return grow;
+}
+// The epilogue: the teams' softmax states merged per head (as a split-KV combine), then each team
+// hands the other its half of the dims (scaled) over the stages' bytes and writes its own half: team
+// 0 chunks 0-3, team 1 4-7. unit: 2^(C_T - 127) of the team's last half (0 when it had none).
+template <int REC, int D, int NST, int H, bool SPLIT>
+__device__ __forceinline__ void di_mma_teams_epilogue(float (&O)[8][2][4], float m_run, float l_lane, float unit,
+                                                      const unsigned char* K8, float* fin_sm, void* out_row,
+                                                      float* lse_row, int T, int u, int g, int t, int hl, int lane) {
+  const float NEG_INF = __int_as_float(0xff800000);
   float l_run = l_lane;
 #pragma unroll
   for (int o = 1; o < 8; o <<= 1) l_run += __shfl_xor_sync(0xffffffffu, l_run, o);
@@ -176,8 +154,6 @@ __device__ __forceinline__ void di_mma_teams_consumer(const unsigned char* K8, c
     fin_sm[T * 16 + hl] = m_run;
     fin_sm[32 + T * 16 + hl] = l_run;
   }
-  const int last = nblk > 0 ? ((nblk - 1) % NST) * 2 + T : -1;
-  const float unit = last < 0 ? 0.f : __uint_as_float((unsigned)cabs[last] << 23);   // 2^(C_T - 127)
   di_named_sync(1, 256);                                   // both teams are past their last half
   auto merged = [&](int h, float& m, float& l) {           // head h: the merged maximum and sum; this team's weight
     const float m0 = fin_sm[h], m1 = fin_sm[16 + h], l0 = fin_sm[32 + h], l1 = fin_sm[48 + h];
@@ -235,6 +211,96 @@ __device__ __forceinline__ void di_mma_teams_consumer(const unsigned char* K8, c
       }
     }
   }
+}
+// ---------------------------------------------------------------- the two-team consumer
+// Shared buffers as di_mma_consumer's but S_red [2][4][16][SST] (team T: S_red[T], P_sm[T], alpha_sm[T];
+// beta / cabs[s][T] its half's rescale and exponent), and fin_sm [64]: the teams' maxima and sums per
+// head. The same arguments as di_mma_consumer's (no timeline marks). FAST_EXP: di_exp2's.
+template <int REC, int D, int NST, int H, int SST, bool SPLIT, bool HW, bool LAZY, bool FAST_EXP>
+__device__ __forceinline__ void di_mma_teams_consumer(const unsigned char* K8, const float* vm, const unsigned* kfac,
+                                                      const float* beta, const int* cabs,
+                                                      float* S_red, unsigned short* P_sm, float* alpha_sm, float* qsm,
+                                                      float* fin_sm, void* ready, void* empty,
+                                                      const void* q_row, void* out_row, float* lse_row, float scale,
+                                                      int tx, void* /*mark_buf*/, int /*mark_row*/, int keys, int bps) {
+  static_assert(D == 512 && H <= 16, "mma: D 512, up to 16 heads");
+  const float NEG_INF = __int_as_float(0xff800000);
+  const int w = tx >> 5, lane = tx & 31, g = lane >> 2, t = lane & 3;
+  const int nblk = di_mma_block_count(keys, bps);
+  const int T = w >> 2, u = w & 3;                         // team (its half of every stage), warp in team (its dims)
+  const int team_bar = 4 + T;                              // the team's named barrier (128 threads)
+  const unsigned short* q = reinterpret_cast<const unsigned short*>(q_row);
+  di_mma_q_maxima<H, D>(q, qsm, tx);
+  di_named_sync(3, 256);
+  unsigned qa[8][4];                                       // [chunk c][A register]: dims 128u + 16c + 4t ..
+  di_mma_q_fragments<H, D, 8>(q, qsm, 128 * u, g, t, qa);
+  const int hl = 4 * u + (lane >> 3), kq4 = 4 * (lane & 7);   // this lane's softmax head and four keys
+  const float qinv = ldexpf(1.f, -di_mma_q_exp(qsm, hl)) * scale;
+  float m_run = NEG_INF, l_lane = 0.f;
+  float O[8][2][4];                                        // [chunk c][dims 4t + {0,1} / + {2,3}][C register]
+#pragma unroll
+  for (int c = 0; c < 8; ++c)
+#pragma unroll
+    for (int x = 0; x < 2; ++x)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) O[c][x][e] = 0.f;
+  const unsigned k8_base = (unsigned)__cvta_generic_to_shared(K8) + (32 * T + (lane & 7)) * REC + 128 * u + 16 * (lane >> 3);
+  const unsigned p_base = (unsigned)__cvta_generic_to_shared(P_sm)
+                          + 2 * (T * 16 * SST + ((lane & 7) + 8 * ((lane >> 3) & 1)) * SST + 8 * (lane >> 4));
+  float* red = S_red + T * 4 * 16 * SST;                   // the team's partial scores [4 warps][16 heads][SST]
+  unsigned short* P_team = P_sm + T * 16 * SST;
+  float* alpha_team = alpha_sm + T * 16;
+  unsigned long long* rdy = reinterpret_cast<unsigned long long*>(ready);
+  unsigned long long* emp = reinterpret_cast<unsigned long long*>(empty);
+  if (nblk > 0) di_mbar_wait(rdy, 0);
+  for (int i = 0; i < nblk; ++i) {
+    const int s = i % NST;
+    // ---- QK: the lane's bytes (key 8j + g of the half, dims 4t.. of each 16-dim chunk) to f16 times the
+    // key's factor for their group, then 8 mma per 8-key tile: the warp's partial score
+    unsigned kv[4][8][2];                                  // [8-key tile j][chunk c][lo / hi]
+    {
+      DiTeamHalfBytes bytes;
+      di_mma_team_load<REC>(k8_base + s * 64 * REC, kfac + (s * 16 + 4 * u) * 64 + 32 * T + 4 * g, bytes);
+      di_mma_team_convert<HW>(bytes, kv);
+    }
+    {
+      float acc[4][4];
+      di_mma_team_qk(qa, kv, acc);
+      di_mma_team_store_scores<SST>(acc, red, u, g, t);
+    }
+    const float bt = beta[s * 2 + T];
+    const float qs = qinv * __uint_as_float((unsigned)cabs[s * 2 + T] << 23);   // x 2^(C_T - 127): score units
+    di_named_sync(team_bar, 128);                          // the team's partials complete
+    // ---- softmax of head hl over keys kq4 .. kq4 + 3 (8 lanes a head)
+    const bool grew = di_mma_team_softmax<SST, LAZY, FAST_EXP>(
+        di_mma_team_head_scores<SST>(red, vm + s * 64 + 32 * T, qs, hl, kq4), hl, kq4, lane, m_run, l_lane, P_team,
+        alpha_team);
+    unsigned vt[4][8][2];                                  // the registers transposed for PV
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        vt[j][c][0] = di_movt(kv[j][c][0]);
+        vt[j][c][1] = di_movt(kv[j][c][1]);
+      }
+    // ptxas places an instruction by its distance to the end of its basic block and moves movmatrix
+    // across barriers: all 64 sank past the next barrier, onto PV's path. A branch never taken (beta is
+    // a power of two) ends their block here (8,192 keys, H200 session 32: 184.8-186.1 us without it in
+    // call 1, 179.8-181.8 with it in call 2; not one process). Before the team barrier instead, beside
+    // QK's mma, they were slower (session 35: 182.4 vs 178.0 us).
+    if (bt < 0.f) __trap();
+    __syncwarp();                                          // the stage's bytes and tables are no longer read
+    if (lane == 0) di_mbar_arrive(emp + s);
+    const bool any_grew = di_named_sync_or(team_bar, 128, grew);   // P and alpha complete
+    if (i + 1 < nblk) di_mbar_wait(rdy + (i + 1) % NST, ((i + 1) / NST) & 1);
+    // ---- PV: rescale (skipped when no head's maximum moved and C_T did not grow), then P times the
+    // transposed registers
+    di_mma_pv<8>(O, any_grew || bt != 1.f, alpha_team, bt, g, p_base, vt);
+  }
+  const int last = nblk > 0 ? ((nblk - 1) % NST) * 2 + T : -1;
+  const float unit = last < 0 ? 0.f : __uint_as_float((unsigned)cabs[last] << 23);   // 2^(C_T - 127)
+  di_mma_teams_epilogue<REC, D, NST, H, SPLIT>(O, m_run, l_lane, unit, K8, fin_sm, out_row, lse_row, T, u, g, t, hl,
+                                               lane);
 }
 #endif
 """

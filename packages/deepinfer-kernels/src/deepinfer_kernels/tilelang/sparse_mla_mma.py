@@ -68,10 +68,12 @@ SCORE_STRIDE = 40         # row stride (floats / halves) of the partial scores a
 PREP_WARPS = 2            # producer warps building the stage tables (8 scale groups each)
 LAZY_RESCALE = True       # the softmax's reference maximum moves only by more than 2^8 (_cuda_mma's LAZY)
 TEAMS = True              # two consumer teams, one per half of each stage (_cuda_mma_teams.py)
+FAST_EXP = False          # the teams' softmax 2^x as the bare ex2.approx.ftz (_cuda_mma_teams.py's di_exp2)
 
 
 def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline: bool = False,
-               lazy_rescale: bool = LAZY_RESCALE, teams: bool = TEAMS, stages: int = MMA_STAGES):
+               lazy_rescale: bool = LAZY_RESCALE, teams: bool = TEAMS, stages: int = MMA_STAGES,
+               fast_exp: bool = FAST_EXP):
     """Warp-MMA decode kernel; same signature and dynamic shapes as ``_build_bulk`` / ``_build_regs``
     (one query row x up to 16 heads per CTA: more heads, a multiple of 16, take a CTA per 16, each
     reading the row's records; ``bps`` blocks per split). ``timeline`` (not split, 16 heads):
@@ -79,7 +81,8 @@ def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline:
     viewed as int64 (``tools/sparse_mla_decode_timeline.py mma``). The mark buffer goes in as
     ``Opart``'s base and the row's offset: an index ``Opart[0, r]`` would make TileLang guard the
     call with ``r < RP``, and the whole-row launch passes a one-row ``Opart``. ``teams``: the
-    two-team consumer (``_cuda_mma_teams.py``; no timeline marks). ``stages``: FP8 stages in flight."""
+    two-team consumer (``_cuda_mma_teams.py``; no timeline marks). ``stages``: FP8 stages in flight.
+    ``fast_exp`` (teams): ``FAST_EXP``."""
     import tilelang.language as T
 
     BI = BLOCK_TOKENS
@@ -97,7 +100,8 @@ def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline:
     hw, tl, lazy = ("true" if flag else "false" for flag in (hw_cvt, timeline, lazy_rescale))
     sp_ = "true" if split else "false"
     if teams:
-        CONSUME = f"di_mma_teams_consumer<{REC}, {d}, {NST}, {HC}, {SCORE_STRIDE}, {sp_}, {hw}, {lazy}>"
+        fx = "true" if fast_exp else "false"
+        CONSUME = f"di_mma_teams_consumer<{REC}, {d}, {NST}, {HC}, {SCORE_STRIDE}, {sp_}, {hw}, {lazy}, {fx}>"
     else:
         CONSUME = f"di_mma_consumer<{REC}, {d}, {NST}, {HC}, {SCORE_STRIDE}, {sp_}, {hw}, {tl}, {lazy}>"
     PW = PREP_WARPS
