@@ -1,4 +1,4 @@
-"""tools/sparse_mla_quads_diag.py and tools/sparse_mla_decode_diag.py: every variant still finds the
+"""tools/sparse_mla_quads_diag.py, tools/sparse_mla_decode_diag.py and tools/sparse_mla_mma_diag.py: every variant still finds the
 code it compiles out (the kernels' source moves on; a substitution that no longer applies must
 fail, not time the base kernel), and builds its TileLang prim_func where TileLang is installed.
 tools/sparse_mla_decode_timeline.py: its marks land where it says and its phase arithmetic.
@@ -16,10 +16,11 @@ import kernel_variants  # noqa: E402
 import sparse_mla_decode_diag  # noqa: E402
 import sparse_mla_decode_timeline  # noqa: E402
 import sparse_mla_mma_ab  # noqa: E402
+import sparse_mla_mma_diag  # noqa: E402
 import sparse_mla_quads_diag  # noqa: E402
 import sparse_mla_regs_qk_probe  # noqa: E402
 
-TOOLS = {"quads": sparse_mla_quads_diag, "decode": sparse_mla_decode_diag}
+TOOLS = {"quads": sparse_mla_quads_diag, "decode": sparse_mla_decode_diag, "mma": sparse_mla_mma_diag}
 CASES = [(tool, name) for tool, module in TOOLS.items() for name in sorted(module.VARIANTS)]
 
 
