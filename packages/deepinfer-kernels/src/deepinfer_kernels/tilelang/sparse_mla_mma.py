@@ -36,6 +36,9 @@ plus ~11 us a call at 132 rows (4.8 at one row; ``tools/sparse_mla_width_sweep.p
 marks (``tools/sparse_mla_cta_marks.py``) show the first stage ready after 3.8-4.6 us (median; up to
 8.7) and CTAs ending up to ~4 us after the median. The two-team build keeps 177 KB of shared memory
 (the epilogue's hand-over over the stages' bytes); a fifth stage (``stages=5``, 215 KB) was slower.
+Session 35 (``FAST_EXP``, the bare ``ex2.approx.ftz`` in the softmax): 173.9 vs ``bulk``'s 271.7 us at
+8,192 keys (77.7% of copy), 52.1 vs 74.5 at 2,048; ``tools/sparse_mla_mma_diag.py`` times the
+consumer with one part compiled out (docs/benchmarks.md, "Thirty-fifth session").
 
 Precision: Q goes to f16 with a power-of-two scale per head (its largest element in [2^14, 2^15)),
 K / V are f16 (``hw_cvt``: the hardware e4m3 -> f16 conversion; otherwise three integer operations
@@ -68,7 +71,7 @@ SCORE_STRIDE = 40         # row stride (floats / halves) of the partial scores a
 PREP_WARPS = 2            # producer warps building the stage tables (8 scale groups each)
 LAZY_RESCALE = True       # the softmax's reference maximum moves only by more than 2^8 (_cuda_mma's LAZY)
 TEAMS = True              # two consumer teams, one per half of each stage (_cuda_mma_teams.py)
-FAST_EXP = False          # the teams' softmax 2^x as the bare ex2.approx.ftz (_cuda_mma_teams.py's di_exp2)
+FAST_EXP = True           # the teams' softmax 2^x as the bare ex2.approx.ftz (_cuda_mma_teams.py's di_exp2)
 
 
 def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline: bool = False,
