@@ -1,5 +1,5 @@
-"""tools/sparse_mla_quads_diag.py, tools/sparse_mla_decode_diag.py and tools/sparse_mla_mma_diag.py: every variant still finds the
-code it compiles out (the kernels' source moves on; a substitution that no longer applies must
+"""tools/sparse_mla_quads_diag.py, tools/sparse_mla_decode_diag.py and tools/sparse_mla_mma_diag.py:
+every variant still finds the code it compiles out (the kernels' source moves on; a substitution that no longer applies must
 fail, not time the base kernel), and builds its TileLang prim_func where TileLang is installed.
 tools/sparse_mla_decode_timeline.py: its marks land where it says and its phase arithmetic.
 tools/sparse_mla_regs_qk_probe.py: its probes replace the regs kernel's QK."""

@@ -28,39 +28,30 @@ MMA_TEAMS_SRC = r"""
 #ifndef DI_MMA_TEAMS_SRC
 #define DI_MMA_TEAMS_SRC
 // ---------------------------------------------------------------- one team's steps
-// A team warp's registers of a 32-key half: di_mma_team_load, the ldmatrix of its 128 dims (k8: the
-// lane's shared address in the stage) and the key factors of its four groups (kf: the lane's first
-// factor in the stage's table); di_mma_team_convert, each byte quad to f16 pairs times the key's
-// factor -> kv [8-key tile j][chunk c][lo / hi]
-struct DiTeamHalfBytes {
-  unsigned r[4][2][4];                                   // [tile j][16-dim chunk pair cc][ldmatrix register]
+// A team warp's registers of a 32-key half: the ldmatrix of its 128 dims (k8: the lane's shared
+// address in the stage), each byte quad to f16 pairs times the key's factor for its group (kf: the
+// lane's first factor in the stage's table) -> kv [8-key tile j][chunk c][lo / hi]
+template <int REC, bool HW>
+__device__ __forceinline__ void di_mma_team_convert(unsigned k8, const unsigned* kf, unsigned (&kv)[4][8][2]) {
   uint4 f4[4];                                           // [group]: the factors of the lane's four keys
-};
-template <int REC>
-__device__ __forceinline__ void di_mma_team_load(unsigned k8, const unsigned* kf, DiTeamHalfBytes& hb) {
 #pragma unroll
-  for (int G = 0; G < 4; ++G) hb.f4[G] = *reinterpret_cast<const uint4*>(kf + 64 * G);
+  for (int G = 0; G < 4; ++G) f4[G] = *reinterpret_cast<const uint4*>(kf + 64 * G);
 #pragma unroll
   for (int j = 0; j < 4; ++j)
 #pragma unroll
-    for (int cc = 0; cc < 2; ++cc)
-      di_ldsm_x4_s(k8 + 8 * j * REC + 64 * cc, hb.r[j][cc][0], hb.r[j][cc][1], hb.r[j][cc][2], hb.r[j][cc][3]);
-}
-template <bool HW>
-__device__ __forceinline__ void di_mma_team_convert(const DiTeamHalfBytes& hb, unsigned (&kv)[4][8][2]) {
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-#pragma unroll
-    for (int cc = 0; cc < 2; ++cc)
+    for (int cc = 0; cc < 2; ++cc) {
+      unsigned r[4];
+      di_ldsm_x4_s(k8 + 8 * j * REC + 64 * cc, r[0], r[1], r[2], r[3]);
 #pragma unroll
       for (int m = 0; m < 4; ++m) {
-        const uint4 fg = hb.f4[2 * cc + (m >> 1)];
+        const uint4 fg = f4[2 * cc + (m >> 1)];
         const unsigned fac = j == 0 ? fg.x : j == 1 ? fg.y : j == 2 ? fg.z : fg.w;
         unsigned lo, hi;
-        di_e4m3x4_f16<HW>(hb.r[j][cc][m], lo, hi);
+        di_e4m3x4_f16<HW>(r[m], lo, hi);
         kv[j][4 * cc + m][0] = di_hmul2(lo, fac);
         kv[j][4 * cc + m][1] = di_hmul2(hi, fac);
       }
+    }
 }
 // The warp's partial scores of the half: 8 mma per 8-key tile (acc [tile j][C register]), then into
 // red [4 warps][16 heads][SST] at warp u. (Two chains of four mma a tile instead of one of eight were
@@ -258,11 +249,7 @@ __device__ __forceinline__ void di_mma_teams_consumer(const unsigned char* K8, c
     // ---- QK: the lane's bytes (key 8j + g of the half, dims 4t.. of each 16-dim chunk) to f16 times the
     // key's factor for their group, then 8 mma per 8-key tile: the warp's partial score
     unsigned kv[4][8][2];                                  // [8-key tile j][chunk c][lo / hi]
-    {
-      DiTeamHalfBytes bytes;
-      di_mma_team_load<REC>(k8_base + s * 64 * REC, kfac + (s * 16 + 4 * u) * 64 + 32 * T + 4 * g, bytes);
-      di_mma_team_convert<HW>(bytes, kv);
-    }
+    di_mma_team_convert<REC, HW>(k8_base + s * 64 * REC, kfac + (s * 16 + 4 * u) * 64 + 32 * T + 4 * g, kv);
     {
       float acc[4][4];
       di_mma_team_qk(qa, kv, acc);
