@@ -243,25 +243,39 @@ __device__ __forceinline__ void di_mma_teams_consumer(const unsigned char* K8, c
   float* alpha_team = alpha_sm + T * 16;
   unsigned long long* rdy = reinterpret_cast<unsigned long long*>(ready);
   unsigned long long* emp = reinterpret_cast<unsigned long long*>(empty);
+  // the lane's shared addresses of the loop, pinned in registers (ptxas recomputed them every half)
+  unsigned a_red_st = (unsigned)__cvta_generic_to_shared(red + (u * 16 + g) * SST + 2 * t);
+  unsigned a_red_ld = (unsigned)__cvta_generic_to_shared(red + hl * SST + kq4);
+  unsigned a_P_st = (unsigned)__cvta_generic_to_shared(P_team + hl * SST + kq4);
+  unsigned a_alpha = (unsigned)__cvta_generic_to_shared(alpha_team + hl);
+  unsigned a_kf = (unsigned)__cvta_generic_to_shared(kfac + 4 * u * 64 + 32 * T + 4 * g);
+  unsigned a_vm = (unsigned)__cvta_generic_to_shared(vm + 32 * T + kq4);
+  asm volatile("" : "+r"(a_red_st), "+r"(a_red_ld), "+r"(a_P_st), "+r"(a_alpha), "+r"(a_kf), "+r"(a_vm));
+  float* red_st = reinterpret_cast<float*>(__cvta_shared_to_generic(a_red_st));
+  const float* red_ld = reinterpret_cast<const float*>(__cvta_shared_to_generic(a_red_ld));
+  unsigned short* P_st = reinterpret_cast<unsigned short*>(__cvta_shared_to_generic(a_P_st));
+  float* alpha_st = reinterpret_cast<float*>(__cvta_shared_to_generic(a_alpha));
+  const unsigned* kf_l = reinterpret_cast<const unsigned*>(__cvta_shared_to_generic(a_kf));
+  const float* vm_l = reinterpret_cast<const float*>(__cvta_shared_to_generic(a_vm));
   if (nblk > 0) di_mbar_wait(rdy, 0);
   for (int i = 0; i < nblk; ++i) {
     const int s = i % NST;
     // ---- QK: the lane's bytes (key 8j + g of the half, dims 4t.. of each 16-dim chunk) to f16 times the
     // key's factor for their group, then 8 mma per 8-key tile: the warp's partial score
     unsigned kv[4][8][2];                                  // [8-key tile j][chunk c][lo / hi]
-    di_mma_team_convert<REC, HW>(k8_base + s * 64 * REC, kfac + (s * 16 + 4 * u) * 64 + 32 * T + 4 * g, kv);
+    di_mma_team_convert<REC, HW>(k8_base + s * 64 * REC, kf_l + s * 16 * 64, kv);
     {
       float acc[4][4];
       di_mma_team_qk(qa, kv, acc);
-      di_mma_team_store_scores<SST>(acc, red, u, g, t);
+      di_mma_team_store_scores<SST>(acc, red_st, 0, 0, 0);
     }
     const float bt = beta[s * 2 + T];
     const float qs = qinv * __uint_as_float((unsigned)cabs[s * 2 + T] << 23);   // x 2^(C_T - 127): score units
     di_named_sync(team_bar, 128);                          // the team's partials complete
     // ---- softmax of head hl over keys kq4 .. kq4 + 3 (8 lanes a head)
     const bool grew = di_mma_team_softmax<SST, LAZY, FAST_EXP>(
-        di_mma_team_head_scores<SST>(red, vm + s * 64 + 32 * T, qs, hl, kq4), hl, kq4, lane, m_run, l_lane, P_team,
-        alpha_team);
+        di_mma_team_head_scores<SST>(red_ld, vm_l + s * 64, qs, 0, 0), 0, 0, lane, m_run, l_lane, P_st,
+        alpha_st);
     unsigned vt[4][8][2];                                  // the registers transposed for PV
 #pragma unroll
     for (int j = 0; j < 4; ++j)
