@@ -241,9 +241,10 @@ __device__ __forceinline__ void di_mma_teams_consumer(const unsigned char* K8, c
   float* red = S_red + T * 4 * 16 * SST;                   // the team's partial scores [4 warps][16 heads][SST]
   unsigned short* P_team = P_sm + T * 16 * SST;
   float* alpha_team = alpha_sm + T * 16;
-  unsigned long long* rdy = reinterpret_cast<unsigned long long*>(ready);
-  unsigned long long* emp = reinterpret_cast<unsigned long long*>(empty);
+  unsigned a_rdy = (unsigned)__cvta_generic_to_shared(ready), a_emp = (unsigned)__cvta_generic_to_shared(empty);
   // the lane's shared addresses of the loop, pinned in registers (ptxas recomputed them every half)
+  unsigned a_k8 = k8_base, a_p = p_base;
+  asm volatile("" : "+r"(a_k8), "+r"(a_p), "+r"(a_rdy), "+r"(a_emp));
   unsigned a_red_st = (unsigned)__cvta_generic_to_shared(red + (u * 16 + g) * SST + 2 * t);
   unsigned a_red_ld = (unsigned)__cvta_generic_to_shared(red + hl * SST + kq4);
   unsigned a_P_st = (unsigned)__cvta_generic_to_shared(P_team + hl * SST + kq4);
@@ -257,13 +258,13 @@ __device__ __forceinline__ void di_mma_teams_consumer(const unsigned char* K8, c
   float* alpha_st = reinterpret_cast<float*>(__cvta_shared_to_generic(a_alpha));
   const unsigned* kf_l = reinterpret_cast<const unsigned*>(__cvta_shared_to_generic(a_kf));
   const float* vm_l = reinterpret_cast<const float*>(__cvta_shared_to_generic(a_vm));
-  if (nblk > 0) di_mbar_wait(rdy, 0);
+  if (nblk > 0) di_mbar_wait_s(a_rdy, 0);
   for (int i = 0; i < nblk; ++i) {
     const int s = i % NST;
     // ---- QK: the lane's bytes (key 8j + g of the half, dims 4t.. of each 16-dim chunk) to f16 times the
     // key's factor for their group, then 8 mma per 8-key tile: the warp's partial score
     unsigned kv[4][8][2];                                  // [8-key tile j][chunk c][lo / hi]
-    di_mma_team_convert<REC, HW>(k8_base + s * 64 * REC, kf_l + s * 16 * 64, kv);
+    di_mma_team_convert<REC, HW>(a_k8 + s * 64 * REC, kf_l + s * 16 * 64, kv);
     {
       float acc[4][4];
       di_mma_team_qk(qa, kv, acc);
@@ -291,12 +292,12 @@ __device__ __forceinline__ void di_mma_teams_consumer(const unsigned char* K8, c
     // QK's mma, they were slower (session 35: 182.4 vs 178.0 us).
     if (bt < 0.f) __trap();
     __syncwarp();                                          // the stage's bytes and tables are no longer read
-    if (lane == 0) di_mbar_arrive(emp + s);
+    if (lane == 0) di_mbar_arrive_s(a_emp + 8 * s);
     const bool any_grew = di_named_sync_or(team_bar, 128, grew);   // P and alpha complete
-    if (i + 1 < nblk) di_mbar_wait(rdy + (i + 1) % NST, ((i + 1) / NST) & 1);
+    if (i + 1 < nblk) di_mbar_wait_s(a_rdy + 8 * ((i + 1) % NST), ((i + 1) / NST) & 1);
     // ---- PV: rescale (skipped when no head's maximum moved and C_T did not grow), then P times the
     // transposed registers
-    di_mma_pv<8>(O, any_grew || bt != 1.f, alpha_team, bt, g, p_base, vt);
+    di_mma_pv<8>(O, any_grew || bt != 1.f, alpha_team, bt, g, a_p, vt);
   }
   const int last = nblk > 0 ? ((nblk - 1) % NST) * 2 + T : -1;
   const float unit = last < 0 ? 0.f : __uint_as_float((unsigned)cabs[last] << 23);   // 2^(C_T - 127)

@@ -7,18 +7,21 @@ CUDA code. Pulled in with ``T.import_source`` before the kernels' own sources.""
 WARP_SRC = r"""
 #ifndef DI_WARP_SRC
 #define DI_WARP_SRC
-__device__ __forceinline__ void di_mbar_wait(const void* bar, unsigned parity) {
-  const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
+// mbarrier wait / arrival at a 32-bit shared address (b), and at a generic pointer
+__device__ __forceinline__ void di_mbar_wait_s(unsigned b, unsigned parity) {
   unsigned ok = 0;
   while (!ok) {
     asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
                  : "=r"(ok) : "r"(b), "r"(parity) : "memory");
   }
 }
-__device__ __forceinline__ void di_mbar_arrive(void* bar) {
-  const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
+__device__ __forceinline__ void di_mbar_arrive_s(unsigned b) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(b) : "memory");
 }
+__device__ __forceinline__ void di_mbar_wait(const void* bar, unsigned parity) {
+  di_mbar_wait_s((unsigned)__cvta_generic_to_shared(bar), parity);
+}
+__device__ __forceinline__ void di_mbar_arrive(void* bar) { di_mbar_arrive_s((unsigned)__cvta_generic_to_shared(bar)); }
 __device__ __forceinline__ void di_named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
 }
