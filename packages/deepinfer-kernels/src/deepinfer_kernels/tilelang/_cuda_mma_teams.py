@@ -260,7 +260,8 @@ __device__ __forceinline__ void di_mma_teams_consumer(const unsigned char* K8, c
   const float* vm_l = reinterpret_cast<const float*>(__cvta_shared_to_generic(a_vm));
   if (nblk > 0) di_mbar_wait_s(a_rdy, 0);
   for (int i = 0; i < nblk; ++i) {
-    const int s = i % NST;
+    int s = i % NST;
+    asm volatile("" : "+r"(s));                            // one stage index for every table (not (i x C) & M each)
     // ---- QK: the lane's bytes (key 8j + g of the half, dims 4t.. of each 16-dim chunk) to f16 times the
     // key's factor for their group, then 8 mma per 8-key tile: the warp's partial score
     unsigned kv[4][8][2];                                  // [8-key tile j][chunk c][lo / hi]
