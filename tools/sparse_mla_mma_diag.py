@@ -36,7 +36,7 @@ QK_MMA = ("if (c == 0) di_mma16816_z(acc[j], qa[c], kv[j][c][0], kv[j][c][1]);\n
           "      else di_mma16816(acc[j], qa[c], kv[j][c][0], kv[j][c][1]);")
 PV_MMA = "for (int x = 0; x < 2; ++x) di_mma16816(O[c][x], pa, vt[2 * kq][c][x], vt[2 * kq + 1][c][x]);"
 REDUX = re.compile(r"int mo = \(int\)0x80000000;.*?\n  \}\n", re.S)
-LOOP_TOP = "    const int s = i % NST;\n"
+LOOP_TOP = '    asm volatile("" : "+r"(s));\n'
 
 # name -> substitutions: (module, old, new)
 VARIANTS: dict[str, list[tuple[str, str | re.Pattern[str], str]]] = {
@@ -60,8 +60,8 @@ VARIANTS: dict[str, list[tuple[str, str | re.Pattern[str], str]]] = {
                      (TEAMS, "const bool any_grew = di_named_sync_or(team_bar, 128, grew);", "const bool any_grew = grew;")],
     # the consumers only wait for each stage and release it: the producers' and the memory's pace
     "idle_consumer": [(TEAMS, LOOP_TOP, LOOP_TOP + "    if (true) {\n      __syncwarp();\n"
-                       "      if (lane == 0) di_mbar_arrive(emp + s);\n"
-                       "      if (i + 1 < nblk) di_mbar_wait(rdy + (i + 1) % NST, ((i + 1) / NST) & 1);\n"
+                       "      if (lane == 0) di_mbar_arrive_s(a_emp + 8 * s);\n"
+                       "      if (i + 1 < nblk) di_mbar_wait_s(a_rdy + 8 * ((i + 1) % NST), ((i + 1) / NST) & 1);\n"
                        "      continue;\n    }\n")],
 }
 

@@ -2,5 +2,5 @@
 
 from deepinfer_kernels.platform import Backend, Platform, PlatformKind, current_platform, select_backend
 
-__version__ = "0.1.21"
+__version__ = "0.1.22"
 __all__ = ["Backend", "Platform", "PlatformKind", "current_platform", "select_backend", "__version__"]

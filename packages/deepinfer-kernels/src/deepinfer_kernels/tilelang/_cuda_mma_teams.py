@@ -66,30 +66,31 @@ __device__ __forceinline__ void di_mma_team_qk(const unsigned (&qa)[8][4], const
       else di_mma16816(acc[j], qa[c], kv[j][c][0], kv[j][c][1]);
     }
 }
+// (red_lane: the lane's first slot, red + (16u + g) x SST + 2t)
 template <int SST>
-__device__ __forceinline__ void di_mma_team_store_scores(const float (&acc)[4][4], float* red, int u, int g, int t) {
+__device__ __forceinline__ void di_mma_team_store_scores(const float (&acc)[4][4], float* red_lane) {
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    *reinterpret_cast<float2*>(red + (u * 16 + g) * SST + 8 * j + 2 * t) = make_float2(acc[j][0], acc[j][1]);
-    *reinterpret_cast<float2*>(red + (u * 16 + g + 8) * SST + 8 * j + 2 * t) = make_float2(acc[j][2], acc[j][3]);
+    *reinterpret_cast<float2*>(red_lane + 8 * j) = make_float2(acc[j][0], acc[j][1]);
+    *reinterpret_cast<float2*>(red_lane + 8 * SST + 8 * j) = make_float2(acc[j][2], acc[j][3]);
   }
 }
 // The scores of head hl over keys kq4 .. kq4 + 3 of the half (8 lanes a head): the four warps'
-// partials (red) summed, scaled (qs) and masked (vm: the half's 0 / -inf, added: an invalid key's
-// factors are 0 and its bytes finite (zeroed for the hardware conversion), so its sum is 0 and its
-// score -inf).
+// partials (red_lane: red + hl x SST + kq4) summed, scaled (qs) and masked (vm_lane: the half's
+// 0 / -inf from key kq4, added: an invalid key's factors are 0 and its bytes finite (zeroed for the
+// hardware conversion), so its sum is 0 and its score -inf).
 template <int SST>
-__device__ __forceinline__ float4 di_mma_team_head_scores(const float* red, const float* vm, float qs, int hl, int kq4) {
-  float4 sum = *reinterpret_cast<const float4*>(red + hl * SST + kq4);
+__device__ __forceinline__ float4 di_mma_team_head_scores(const float* red_lane, const float* vm_lane, float qs) {
+  float4 sum = *reinterpret_cast<const float4*>(red_lane);
 #pragma unroll
   for (int u2 = 1; u2 < 4; ++u2) {
-    const float4 v = *reinterpret_cast<const float4*>(red + (u2 * 16 + hl) * SST + kq4);
+    const float4 v = *reinterpret_cast<const float4*>(red_lane + u2 * 16 * SST);
     sum.x += v.x;
     sum.y += v.y;
     sum.z += v.z;
     sum.w += v.w;
   }
-  const float4 mask = *reinterpret_cast<const float4*>(vm + kq4);
+  const float4 mask = *reinterpret_cast<const float4*>(vm_lane);
   return make_float4(fmaf(sum.x, qs, mask.x), fmaf(sum.y, qs, mask.y), fmaf(sum.z, qs, mask.z), fmaf(sum.w, qs, mask.w));
 }
 // 2^x: exp2f, or (FAST) the bare ex2.approx.ftz: exp2f is the same instruction plus a rescale around
@@ -103,11 +104,12 @@ __device__ __forceinline__ float di_exp2(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
-// The online softmax step of head hl over those four scores x: P (f16) and alpha to shared memory.
-// Returns whether the head's reference maximum moved (LAZY: by more than 8).
-template <int SST, bool LAZY, bool FAST_EXP>
-__device__ __forceinline__ bool di_mma_team_softmax(float4 x, int hl, int kq4, int lane, float& m_run, float& l_lane,
-                                                    unsigned short* P_team, float* alpha_team) {
+// The online softmax step of head hl over those four scores x: P (f16) to P_lane (P_team + hl x SST
+// + kq4) and alpha to alpha_lane (alpha_team + hl). Returns whether the head's reference maximum moved
+// (LAZY: by more than 8).
+template <bool LAZY, bool FAST_EXP>
+__device__ __forceinline__ bool di_mma_team_softmax(float4 x, int lane, float& m_run, float& l_lane,
+                                                    unsigned short* P_lane, float* alpha_lane) {
   const float NEG_INF = __int_as_float(0xff800000);
   constexpr float LAZY_TAU = 8.f;
   const int o = di_f2ord(fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w)));
@@ -126,8 +128,8 @@ __device__ __forceinline__ bool di_mma_team_softmax(float4 x, int hl, int kq4, i
   const float p2 = di_exp2<FAST_EXP>(x.z - ms), p3 = di_exp2<FAST_EXP>(x.w - ms);
   l_lane = l_lane * alpha + ((p0 + p1) + (p2 + p3));
   m_run = m_new;
-  *reinterpret_cast<uint2*>(P_team + hl * SST + kq4) = make_uint2(di_f16x2(p0, p1), di_f16x2(p2, p3));
-  if ((lane & 7) == 0) alpha_team[hl] = alpha;
+  *reinterpret_cast<uint2*>(P_lane) = make_uint2(di_f16x2(p0, p1), di_f16x2(p2, p3));
+  if ((lane & 7) == 0) *alpha_lane = alpha;
   return grow;
 }
 // The epilogue: the teams' softmax states merged per head (as a split-KV combine), then each team
@@ -235,33 +237,38 @@ __device__ __forceinline__ void di_mma_teams_consumer(const unsigned char* K8, c
     for (int x = 0; x < 2; ++x)
 #pragma unroll
       for (int e = 0; e < 4; ++e) O[c][x][e] = 0.f;
-  const unsigned k8_base = (unsigned)__cvta_generic_to_shared(K8) + (32 * T + (lane & 7)) * REC + 128 * u + 16 * (lane >> 3);
-  const unsigned p_base = (unsigned)__cvta_generic_to_shared(P_sm)
-                          + 2 * (T * 16 * SST + ((lane & 7) + 8 * ((lane >> 3) & 1)) * SST + 8 * (lane >> 4));
-  float* red = S_red + T * 4 * 16 * SST;                   // the team's partial scores [4 warps][16 heads][SST]
-  unsigned short* P_team = P_sm + T * 16 * SST;
+  // The loop's lane addresses as 32-bit shared addresses, pinned in registers by an empty asm: ptxas
+  // recomputed most of them from the thread index every half (H200, session 36: 514 -> 468
+  // instructions a half, 174.0 -> 170.1 us at 8,192 keys); pointers again through
+  // __cvta_shared_to_generic, which ptxas still turns into shared loads and stores
+  const float* red = S_red + T * 4 * 16 * SST;             // the team's partial scores [4 warps][16 heads][SST]
   float* alpha_team = alpha_sm + T * 16;
+  unsigned a_k8 = (unsigned)__cvta_generic_to_shared(K8) + (32 * T + (lane & 7)) * REC + 128 * u + 16 * (lane >> 3);
+  unsigned a_p = (unsigned)__cvta_generic_to_shared(P_sm)   // PV's ldmatrix of P
+                 + 2 * (T * 16 * SST + ((lane & 7) + 8 * ((lane >> 3) & 1)) * SST + 8 * (lane >> 4));
   unsigned a_rdy = (unsigned)__cvta_generic_to_shared(ready), a_emp = (unsigned)__cvta_generic_to_shared(empty);
-  // the lane's shared addresses of the loop, pinned in registers (ptxas recomputed them every half)
-  unsigned a_k8 = k8_base, a_p = p_base;
-  asm volatile("" : "+r"(a_k8), "+r"(a_p), "+r"(a_rdy), "+r"(a_emp));
   unsigned a_red_st = (unsigned)__cvta_generic_to_shared(red + (u * 16 + g) * SST + 2 * t);
   unsigned a_red_ld = (unsigned)__cvta_generic_to_shared(red + hl * SST + kq4);
-  unsigned a_P_st = (unsigned)__cvta_generic_to_shared(P_team + hl * SST + kq4);
+  unsigned a_P_st = (unsigned)__cvta_generic_to_shared(P_sm + T * 16 * SST + hl * SST + kq4);
   unsigned a_alpha = (unsigned)__cvta_generic_to_shared(alpha_team + hl);
   unsigned a_kf = (unsigned)__cvta_generic_to_shared(kfac + 4 * u * 64 + 32 * T + 4 * g);
   unsigned a_vm = (unsigned)__cvta_generic_to_shared(vm + 32 * T + kq4);
-  asm volatile("" : "+r"(a_red_st), "+r"(a_red_ld), "+r"(a_P_st), "+r"(a_alpha), "+r"(a_kf), "+r"(a_vm));
-  float* red_st = reinterpret_cast<float*>(__cvta_shared_to_generic(a_red_st));
-  const float* red_ld = reinterpret_cast<const float*>(__cvta_shared_to_generic(a_red_ld));
-  unsigned short* P_st = reinterpret_cast<unsigned short*>(__cvta_shared_to_generic(a_P_st));
-  float* alpha_st = reinterpret_cast<float*>(__cvta_shared_to_generic(a_alpha));
-  const unsigned* kf_l = reinterpret_cast<const unsigned*>(__cvta_shared_to_generic(a_kf));
-  const float* vm_l = reinterpret_cast<const float*>(__cvta_shared_to_generic(a_vm));
+  asm volatile("" : "+r"(a_k8), "+r"(a_p), "+r"(a_rdy), "+r"(a_emp), "+r"(a_red_st), "+r"(a_red_ld), "+r"(a_P_st),
+               "+r"(a_alpha), "+r"(a_kf), "+r"(a_vm));
+  auto generic = [](unsigned a) { return __cvta_shared_to_generic(a); };
+  float* red_st = reinterpret_cast<float*>(generic(a_red_st));
+  const float* red_ld = reinterpret_cast<const float*>(generic(a_red_ld));
+  unsigned short* P_st = reinterpret_cast<unsigned short*>(generic(a_P_st));
+  float* alpha_st = reinterpret_cast<float*>(generic(a_alpha));
+  const unsigned* kf_l = reinterpret_cast<const unsigned*>(generic(a_kf));
+  const float* vm_l = reinterpret_cast<const float*>(generic(a_vm));
   if (nblk > 0) di_mbar_wait_s(a_rdy, 0);
   for (int i = 0; i < nblk; ++i) {
     int s = i % NST;
-    asm volatile("" : "+r"(s));                            // one stage index for every table (not (i x C) & M each)
+    // the stage index made opaque: ptxas folds i % NST into each table's offset as (i x C) & M otherwise,
+    // three instructions a table instead of one (H200, session 36: 462 instructions a half, 168.1 /
+    // 168.2 vs 169.9 / 169.7 us at 8,192 keys)
+    asm volatile("" : "+r"(s));
     // ---- QK: the lane's bytes (key 8j + g of the half, dims 4t.. of each 16-dim chunk) to f16 times the
     // key's factor for their group, then 8 mma per 8-key tile: the warp's partial score
     unsigned kv[4][8][2];                                  // [8-key tile j][chunk c][lo / hi]
@@ -269,15 +276,14 @@ __device__ __forceinline__ void di_mma_teams_consumer(const unsigned char* K8, c
     {
       float acc[4][4];
       di_mma_team_qk(qa, kv, acc);
-      di_mma_team_store_scores<SST>(acc, red_st, 0, 0, 0);
+      di_mma_team_store_scores<SST>(acc, red_st);
     }
     const float bt = beta[s * 2 + T];
     const float qs = qinv * __uint_as_float((unsigned)cabs[s * 2 + T] << 23);   // x 2^(C_T - 127): score units
     di_named_sync(team_bar, 128);                          // the team's partials complete
     // ---- softmax of head hl over keys kq4 .. kq4 + 3 (8 lanes a head)
-    const bool grew = di_mma_team_softmax<SST, LAZY, FAST_EXP>(
-        di_mma_team_head_scores<SST>(red_ld, vm_l + s * 64, qs, 0, 0), 0, 0, lane, m_run, l_lane, P_st,
-        alpha_st);
+    const bool grew = di_mma_team_softmax<LAZY, FAST_EXP>(di_mma_team_head_scores<SST>(red_ld, vm_l + s * 64, qs), lane,
+                                                          m_run, l_lane, P_st, alpha_st);
     unsigned vt[4][8][2];                                  // the registers transposed for PV
 #pragma unroll
     for (int j = 0; j < 4; ++j)
