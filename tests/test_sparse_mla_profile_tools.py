@@ -102,4 +102,4 @@ def test_cta_marks_patch_the_teams_consumer_once_each():
     assert marked.index("mark_row, 1)") < marked.index("for (int i = 0; i < nblk; ++i)") < marked.index("mark_row, 2)")
     assert "void* mark_buf, int mark_row" in marked and marked.rstrip().endswith("#endif")
     with pytest.raises(RuntimeError, match="anchor"):
-        cta_marks.marked_teams_source(MMA_TEAMS_SRC.replace("di_mbar_wait(rdy, 0);", "di_mbar_wait(rdy, 1);"))
+        cta_marks.marked_teams_source(MMA_TEAMS_SRC.replace("di_mbar_wait_s(a_rdy, 0);", "di_mbar_wait_s(a_rdy, 1);"))

@@ -40,8 +40,8 @@ def marked_teams_source(src: str) -> str:
         ("void* /*mark_buf*/, int /*mark_row*/", "void* mark_buf, int mark_row"),
         ("  const int nblk = di_mma_block_count(keys, bps);\n",
          "  const int nblk = di_mma_block_count(keys, bps);\n  if (tx == 0) di_gt_mark(mark_buf, mark_row, 0);\n"),
-        ("  if (nblk > 0) di_mbar_wait(rdy, 0);\n",
-         "  if (nblk > 0) di_mbar_wait(rdy, 0);\n  if (tx == 0) di_gt_mark(mark_buf, mark_row, 1);\n"),
+        ("  if (nblk > 0) di_mbar_wait_s(a_rdy, 0);\n",
+         "  if (nblk > 0) di_mbar_wait_s(a_rdy, 0);\n  if (tx == 0) di_gt_mark(mark_buf, mark_row, 1);\n"),
     ]
     for old, new in edits:
         if src.count(old) != 1:
