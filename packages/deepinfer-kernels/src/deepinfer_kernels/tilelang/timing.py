@@ -16,6 +16,28 @@ BF16_FLOPS = 793e12
 
 IN_GRAPH_COPIES = 8   # calls per timing graph (graph=True): amortizes the one graph launch
 
+_copy_rate: dict[int, float] = {}
+
+
+def copy_bytes_per_s(nbytes: int = 2 << 30, iters: int = 20) -> float:
+    """The device-to-device copy bandwidth measured in this process (bytes read + bytes written per
+    second, ``iters`` back-to-back copies of ``nbytes``; once per process and size): the ceiling of
+    the run itself, beside the fixed ``HBM_BYTES_PER_S``."""
+    if nbytes not in _copy_rate:
+        src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            dst.copy_(src)
+        end.record()
+        end.synchronize()
+        _copy_rate[nbytes] = 2 * nbytes * iters / (start.elapsed_time(end) * 1e-3)
+        del src, dst
+    return _copy_rate[nbytes]
+
 
 def _event_times_us(call: Callable[[], object], reps: int, before: Callable[[], object] | None = None) -> list:
     times = []
@@ -110,8 +132,10 @@ def record_benchmark(benchmark, fn: Callable[[], object], *, bytes_moved: float,
                      ref_fn: Callable[[], object] | None = None, reps: int = 30, flush_l2: bool = True,
                      extra: dict | None = None, graph: bool = True) -> dict:
     """Time ``fn`` with CUDA events (median of ``reps``, L2 flushed before each call), attach the
-    roofline ratios, the first-call time (compile or cache load), the compile log and the torch
-    reference time to ``benchmark.extra_info``, then let pytest-benchmark time it as well.
+    roofline ratios (``%HBM``: against ``HBM_BYTES_PER_S``; ``%copy_run``: against the copy bandwidth
+    measured in this process, ``copy_bytes_per_s``), the first-call time (compile or cache load), the
+    compile log and the torch reference time to ``benchmark.extra_info``, then let pytest-benchmark
+    time it as well.
 
     ``median_us`` (and the ratios) is the device time of ``fn`` inside a CUDA graph, as the
     engine's decode graphs run it (``cuda_time_us(graph=True)``; ``replay_median_us``: one call per
@@ -133,6 +157,9 @@ def record_benchmark(benchmark, fn: Callable[[], object], *, bytes_moved: float,
     info.update({"eager_median_us": eager["median_us"], "graphed": graph})
     info.update({"bytes": float(bytes_moved), "flops": float(flops), "first_call_s": first_call_s})
     info.update(roofline(bytes_moved, stats["median_us"] * 1e-6, flops))
+    if bytes_moved:       # against the copy bandwidth measured in this run, too
+        info["copy_run_TB/s"] = copy_bytes_per_s() / 1e12
+        info["%copy_run"] = 100.0 * bytes_moved / (stats["median_us"] * 1e-6) / copy_bytes_per_s()
     info["compile_s"] = {k: round(v, 2) for k, v in compile_times().items() if k not in before}
     if ref_fn is not None:
         ref = cuda_time_us(ref_fn, reps=3, warmup=1, flush_l2=False)
