@@ -238,9 +238,10 @@ __device__ __forceinline__ void di_mma_teams_consumer(const unsigned char* K8, c
 #pragma unroll
       for (int e = 0; e < 4; ++e) O[c][x][e] = 0.f;
   // The loop's lane addresses as 32-bit shared addresses, pinned in registers by an empty asm: ptxas
-  // recomputed most of them from the thread index every half (H200, session 36: 514 -> 468
-  // instructions a half, 174.0 -> 170.1 us at 8,192 keys); pointers again through
-  // __cvta_shared_to_generic, which ptxas still turns into shared loads and stores
+  // recomputed most of them from the thread index every half (H200, session 36, 8,192 keys, each step
+  // A/B'd in one process: six of them 514 -> 492 instructions a half, 174.0 -> 172.1 us; the other
+  // four 492 -> 468, 172.9 -> 170.1 us); pointers again through __cvta_shared_to_generic, which
+  // ptxas still turns into shared loads and stores
   const float* red = S_red + T * 4 * 16 * SST;             // the team's partial scores [4 warps][16 heads][SST]
   float* alpha_team = alpha_sm + T * 16;
   unsigned a_k8 = (unsigned)__cvta_generic_to_shared(K8) + (32 * T + (lane & 7)) * REC + 128 * u + 16 * (lane >> 3);

@@ -158,8 +158,9 @@ def record_benchmark(benchmark, fn: Callable[[], object], *, bytes_moved: float,
     info.update({"bytes": float(bytes_moved), "flops": float(flops), "first_call_s": first_call_s})
     info.update(roofline(bytes_moved, stats["median_us"] * 1e-6, flops))
     if bytes_moved:       # against the copy bandwidth measured in this run, too
-        info["copy_run_TB/s"] = copy_bytes_per_s() / 1e12
-        info["%copy_run"] = 100.0 * bytes_moved / (stats["median_us"] * 1e-6) / copy_bytes_per_s()
+        copy_rate = copy_bytes_per_s()
+        info["copy_run_TB/s"] = copy_rate / 1e12
+        info["%copy_run"] = 100.0 * bytes_moved / (stats["median_us"] * 1e-6) / copy_rate
     info["compile_s"] = {k: round(v, 2) for k, v in compile_times().items() if k not in before}
     if ref_fn is not None:
         ref = cuda_time_us(ref_fn, reps=3, warmup=1, flush_l2=False)
