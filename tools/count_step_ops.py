@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from deepinfer_kernels.tilelang import LAUNCHERS
-from deepinfer_model.engine.streams import current_chain
+from deepinfer_model.paged.streams import current_chain
 
 NOT_LAUNCHES = {"view", "_unsafe_view", "t", "expand", "slice", "select", "unsqueeze", "squeeze", "reshape",
                 "permute", "transpose", "as_strided", "alias", "detach", "unbind", "split", "split_with_sizes",

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from deepinfer_model import presets
-from deepinfer_model.engine.forward import _Rows
+from deepinfer_model.paged.forward import _Rows
 from deepinfer_model.modules.compressor import Compressor
 from deepinfer_model.modules.rope import rope_table
 

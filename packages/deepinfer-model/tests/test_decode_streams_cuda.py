@@ -5,7 +5,7 @@ captured in a CUDA graph and replayed over new batches."""
 import pytest
 import torch
 
-from deepinfer_model.engine.streams import DecodeStreams
+from deepinfer_model.paged.streams import DecodeStreams
 from deepinfer_model.metadata import ForwardMetadata
 from deepinfer_model.model import V41ForCausalLM
 from deepinfer_model.presets import tiny

@@ -109,7 +109,7 @@ def _model(seed: int) -> V41ForCausalLM:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_engine_forward_fused_equals_unfused(monkeypatch, dtype):
+def test_paged_forward_fused_equals_unfused(monkeypatch, dtype):
     model = V41ForCausalLM(tiny(), dtype=dtype).init_random_weights(3).eval()
     fused = _engine_logits(model)
     _unfused(monkeypatch)
@@ -139,7 +139,7 @@ def test_project_input_equals_the_separate_projections():
                 assert torch.allclose(attn.compressor.project_terms(u), attn.compressor.token_terms(u), atol=1e-6)
 
 
-def test_engine_forward_after_weight_changes_matches_a_fresh_model():
+def test_paged_forward_after_weight_changes_matches_a_fresh_model():
     """Weights changed after a first forward, in each way the tests load them, give the logits of a
     model built with those weights (no stale stacked weight)."""
     target = _model(1)

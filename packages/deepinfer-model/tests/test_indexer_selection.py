@@ -8,7 +8,7 @@ import torch
 from deepinfer_kernels.ops.attention_indices import attention_indices
 from deepinfer_kernels.ops.indexer import BF16_MAX
 from deepinfer_kernels.ops.kv_fp4 import dequantize_index_k_fp4
-from deepinfer_model.engine.forward import _Rows, far_selection
+from deepinfer_model.paged.forward import _Rows, far_selection
 from deepinfer_model.testing import Driver, Seq, tiny_model
 
 

@@ -8,8 +8,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from deepinfer_kernels.ops.capture import force_capturable
-from deepinfer_model.engine.forward import full_row_mask
-from deepinfer_model.engine.prefill_plan import plan_prefill_rows, with_row_plan
+from deepinfer_model.paged.forward import full_row_mask
+from deepinfer_model.paged.prefill_plan import plan_prefill_rows, with_row_plan
 from deepinfer_model.metadata import MetadataError
 from deepinfer_model.testing import Driver, Seq, caches_equal, clone_cache, tiny_model
 

@@ -15,7 +15,7 @@ from deepinfer_model.testing import Driver, Seq
 @pytest.mark.parametrize("env,want", [(None, True), ("0", False), ("1", True)])
 @torch.no_grad()
 def test_prefill_asks_for_shared_keys_as_the_environment_says(monkeypatch, env, want):
-    from deepinfer_model.engine import forward
+    from deepinfer_model.paged import forward
 
     if env is None:
         monkeypatch.delenv("DEEPINFER_SPARSE_MLA_SHARED_KEYS", raising=False)
@@ -55,7 +55,7 @@ def test_shared_keys_environment_value_is_checked(monkeypatch):
 def test_prefill_row_groups_share_keys_and_match_the_per_row_kernels(monkeypatch, group_rows):
     from deepinfer_kernels.platform import current_platform
     from deepinfer_kernels.tilelang import sparse_mla as sparse_mla_tl
-    from deepinfer_model.engine import forward
+    from deepinfer_model.paged import forward
 
     if not current_platform().is_sm90:
         pytest.skip("the TileLang kernels run on SM90")

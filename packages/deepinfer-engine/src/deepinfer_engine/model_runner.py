@@ -24,7 +24,7 @@ from deepinfer_engine.graph_inputs import StagedStep
 from deepinfer_engine.host_copy import array_to_device, arrays_to_device
 from deepinfer_engine.sampler import Sampler, SamplingBatch, SamplingHost, top_logprobs_per_request
 from deepinfer_engine.speculation import SpeculativeDecoder
-from deepinfer_model.engine.prefill_plan import plan_prefill_rows
+from deepinfer_model.paged.prefill_plan import plan_prefill_rows
 from deepinfer_model.metadata import ForwardMetadata
 from deepinfer_sched import SchedulerOutput, StepKind
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from deepinfer_model.engine.prefill_plan import PrefillRowPlan
+    from deepinfer_model.paged.prefill_plan import PrefillRowPlan
 
 
 class MetadataError(ValueError):

@@ -175,15 +175,15 @@ class V41ForCausalLM(nn.Module):
     # ------------------------------------------------------------------ forward paths
     @torch.no_grad()
     def forward(self, meta: ForwardMetadata, cache: PagedKVCache) -> ForwardOutput:
-        """Engine path over the paged caches (see engine/forward.py)."""
-        from deepinfer_model.engine.forward import engine_forward
-        return engine_forward(self, meta, cache)
+        """Engine path over the paged caches (see paged/forward.py)."""
+        from deepinfer_model.paged.forward import paged_forward
+        return paged_forward(self, meta, cache)
 
     @torch.no_grad()
     def dspark_write_main_keys(self, meta: ForwardMetadata, out: ForwardOutput, cache: PagedKVCache) -> None:
         """Write every DFlash layer's main-token keys from `out.dspark_features` at the slots of
         `out.full_rows` (all processed rows, written optimistically)."""
-        from deepinfer_model.engine.dspark import write_main_keys
+        from deepinfer_model.paged.dspark import write_main_keys
         write_main_keys(self, meta, out, cache)
 
     @torch.no_grad()
@@ -191,7 +191,7 @@ class V41ForCausalLM(nn.Module):
                      greedy: torch.Tensor | None = None) -> DraftOutput:
         """`nextn` draft tokens per request: greedy, or inverse-CDF with uniforms [req, nextn]
         except for the rows `greedy` [req] marks."""
-        from deepinfer_model.engine.dspark import draft_forward
+        from deepinfer_model.paged.dspark import draft_forward
         return draft_forward(self, meta, cache, uniforms, greedy)
 
     def reference_forward(self, token_ids: torch.Tensor, mode: str = "exact", prompt_len: int | None = None,

@@ -22,7 +22,7 @@ from deepinfer_model.modules.ffn import SwiGLU
 from deepinfer_model.modules.fused_projection import FusedProjection
 
 if TYPE_CHECKING:
-    from deepinfer_model.engine.streams import DecodeStreams
+    from deepinfer_model.paged.streams import DecodeStreams
 
 
 class Router(nn.Module):

@@ -20,7 +20,7 @@ import torch
 from deepinfer_kernels.ops.kv_fp8 import store_kv_fp8
 from deepinfer_kernels.ops.sparse_mla import sparse_mla_attention
 from deepinfer_kernels.ops.swa_index import window_positions
-from deepinfer_model.engine.indexing import slots_of, to_flat
+from deepinfer_model.paged.indexing import slots_of, to_flat
 from deepinfer_model.metadata import DraftMetadata, DraftOutput, ForwardMetadata, ForwardOutput
 from deepinfer_model.modules.rope import rope_table
 

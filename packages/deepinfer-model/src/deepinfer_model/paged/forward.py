@@ -39,9 +39,9 @@ from deepinfer_kernels.ops.engram import ngram_buckets, paged_id_windows, paged_
 from deepinfer_kernels.ops.indexer import indexer_topk_blocks
 from deepinfer_kernels.ops.paged_slots import far_entry_slots, num_far_entries, window_slots
 from deepinfer_kernels.ops.sparse_mla import shared_keys_enabled, sparse_mla_attention
-from deepinfer_model.engine.compressed import update_compressed_source
-from deepinfer_model.engine.prefill_plan import LOGIT_ROW_OUTSIDE_REPLAY, short_last_chunk_error
-from deepinfer_model.engine.streams import DecodeStreams
+from deepinfer_model.paged.compressed import update_compressed_source
+from deepinfer_model.paged.prefill_plan import LOGIT_ROW_OUTSIDE_REPLAY, short_last_chunk_error
+from deepinfer_model.paged.streams import DecodeStreams
 from deepinfer_model.metadata import ForwardMetadata, ForwardOutput, MetadataError
 from deepinfer_model.modules.engram import PAD_ID
 from deepinfer_model.modules.moe import MoE
@@ -310,7 +310,7 @@ def full_row_mask(model, meta: ForwardMetadata, req: torch.Tensor, positions: to
     return meta.is_last_chunk[req] & (positions >= lo), lo
 
 
-def engine_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
+def paged_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
     cfg, topo = model.config, model.config.topology
     decode = not meta.is_prefill
     req = meta.row_to_req

@@ -23,7 +23,7 @@ import torch
 from deepinfer_kernels.ops.capture import host_checks, write_rows
 from deepinfer_kernels.ops.kv_fp4 import store_index_k_fp4
 from deepinfer_kernels.ops.kv_fp8 import store_kv_fp8
-from deepinfer_model.engine.indexing import entry_slots_of, slots_of
+from deepinfer_model.paged.indexing import entry_slots_of, slots_of
 from deepinfer_model.modules.rope import RopeTable
 
 

@@ -1,1 +1,0 @@
-"""The engine-path forward over paged caches (kernels package ops; their torch references today)."""
