@@ -148,17 +148,6 @@ class V41ForCausalLM(nn.Module):
             raise ValueError(f"engram vocab map: shape {tuple(m.shape)}, expected ({self.config.vocab_size},)")
         self.engram_vocab_map = m
 
-    @classmethod
-    def from_pretrained(cls, path, device: torch.device | str | None = None,
-                        dtype: torch.dtype | None = None) -> V41ForCausalLM:
-        """Load an HF-layout checkpoint directory (validated; see checkpoint/loader.py)."""
-        from deepinfer_model.checkpoint import load_checkpoint
-        return load_checkpoint(path, device=device, dtype=dtype)
-
-    def save_pretrained(self, path, tokenizer=None, max_shard_bytes: int = 2 * 1024**3):
-        from deepinfer_model.checkpoint import save_checkpoint
-        return save_checkpoint(self, path, max_shard_bytes=max_shard_bytes, tokenizer=tokenizer)
-
     # ------------------------------------------------------------------ caches
     def cache_layout(self) -> CacheLayout:
         return CacheLayout.from_config(self.config)

@@ -18,6 +18,7 @@ from safetensors import safe_open
 from deepinfer_model.checkpoint.names import hf_tensors, read_param
 from deepinfer_model.checkpoint.writer import INDEX_FILE
 from deepinfer_model.config import V41Config
+from deepinfer_model.model import V41ForCausalLM
 
 
 class CheckpointError(ValueError):
@@ -44,9 +45,7 @@ def _weight_map(root: Path) -> dict[str, str]:
 
 @torch.no_grad()
 def load_checkpoint(path: str | Path, device: torch.device | str | None = None,
-                    dtype: torch.dtype | None = None):
-    from deepinfer_model.model import V41ForCausalLM
-
+                    dtype: torch.dtype | None = None) -> V41ForCausalLM:
     root = Path(path)
     cfg = read_config(root)
     model = V41ForCausalLM(cfg, device=device, dtype=dtype)
