@@ -12,17 +12,28 @@ contract; see its docstring and docs/model.md, "Decode: static shapes and graph 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
-
-if TYPE_CHECKING:
-    from deepinfer_model.paged.prefill_plan import PrefillRowPlan
 
 
 class MetadataError(ValueError):
     """ForwardMetadata / DraftMetadata violates an invariant; the message names the field."""
+
+
+@dataclass
+class PrefillRowPlan:
+    """A prefill step's row sets, from the host (`paged/prefill_plan.py` builds them)."""
+    full_rows: torch.Tensor                 # [n_full] int64 rows that run every layer, ascending
+    logit_rows_in_full: torch.Tensor        # [num_logit_rows] int64 index of each logit row in full_rows
+    closing_rows: dict[int, torch.Tensor]   # ratio > 1 -> [E] int64 rows closing an entry (slot >= 0,
+                                            #   position % ratio == ratio - 1), ascending
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> PrefillRowPlan:
+        """The plan with `fn` applied to every tensor (e.g. a move to the device)."""
+        return PrefillRowPlan(fn(self.full_rows), fn(self.logit_rows_in_full),
+                              {r: fn(t) for r, t in self.closing_rows.items()})
 
 
 @dataclass

@@ -13,13 +13,12 @@ there, with the checks the forward would have run, and the forward uses them whe
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from deepinfer_model.metadata import ForwardMetadata, MetadataError
+from deepinfer_model.metadata import ForwardMetadata, MetadataError, PrefillRowPlan
 
 
 def short_last_chunk_error(i: int, replay_len: int, chunk_start: int) -> MetadataError:
@@ -29,19 +28,6 @@ def short_last_chunk_error(i: int, replay_len: int, chunk_start: int) -> Metadat
 
 
 LOGIT_ROW_OUTSIDE_REPLAY = "logit_rows: a row outside the replay segment of a last chunk has no logits"
-
-
-@dataclass
-class PrefillRowPlan:
-    full_rows: torch.Tensor                 # [n_full] int64 rows that run every layer, ascending
-    logit_rows_in_full: torch.Tensor        # [num_logit_rows] int64 index of each logit row in full_rows
-    closing_rows: dict[int, torch.Tensor]   # ratio > 1 -> [E] int64 rows closing an entry (slot >= 0,
-                                            #   position % ratio == ratio - 1), ascending
-
-    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> PrefillRowPlan:
-        """The plan with `fn` applied to every tensor (e.g. a move to the device)."""
-        return PrefillRowPlan(fn(self.full_rows), fn(self.logit_rows_in_full),
-                              {r: fn(t) for r, t in self.closing_rows.items()})
 
 
 @dataclass
