@@ -34,17 +34,12 @@ def default() -> V41Config:
     heads) at hidden 192, 8 + 1 experts (top-2, width 48), window 32 (<= the engine tests' smallest
     prefill budget), tied embeddings (5.77M parameters, 11.0 MiB in bf16). Token ids follow the
     shipped tokenizer: <|bos|> 1, <|eos|> 2, <|noise|> 6 (the DSpark noise token)."""
-    return V41Config(
-        vocab_size=8192, hidden_size=192, num_hidden_layers=7, num_attention_heads=4,
-        head_dim=64, qk_rope_head_dim=16, q_lora_rank=64, max_position_embeddings=4096,
-        sliding_window=32, compress_ratios=(0, 4, 4, 1, 0, 2, 2), kv_source_layer_ids=(1, 3, 5),
-        index_n_heads=4, index_head_dim=32, index_block_size=4, index_topk=8,
-        n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=48,
-        routed_scaling_factor=1.0, norm_topk_prob=True, first_k_dense_replace=1, intermediate_size=512,
-        engram_layer_ids=(1, 5), engram_max_ngram_size=3, engram_table_size=2048, engram_dim=32,
-        nextn=5, dspark_noise_token_id=6, dspark_target_layer_ids=(1, 3, 6), dspark_markov_rank=16,
-        dspark_confidence_temperature=1.0, dspark_intermediate_size=192,
-        tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+    return tiny().replace(  # the layout and token ids stay tiny's; widths and the noise id change
+        hidden_size=192, q_lora_rank=64, sliding_window=32,
+        index_n_heads=4, index_block_size=4, index_topk=8, moe_intermediate_size=48,
+        routed_scaling_factor=1.0, intermediate_size=512, engram_table_size=2048, engram_dim=32,
+        dspark_noise_token_id=6, dspark_markov_rank=16, dspark_intermediate_size=192,
+        tie_word_embeddings=True,
     )
 
 
