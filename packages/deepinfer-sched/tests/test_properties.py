@@ -85,28 +85,26 @@ def run_stream(cfg, reqs, seed, zos, accept_prob, varlen):
     return h
 
 
+def streams(max_requests: int):
+    """`given` over run_stream's inputs: a config, 1..max_requests requests, seed, ZOS, acceptance."""
+    return given(
+        cfg=configs(),
+        reqs=st.lists(requests(), min_size=1, max_size=max_requests),
+        seed=st.integers(0, 2**31),
+        zos=st.booleans(),
+        accept_prob=st.sampled_from([0.0, 0.5, 0.9, 1.0]),
+        varlen=st.booleans(),
+    )
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    cfg=configs(),
-    reqs=st.lists(requests(), min_size=1, max_size=8),
-    seed=st.integers(0, 2**31),
-    zos=st.booleans(),
-    accept_prob=st.sampled_from([0.0, 0.5, 0.9, 1.0]),
-    varlen=st.booleans(),
-)
+@streams(max_requests=8)
 def test_random_streams_keep_the_ledger(cfg, reqs, seed, zos, accept_prob, varlen):
     run_stream(cfg, reqs, seed, zos, accept_prob, varlen)
 
 
 @pytest.mark.slow
 @settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck))
-@given(
-    cfg=configs(),
-    reqs=st.lists(requests(), min_size=1, max_size=12),
-    seed=st.integers(0, 2**31),
-    zos=st.booleans(),
-    accept_prob=st.sampled_from([0.0, 0.5, 0.9, 1.0]),
-    varlen=st.booleans(),
-)
+@streams(max_requests=12)
 def test_random_streams_keep_the_ledger_long(cfg, reqs, seed, zos, accept_prob, varlen):
     run_stream(cfg, reqs, seed, zos, accept_prob, varlen)
