@@ -3,21 +3,14 @@
 import numpy as np
 import pytest
 
-from deepinfer_sched import (
-    VERIFIED_END,
-    RequestOutputPool,
-    RequestParams,
-    Scheduler,
-    SchedulerConfig,
-    StepKind,
-)
+from deepinfer_sched import VERIFIED_END, RequestOutputPool, RequestParams, StepKind
+from deepinfer_sched.testing import small_scheduler
 
 NUM_BLOCKS = 64
 
 
 def make():
-    return Scheduler(SchedulerConfig(block_size=4, num_blocks=NUM_BLOCKS, max_num_seqs=4, max_num_batched_tokens=8,
-                                     max_model_len=64, nextn=2, min_final_chunk_tokens=0, eos_token_ids=[2]))
+    return small_scheduler(num_blocks=NUM_BLOCKS, max_num_batched_tokens=8, nextn=2)
 
 
 def run(s, pool, out):

@@ -4,24 +4,14 @@ YOCO final-chunk rule), finish on EOS / max_tokens / stop ids, ignored prompts."
 import numpy as np
 import pytest
 
-from deepinfer_sched import (
-    VERIFIED_END,
-    RequestOutputPool,
-    RequestParams,
-    Scheduler,
-    SchedulerConfig,
-    SequenceStatus,
-    StepKind,
-)
+from deepinfer_sched import VERIFIED_END, RequestOutputPool, RequestParams, SequenceStatus, StepKind
+from deepinfer_sched.testing import small_scheduler
 
 EOS = 2
 
 
 def make(**kw):
-    base = dict(block_size=4, num_blocks=128, max_num_seqs=4, max_num_batched_tokens=16, max_model_len=64,
-                nextn=0, min_final_chunk_tokens=0, eos_token_ids=[EOS])
-    base.update(kw)
-    return Scheduler(SchedulerConfig(**base))
+    return small_scheduler(**{"num_blocks": 128, "max_num_batched_tokens": 16, "eos_token_ids": [EOS], **kw})
 
 
 def step(s, pool, tokens=None, out=None):

@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 
-from deepinfer_sched import VERIFIED_END, RequestOutputPool, RequestParams, Scheduler, SchedulerConfig
+from deepinfer_sched import VERIFIED_END, RequestOutputPool, RequestParams
+from deepinfer_sched.testing import small_scheduler
 
 
 def outputs(pool, n_req, tokens_each=1):
-    s = Scheduler(SchedulerConfig(block_size=4, num_blocks=64, max_num_seqs=16, max_num_batched_tokens=64,
-                                  max_model_len=32, min_final_chunk_tokens=0, eos_token_ids=[2]))
+    s = small_scheduler(max_num_seqs=16, max_model_len=32)
     for r in range(n_req):
         s.add_request(r, [5, 6], RequestParams(max_tokens=4))
     out = s.schedule()

@@ -3,14 +3,12 @@ preemption-by-recompute of the shortest-output sequence."""
 
 import numpy as np
 
-from deepinfer_sched import VERIFIED_END, RequestParams, Scheduler, SchedulerConfig, Sequence, SequenceStatus
+from deepinfer_sched import VERIFIED_END, RequestParams, Sequence, SequenceStatus
+from deepinfer_sched.testing import small_scheduler
 
 
 def make(**kw):
-    base = dict(block_size=4, num_blocks=64, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=48,
-                nextn=0, min_final_chunk_tokens=0, eos_token_ids=[2])
-    base.update(kw)
-    return Scheduler(SchedulerConfig(**base))
+    return small_scheduler(**{"max_num_seqs": 8, "max_model_len": 48, **kw})
 
 
 def process(s, out, tok=9):

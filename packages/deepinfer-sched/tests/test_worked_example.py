@@ -9,14 +9,8 @@ consistent reading: A had max_tokens - 3, so its third token hits the limit.)
 import numpy as np
 import pytest
 
-from deepinfer_sched import (
-    VERIFIED_END,
-    RequestOutputPool,
-    RequestParams,
-    Scheduler,
-    SchedulerConfig,
-    StepKind,
-)
+from deepinfer_sched import VERIFIED_END, RequestOutputPool, RequestParams, StepKind
+from deepinfer_sched.testing import small_scheduler
 
 A, B, C = 100, 200, 300
 T1, T2, T3, MAIN_A, MAIN_B, MAIN_C, DRAFT_B = 11, 12, 13, 21, 22, 23, 14
@@ -24,9 +18,7 @@ T1, T2, T3, MAIN_A, MAIN_B, MAIN_C, DRAFT_B = 11, 12, 13, 21, 22, 23, 14
 
 @pytest.fixture()
 def decode_step():
-    cfg = SchedulerConfig(block_size=4, num_blocks=64, max_num_seqs=8, max_num_batched_tokens=64,
-                          max_model_len=64, nextn=3, min_final_chunk_tokens=4, eos_token_ids=[2])
-    s = Scheduler(cfg)
+    s = small_scheduler(max_num_seqs=8, nextn=3, min_final_chunk_tokens=4)
     s.add_request(A, [5, 6, 7, 8, 9], RequestParams(max_tokens=4))  # 1 output after prefill = 4 - 3
     s.add_request(B, [5, 6, 7], RequestParams(max_tokens=10))
     s.add_request(C, [5, 6, 7, 8], RequestParams(max_tokens=10))

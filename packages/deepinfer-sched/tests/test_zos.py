@@ -4,19 +4,12 @@ csrc/sequence.hpp, remap, finish-in-flight pushing 0, and prepare_zos_inputs."""
 import numpy as np
 import pytest
 
-from deepinfer_sched import (
-    VERIFIED_END,
-    RequestOutputPool,
-    RequestParams,
-    Scheduler,
-    SchedulerConfig,
-    prepare_zos_inputs,
-)
+from deepinfer_sched import VERIFIED_END, RequestOutputPool, RequestParams, prepare_zos_inputs
+from deepinfer_sched.testing import small_scheduler
 
 
 def make(nextn=2):
-    return Scheduler(SchedulerConfig(block_size=4, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=64,
-                                     max_model_len=64, nextn=nextn, min_final_chunk_tokens=0, eos_token_ids=[2]))
+    return small_scheduler(nextn=nextn)
 
 
 def verified(out, accepted):
@@ -141,8 +134,7 @@ def test_processing_twice_or_out_of_shape_fails_loudly():
 
 
 def test_preempted_while_in_flight_pushes_zero_and_recomputes():
-    s = Scheduler(SchedulerConfig(block_size=4, num_blocks=5, max_num_seqs=4, max_num_batched_tokens=64,
-                                  max_model_len=16, nextn=1, min_final_chunk_tokens=0, eos_token_ids=[2]))
+    s = small_scheduler(num_blocks=5, max_model_len=16, nextn=1)
     pool = RequestOutputPool()
     s.add_request(1, [5] * 6, RequestParams(max_tokens=8))  # A
     s.add_request(2, [6] * 6, RequestParams(max_tokens=8))  # B

@@ -15,8 +15,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._core import VERIFIED_END, FinishReason, RequestOutputPool, SchedulerOutput, StepKind
-from .config import RequestParams
+from .config import RequestParams, SchedulerConfig
 from .scheduler import Scheduler
+
+
+# The CPU tests' scheduler: 4-token blocks, 64 of them, 4 sequences, 64 rows a step, prompt + output
+# <= 64, no speculation, no YOCO minimum on the last chunk, EOS 2.
+SMALL_CONFIG = dict(block_size=4, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64,
+                    nextn=0, min_final_chunk_tokens=0, eos_token_ids=(2,))
+
+
+def small_scheduler(**overrides) -> Scheduler:
+    """A scheduler over SMALL_CONFIG, with `overrides` (SchedulerConfig fields) replacing its values."""
+    return Scheduler(SchedulerConfig(**{**SMALL_CONFIG, **overrides}))
 
 
 @dataclass
