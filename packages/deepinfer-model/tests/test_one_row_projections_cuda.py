@@ -11,20 +11,30 @@ from deepinfer_model.presets import tiny
 from deepinfer_model.testing import Driver, Seq, clone_cache
 
 
-@pytest.mark.gpu
-@torch.no_grad()
-def test_one_row_steps_take_the_matvec_kernel_and_match_cublas(monkeypatch):
+def require_sm90() -> None:
     from deepinfer_kernels.platform import current_platform
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     if not current_platform().is_sm90:
         pytest.skip("the matrix-vector kernel is built for SM90")
-    model = V41ForCausalLM(tiny(), device=torch.device("cuda")).init_random_weights(0).eval()   # bf16
-    g = torch.Generator().manual_seed(0)
-    seq = Seq(torch.randint(4, 8192, (37,), generator=g).tolist(), 37)
+
+
+def prefilled(model: V41ForCausalLM, prompt_len: int, seed: int) -> tuple[Driver, Seq]:
+    """A random prompt of `prompt_len` tokens prefilled in 8-token blocks, its greedy token appended."""
+    g = torch.Generator().manual_seed(seed)
+    seq = Seq(torch.randint(4, 8192, (prompt_len,), generator=g).tolist(), prompt_len)
     drv = Driver(model, num_blocks=32, block_size=8)
     _, out = drv.prefill([seq], [seq.prompt_len])
     seq.tokens.append(int(out.logits[-1].argmax()))
+    return drv, seq
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_one_row_steps_take_the_matvec_kernel_and_match_cublas(monkeypatch):
+    require_sm90()
+    model = V41ForCausalLM(tiny(), device=torch.device("cuda")).init_random_weights(0).eval()   # bf16
+    drv, seq = prefilled(model, 37, seed=0)
 
     kernel_rows = []
     pick = linear_op._one_row_kernel
@@ -68,19 +78,11 @@ def test_one_row_norm_and_projection_in_one_launch_is_bit_identical(monkeypatch)
     the norms as launches of their own, bit for bit; so does the final norm + lm_head, whose kernel
     writes the float32 logits itself."""
     import deepinfer_model.modules.norm as norm_module
-    from deepinfer_kernels.platform import current_platform
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
-    if not current_platform().is_sm90:
-        pytest.skip("the matrix-vector kernel is built for SM90")
+    require_sm90()
     # bf16, with the float32 norm weights the engine keeps (`keep_float32_params`): the norms the
     # one-launch path computes; with bf16 norm weights every norm stays a launch of its own
     model = V41ForCausalLM(tiny(), device=torch.device("cuda")).init_random_weights(0).eval().keep_float32_params()
-    g = torch.Generator().manual_seed(1)
-    seq = Seq(torch.randint(4, 8192, (45,), generator=g).tolist(), 45)
-    drv = Driver(model, num_blocks=32, block_size=8)
-    _, out = drv.prefill([seq], [seq.prompt_len])
-    seq.tokens.append(int(out.logits[-1].argmax()))
+    drv, seq = prefilled(model, 45, seed=1)
     fused_calls = []
     fused_op = norm_module.rms_norm_linear
 
