@@ -11,7 +11,7 @@ nextn 0 (ratio 1.559) against H200 steps of 7.47 and 4.81 ms (ratio 1.553); sixt
 counted as on CUDA) 1,534 and 1,013 against H200 device steps of 3.36 and 2.41 ms (2.2-2.4 us per
 launch).
 
-    python tools/count_step_ops.py --nextn 5 [--model default] [--batch 1] [--top 12] [--by-function 20]
+    python packages/deepinfer-engine/diag/count_step_ops.py --nextn 5 [--model default] [--batch 1] [--top 12] [--by-function 20]
         [--sampling greedy|general]
 """
 

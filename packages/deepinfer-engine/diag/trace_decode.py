@@ -1,7 +1,7 @@
 """Where the time of graph-replayed decode steps goes: a torch-profiler trace of the engine's real
 loop (graphs + ZOS, `LLM.generate`), summarized per CUDA graph replay.
 
-    python tools/trace_decode.py --model preset:mini --batch 1 [--tokens 64] [--save trace.json.gz]
+    python packages/deepinfer-engine/diag/trace_decode.py --model preset:mini --batch 1 [--tokens 64] [--save trace.json.gz]
 
 Prints: the replays' kernel span (first kernel start to last kernel end), the start-to-start
 interval of consecutive replays, the gap between one replay's end and the next one's start, and
