@@ -19,7 +19,7 @@
 #              yet run on the H200)
 #   mini       `mini` vs HF transformers: decode batch 1 / 64 (ZOS on and off), prefill 64 x 512 in
 #              chunks of 8K / 16K / 32K rows
-#   ops        tools/profile_ops.py on `mini` decode, batch 1 and 64: device time per TileLang op and
+#   ops        packages/deepinfer-engine/diag/profile_ops.py on `mini` decode, batch 1 and 64: device time per TileLang op and
 #              per other kernel (not yet run on the H200)
 #   sharedkeys the shared-key sparse MLA: its kernel GPU tests (pairs and quads) and the `mini` prefill
 #              test (every call against the per-row kernels) in parallel with warm-ups, then `mini`
@@ -85,9 +85,9 @@ case "$MODE" in
     stage flashslice 560 "${BENCH[@]}" --model preset:flash-slice --decode-batch-sizes 1 --max-num-seqs 1 \
       --no-prefill --prompt-len 512 --max-model-len 1024 --warmup-steps 20 --steps 400 > "$OUT/flashslice.log" 2>&1 ;;
   ops)
-    stage ops_b1 200 "$PY" tools/profile_ops.py --model preset:mini --batch 1 > "$OUT/ops_b1.log" 2>&1
-    stage ops_b64 150 "$PY" tools/profile_ops.py --model preset:mini --batch 64 > "$OUT/ops_b64.log" 2>&1
-    stage ops_prefill 150 "$PY" tools/profile_ops.py --model preset:mini --phase prefill --batch 64 --prompt-len 512 \
+    stage ops_b1 200 "$PY" packages/deepinfer-engine/diag/profile_ops.py --model preset:mini --batch 1 > "$OUT/ops_b1.log" 2>&1
+    stage ops_b64 150 "$PY" packages/deepinfer-engine/diag/profile_ops.py --model preset:mini --batch 64 > "$OUT/ops_b64.log" 2>&1
+    stage ops_prefill 150 "$PY" packages/deepinfer-engine/diag/profile_ops.py --model preset:mini --phase prefill --batch 64 --prompt-len 512 \
       > "$OUT/ops_prefill.log" 2>&1 ;;
   mini)
     stage mini 560 "${BENCH[@]}" --model preset:mini --decode-batch-sizes 1,64 --prompt-len 512 --prefill-batch 64 \
