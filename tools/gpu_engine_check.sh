@@ -15,12 +15,11 @@
 #   batch64    default model, 64 sequences: nextn 5 varlen vs fixed, grammar masks and batch
 #              invariance beside plain decode; then the same at nextn 0 (issues 7 and 9)
 #   flashslice `flash-slice` (full flash width, 4 layers, 91 GB of random bf16 weights made on the GPU)
-#              decode at batch 1: weight bytes per step / step time vs copy bandwidth (issue 6; not
-#              yet run on the H200)
+#              decode at batch 1 over 400 steps: weight bytes per step / step time vs copy bandwidth
 #   mini       `mini` vs HF transformers: decode batch 1 / 64 (ZOS on and off), prefill 64 x 512 in
 #              chunks of 8K / 16K / 32K rows
-#   ops        packages/deepinfer-engine/diag/profile_ops.py on `mini` decode, batch 1 and 64: device time per TileLang op and
-#              per other kernel (not yet run on the H200)
+#   ops        packages/deepinfer-engine/diag/profile_ops.py on `mini` decode (batch 1 and 64) and prefill:
+#              device time per TileLang op and per other kernel
 #   sharedkeys the shared-key sparse MLA: its kernel GPU tests (pairs and quads) and the `mini` prefill
 #              test (every call against the per-row kernels) in parallel with warm-ups, then `mini`
 #              prefill 64 x 512 with quads, pairs and per-row kernels alternately, the HF peer first
