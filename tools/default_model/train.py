@@ -261,7 +261,7 @@ def main(argv=None) -> int:
     if device.type == "cuda":
         torch.cuda.empty_cache()   # the engine sizes its KV pool from the free device memory
     if not args.skip_eval:
-        from eval_default_model import evaluate_dir
+        from default_model.eval_model import evaluate_dir
         try:
             evaluate_dir(out_dir, log_dir, device=str(device), args=args, corpus=corpus, run=run, log=log,
                          deadline=time.time() + args.eval_budget_s,
