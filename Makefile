@@ -2,7 +2,7 @@
 PY = $$(cat .deepinfer-python)
 PROMPT ?= def fibonacci(n):
 
-.PHONY: setup demo test bench lint
+.PHONY: setup demo test bench results lint
 setup:
 	@bash tools/setup_env.sh
 
@@ -17,6 +17,10 @@ test: setup
 ## make bench: every package's pytest-benchmark suite
 bench: setup
 	@$(PY) -m pytest packages --benchmark-only -q
+
+## make results: the README's and docs/benchmarks.md's tables and docs/img/ plots from docs/results/*.json
+results: setup
+	@$(PY) tools/render_results.py
 
 lint: setup
 	@$(PY) -m ruff check packages tests tools

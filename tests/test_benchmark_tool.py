@@ -22,9 +22,19 @@ def _bench(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
 def test_decode_rows_pool_rounds_and_count_drafts(tmp_path):
     out = tmp_path / "rows.jsonl"
     res = _bench(tmp_path, "--decode-batch-sizes", "2", "--nextn-list", "0,3", "--varlen-compare",
-                 "--rounds", "2", "--result-jsonl", str(out))
+                 "--rounds", "2", "--result-jsonl", str(out), "--json-out", str(tmp_path / "results.json"))
     assert res.returncode == 0, res.stderr[-2000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
+    # --json-out: the same run as result rows, each speculative row beside nextn 0 of this run
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert [r["what"] for r in results] == ["decode, preset:tiny, batch 2", "decode, preset:tiny, batch 2, nextn 3",
+                                            "decode, preset:tiny, batch 2, nextn 3 variable-length"]
+    assert [r["value"] for r in results] == [round(r["tokens_per_s_real"], 1) for r in rows]
+    assert results[0]["ratio"] is None and results[0]["series"] == "decode_vs_batch" and results[0]["x"] == 2
+    for r in results[1:]:
+        assert r["group"] == "speculation" and r["baseline"] == "nextn 0"
+        assert r["baseline_value"] == results[0]["value"] and r["ratio"] == round(r["value"] / r["baseline_value"], 3)
+    assert all(r["command"].startswith("python tools/benchmark.py --device cpu") and r["date"] for r in results)
     assert [(r["nextn"], r["varlen"]) for r in rows] == [(0, False), (3, False), (3, True)]
     for r in rows:
         assert r["kind"] == "decode" and r["batch"] == 2 and r["rounds"] == 2
@@ -100,17 +110,6 @@ def test_prefill_chunk_sweep(tmp_path):
     assert [(r["kind"], r["chunk_tokens"]) for r in rows] == [("prefill", 64), ("prefill", 256)]
     assert all(r["tokens_per_s"] > 0 for r in rows)
     assert rows[0]["tokens_per_step"] <= 64 < rows[1]["tokens_per_step"] <= 256
-
-
-def test_profile_step_tool_runs_a_step(tmp_path):
-    """tools/profile_step.py on the CPU: one profiled prefill step, its header and the op table."""
-    res = subprocess.run([sys.executable, str(ROOT / "tools" / "profile_step.py"), "--model", "preset:tiny",
-                          "--device", "cpu", "--mode", "prefill", "--batch", "2", "--prompt-len", "40",
-                          "--max-num-batched-tokens", "256", "--top", "5"],
-                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert "== preset:tiny prefill batch 2 prompt 40: 0 kernels" in res.stdout   # no CUDA kernels on the CPU
-    assert "aten::mm" in res.stdout
 
 
 def test_pipelined_prefill_row_counts_the_window_of_queued_rounds(tmp_path):

@@ -2,7 +2,7 @@
 engine must stay within the documented tolerance of ppl_baseline_<cpu|cuda>.json
 (tools/default_model/baseline.py: |PPL / baseline - 1| <= 5% and >= 6 of 8 prompts with identical
 greedy tokens). The CPU test runs in CI, the CUDA one on the GPU machine. Refresh with
-tools/refresh_ppl_baseline.py [--device cuda] after a deliberate change."""
+tools/default_model/refresh_ppl_baseline.py [--device cuda] after a deliberate change."""
 
 import json
 import sys
@@ -21,10 +21,10 @@ DEFAULT_DIR = ROOT / "packages/deepinfer-model/src/deepinfer_model/default"
 def _check_against_baseline(kind: str):
     if not (DEFAULT_DIR / "config.json").is_file():
         pytest.skip("no shipped default checkpoint (deepinfer_model/default/config.json) yet: "
-                    "train it with tools/train_default_model.py")
+                    "train it with tools/default_model/train.py")
     path = DEFAULT_DIR / f"ppl_baseline_{kind}.json"
     if not path.is_file():
-        pytest.fail(f"{path} missing: run tools/refresh_ppl_baseline.py --device {kind}")
+        pytest.fail(f"{path} missing: run tools/default_model/refresh_ppl_baseline.py --device {kind}")
     stored = json.loads(path.read_text())
     current = baseline.decode_ppl(DEFAULT_DIR, kind)
     assert [p["prompt"] for p in current["prompts"]] == [p["prompt"] for p in stored["prompts"]], \

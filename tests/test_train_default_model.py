@@ -1,4 +1,4 @@
-"""CPU smoke run of the default model's whole pipeline: tools/train_default_model.py --smoke trains a
+"""CPU smoke run of the default model's whole pipeline: tools/default_model/train.py --smoke trains a
 few steps of every phase on a tiny corpus subset, writes the HF checkpoint + card + baselines +
 eval, and the engine loads and generates from it (`LLM(model=dir)`)."""
 
@@ -18,7 +18,7 @@ def smoke_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("smoke") / "default"
     # bf16 autocast on the CPU: the dtype paths of the CUDA run, without a GPU
     env = dict(os.environ, DEEPINFER_TRAIN_THREADS="1", PYTHONHASHSEED="0", DEEPINFER_TRAIN_AUTOCAST_CPU="1")
-    proc = subprocess.run([sys.executable, str(ROOT / "tools/train_default_model.py"), "--out", str(out), "--smoke",
+    proc = subprocess.run([sys.executable, str(ROOT / "tools/default_model/train.py"), "--out", str(out), "--smoke",
                            "--bundle", str(out.with_name("bundle.tar"))],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

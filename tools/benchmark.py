@@ -7,7 +7,7 @@ Decode: prompts of --prompt-len random tokens, greedy, EOS ignored; after the pr
 --warmup-steps decode steps and time --steps steps. avg_SPS = steps / s. Tokens/s are given two
 ways: full-acceptance accounting `avg_SPS * batch * (1 + nextn)` (the reference's headline
 formula) and real: tokens actually emitted / s.
-Prefill (bench_prefill.py): rounds of --prefill-batch fresh prompts (prefix cache off, max_tokens 1);
+Prefill (bench/prefill.py): rounds of --prefill-batch fresh prompts (prefix cache off, max_tokens 1);
 skip 5 warm-up prefill steps, time 10 steps; tokens/s = prompt tokens computed / s;
 --prefill-pipelined also over queued rounds with ZOS on.
 Steady-state period (CUDA): the device time between the first and the last window step's completion
@@ -18,8 +18,7 @@ longer windows (--steps) shrink: the default 200 steps keep it to ~0.5% (60 read
 ZOS idle: with CUDA events at each step's device start and end, the idle gap between consecutive
 decode steps as a fraction of the step time. A whole-step graph's start event is recorded once
 its host work is done, right before its input copies, so the gap is the device's idle time
-(before session 12 it was recorded as `launch` began, and the host-paced eager launches of the
-fix-up then counted as step time, not idle: 0.4-0.7% was reported while the device idled ~25%).
+(recorded as `launch` began, the host-paced eager launches of the fix-up would count as step time).
 Host stalls: the window's largest and total idle (`idle_gap_max_ms`, `idle_gap_total_ms`), the
 gaps over SLOW_GAP_MS (`slow_gaps`: round, window step, ms) and Python's garbage collections in
 the window by generation (`gc_pauses_in_window`).
@@ -27,7 +26,9 @@ Decode at batch 1 without speculation also reports the weight bytes a step must 
 weights / step time (`weight_read_tb_s` over the wall-clock window, `weight_read_tb_s_period` over
 the steady-state period, and their fractions of the measured copy bandwidth on CUDA: issue 6's
 `flash-slice` roofline, e.g. `--model preset:flash-slice --decode-batch-sizes 1`).
-Every row of --result-jsonl is one measurement with its configuration.
+Every row of --result-jsonl is one measurement with its configuration. --json-out appends the
+same run as result rows (docs/results/README.md: what, value, the baseline of this run, ratio,
+device, date, command), the rows tools/render_results.py turns into the docs' tables and plots.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ import argparse
 import gc
 import json
 import os
+import platform
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -44,9 +47,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_engine import build_engine, free_device_memory, make_prompts  # noqa: E402
-from bench_prefill import bench_prefill, bench_prefill_pipelined  # noqa: E402
-from roofline import measure_ceilings  # noqa: E402
+from bench.ceilings import measure_ceilings  # noqa: E402
+from bench.engine import build_engine, free_device_memory, make_prompts  # noqa: E402
+from bench.prefill import bench_prefill, bench_prefill_pipelined  # noqa: E402
+from bench.rows import result_rows, write_rows  # noqa: E402
 
 # --grammar-compare: a long free string keeps every request under the mask (in its costliest state,
 # most tokens allowed) for the whole window
@@ -284,7 +288,9 @@ def main() -> None:
                     help="also measure prefill over a queue of prompt rounds with ZOS on (the engine's default loop)")
     ap.add_argument("--prefill-rounds", type=int, default=8, help="rounds of --prefill-batch prompts queued (pipelined)")
     ap.add_argument("--peer", action="store_true", help="run the HF transformers peer in the same process")
-    ap.add_argument("--result-jsonl", type=Path, default=None)
+    ap.add_argument("--result-jsonl", type=Path, default=None, help="append every measurement, one JSON a line")
+    ap.add_argument("--json-out", type=Path, default=None,
+                    help="append the run's result rows to this JSON list (e.g. docs/results/decode.json)")
     args = ap.parse_args()
     if args.host_timers and args.rounds > 1:
         ap.error("--host-timers needs --rounds 1 (the timers would also count the later rounds' warm-up)")
@@ -321,7 +327,7 @@ def main() -> None:
             if args.prefill_pipelined:
                 rows.append(bench_prefill_pipelined(args, chunk))
     if args.peer:
-        from peer_hf import bench_peer
+        from bench.peer_hf import bench_peer
         rows.extend(bench_peer(args))
     copy_bw = next((r["copy_bw_tb_s"] for r in rows if r["kind"] == "ceilings"), None)
     for row in rows:
@@ -334,6 +340,10 @@ def main() -> None:
         with args.result_jsonl.open("a") as f:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
+    if args.json_out:
+        device = next((r["device"] for r in rows if r["kind"] == "ceilings"), None)
+        command = shlex.join(["python", "tools/benchmark.py", *sys.argv[1:]])
+        write_rows(args.json_out, result_rows(rows, command=command, device=device or f"CPU ({platform.machine()})"))
 
 
 if __name__ == "__main__":

@@ -15,12 +15,11 @@
 #   batch64    default model, 64 sequences: nextn 5 varlen vs fixed, grammar masks and batch
 #              invariance beside plain decode; then the same at nextn 0 (issues 7 and 9)
 #   flashslice `flash-slice` (full flash width, 4 layers, 91 GB of random bf16 weights made on the GPU)
-#              decode at batch 1: weight bytes per step / step time vs copy bandwidth (issue 6; not
-#              yet run on the H200)
+#              decode at batch 1 over 400 steps: weight bytes per step / step time vs copy bandwidth
 #   mini       `mini` vs HF transformers: decode batch 1 / 64 (ZOS on and off), prefill 64 x 512 in
 #              chunks of 8K / 16K / 32K rows
-#   ops        tools/profile_ops.py on `mini` decode, batch 1 and 64: device time per TileLang op and
-#              per other kernel (not yet run on the H200)
+#   ops        packages/deepinfer-engine/diag/profile_ops.py on `mini` decode (batch 1 and 64) and prefill:
+#              device time per TileLang op and per other kernel
 #   sharedkeys the shared-key sparse MLA: its kernel GPU tests (pairs and quads) and the `mini` prefill
 #              test (every call against the per-row kernels) in parallel with warm-ups, then `mini`
 #              prefill 64 x 512 with quads, pairs and per-row kernels alternately, the HF peer first
@@ -85,9 +84,9 @@ case "$MODE" in
     stage flashslice 560 "${BENCH[@]}" --model preset:flash-slice --decode-batch-sizes 1 --max-num-seqs 1 \
       --no-prefill --prompt-len 512 --max-model-len 1024 --warmup-steps 20 --steps 400 > "$OUT/flashslice.log" 2>&1 ;;
   ops)
-    stage ops_b1 200 "$PY" tools/profile_ops.py --model preset:mini --batch 1 > "$OUT/ops_b1.log" 2>&1
-    stage ops_b64 150 "$PY" tools/profile_ops.py --model preset:mini --batch 64 > "$OUT/ops_b64.log" 2>&1
-    stage ops_prefill 150 "$PY" tools/profile_ops.py --model preset:mini --phase prefill --batch 64 --prompt-len 512 \
+    stage ops_b1 200 "$PY" packages/deepinfer-engine/diag/profile_ops.py --model preset:mini --batch 1 > "$OUT/ops_b1.log" 2>&1
+    stage ops_b64 150 "$PY" packages/deepinfer-engine/diag/profile_ops.py --model preset:mini --batch 64 > "$OUT/ops_b64.log" 2>&1
+    stage ops_prefill 150 "$PY" packages/deepinfer-engine/diag/profile_ops.py --model preset:mini --phase prefill --batch 64 --prompt-len 512 \
       > "$OUT/ops_prefill.log" 2>&1 ;;
   mini)
     stage mini 560 "${BENCH[@]}" --model preset:mini --decode-batch-sizes 1,64 --prompt-len 512 --prefill-batch 64 \

@@ -95,7 +95,7 @@ def model_card(run: dict, ev: dict) -> str:
         "# DeepInfer default model",
         "",
         "A small DeepSeek-V4.1-Flash-architecture model that writes Python, with a DSpark (DFlash) draft head, "
-        "trained from scratch by `tools/train_default_model.py` on the Python standard library. "
+        "trained from scratch by `tools/default_model/train.py` on the Python standard library. "
         "`LLM()` with no model argument loads it. It completes code; it is not an assistant and "
         "knows nothing beyond the stdlib sources it saw.",
         "",
@@ -108,10 +108,10 @@ def model_card(run: dict, ev: dict) -> str:
         "## Data",
         "",
         f"The `.py` files of the CPython {corpus.get('python')} standard library, split into train and held-out sets "
-        "by top-level module (`tools/stdlib_corpus.py`: a module is held out when the first 4 bytes of "
+        "by top-level module (`tools/default_model/stdlib_corpus.py`: a module is held out when the first 4 bytes of "
         "sha256(name) mod 100 < 5; test suites, `site-packages`, `lib2to3`, `turtledemo`, files > 400 kB and "
         "`_pydecimal` excluded), identical files kept once. The tokenized train split and the held-out text "
-        "are packed in `tools/data/` (`tools/pack_stdlib_corpus.py`, verified by sha256 at load), so every "
+        "are packed in `tools/data/` (`tools/default_model/pack_stdlib_corpus.py`, verified by sha256 at load), so every "
         "machine trains on the same tokens whatever its Python.",
         "",
         f"- train: {corpus.get('train_files')} files, {corpus.get('train_bytes', 0):,} bytes, "
@@ -121,7 +121,7 @@ def model_card(run: dict, ev: dict) -> str:
         "",
         "## Tokenizer",
         "",
-        "Byte-level BPE (HF `tokenizers`), vocab 8192, trained by `tools/train_tokenizer.py` on the train split "
+        "Byte-level BPE (HF `tokenizers`), vocab 8192, trained by `tools/default_model/train_tokenizer.py` on the train split "
         f"(sha256 `{corpus.get('tokenizer_sha256', '')[:16]}...`). Special tokens: {SPECIALS}. Prompts are "
         "encoded without special tokens; training documents are `<|bos|> file <|eos|>`.",
         "",
@@ -180,7 +180,7 @@ def model_card(run: dict, ev: dict) -> str:
         "",
     ]
     lines += _eval_sections(ev)
-    lines += ["Full numbers, samples and definitions: `tools/eval_default_model.py` and "
-              "`tools/default_model/evaluation.py` (re-run: `python tools/eval_default_model.py --model <this dir> "
+    lines += ["Full numbers, samples and definitions: `tools/default_model/eval_model.py` and "
+              "`tools/default_model/evaluation.py` (re-run: `python tools/default_model/eval_model.py --model <this dir> "
               "--out <dir>`).", ""]
     return "\n".join(lines) + "\n"

@@ -1,4 +1,4 @@
-"""The default model's data: the packed stdlib corpus in tools/data (see tools/pack_stdlib_corpus.py),
+"""The default model's data: the packed stdlib corpus in tools/data (see tools/default_model/pack_stdlib_corpus.py),
 verified against its manifest, and deterministic training batches.
 
 Training stream: each epoch permutes the train files (seeded by (seed, epoch)), concatenates
@@ -61,12 +61,12 @@ def load_corpus(data_dir: Path = DATA_DIR, tokenizer_path: Path = TOKENIZER, man
     """Load and verify everything; any mismatch raises CorpusError naming the file."""
     mpath = data_dir / manifest_name
     if not mpath.is_file():
-        raise CorpusError(f"{mpath}: corpus manifest missing (run tools/pack_stdlib_corpus.py under Python 3.11.7)")
+        raise CorpusError(f"{mpath}: corpus manifest missing (run tools/default_model/pack_stdlib_corpus.py under Python 3.11.7)")
     manifest = json.loads(mpath.read_text())
     tok_sha = _sha256(tokenizer_path.read_bytes())
     if tok_sha != manifest["tokenizer_sha256"]:
         raise CorpusError(f"{tokenizer_path}: sha256 {tok_sha} != {manifest['tokenizer_sha256']} the corpus was "
-                          "tokenized with; re-pack the corpus (tools/pack_stdlib_corpus.py)")
+                          "tokenized with; re-pack the corpus (tools/default_model/pack_stdlib_corpus.py)")
     payloads = {}
     for key, info in manifest["data_files"].items():
         path = data_dir / info["name"]

@@ -1,4 +1,4 @@
-"""Evaluation of the default model (run by tools/eval_default_model.py and at the end of training).
+"""Evaluation of the default model (run by tools/default_model/eval_model.py and at the end of training).
 
 1. Held-out PPL: teacher-forced over every held-out file (`<|bos|> text <|eos|>`), strided windows
    of `ctx` tokens overlapping by `overlap` (every token but <|bos|> scored once); tokens, bytes,

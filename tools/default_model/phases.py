@@ -1,4 +1,4 @@
-"""The three training phases of tools/train_default_model.py (target LM, greedy continuations,
+"""The three training phases of tools/default_model/train.py (target LM, greedy continuations,
 DSpark self-distillation) and their helpers; the module docstring of that script describes them."""
 
 from __future__ import annotations

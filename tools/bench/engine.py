@@ -1,4 +1,4 @@
-"""The engine and prompts of tools/benchmark.py's rows (decode and prefill, bench_prefill.py)."""
+"""The engine and prompts of tools/benchmark.py's rows (decode, and prefill in bench/prefill.py)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Regenerate the decode-PPL baseline of the shipped default model for one platform.
 
-    python tools/refresh_ppl_baseline.py                 # CPU -> default/ppl_baseline_cpu.json
-    python tools/refresh_ppl_baseline.py --device cuda   # GPU -> default/ppl_baseline_cuda.json
-    python tools/refresh_ppl_baseline.py --check         # compare with the stored baseline, write nothing
+    python tools/default_model/refresh_ppl_baseline.py                 # CPU -> default/ppl_baseline_cpu.json
+    python tools/default_model/refresh_ppl_baseline.py --device cuda   # GPU -> default/ppl_baseline_cuda.json
+    python tools/default_model/refresh_ppl_baseline.py --check         # compare with the stored baseline, write nothing
 
 Prompts, token count and tolerance: tools/default_model/baseline.py. Refresh only after a deliberate
 change of the model or of the numerics (and say so in the commit); the test
@@ -16,11 +16,11 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tools/: the default_model package
 
 from default_model import baseline  # noqa: E402
 
-DEFAULT_DIR = Path(__file__).resolve().parent.parent / "packages/deepinfer-model/src/deepinfer_model/default"
+DEFAULT_DIR = Path(__file__).resolve().parents[2] / "packages/deepinfer-model/src/deepinfer_model/default"
 
 
 def main() -> int:

@@ -9,8 +9,8 @@ a kernel with a name of its own) and reads the step's kernel sequence under the 
 kernels between a call's two markers are that call's. A kernel's duration is the same when a
 CUDA graph replays it (graphs change the gaps between kernels, not the kernels).
 
-    python tools/profile_ops.py --model preset:mini --batch 1 [--nextn 0] [--steps 3] [--top 30]
-    python tools/profile_ops.py --model preset:mini --phase prefill --batch 64 --prompt-len 512 [--syncs]
+    python packages/deepinfer-engine/diag/profile_ops.py --model preset:mini --batch 1 [--nextn 0] [--steps 3] [--top 30]
+    python packages/deepinfer-engine/diag/profile_ops.py --model preset:mini --phase prefill --batch 64 --prompt-len 512 [--syncs]
 
 Prints per step: each TileLang op's calls, total and per-call device time; the other kernels
 (cuBLAS GEMMs, torch element-wise ops) grouped by kernel name; the total; the timeline (host wall

@@ -4,11 +4,11 @@ DSpark draft head) on the packed stdlib corpus, write it in HF layout, evaluate 
     # the real run (one H200): fixed 2500 + 2500 steps, expected ~4-5 min of training and ~1 min of
     # evaluation; --time-budget-s caps training (step counts are lowered once, after calibration, if
     # they would not fit), --eval-budget-s caps the optional evaluation parts
-    python tools/train_default_model.py --out $OUT/default --device cuda --time-budget-s 360
+    python tools/default_model/train.py --out $OUT/default --device cuda --time-budget-s 360
     # on a device machine that returns few files: write elsewhere, bring back one tar
-    python3 tools/train_default_model.py --out /tmp/dm/default --device cuda --bundle $OUT/default_model.tar
+    python3 tools/default_model/train.py --out /tmp/dm/default --device cuda --bundle $OUT/default_model.tar
     # CPU smoke run (a few steps on a tiny subset; what tests/test_train_default_model.py runs):
-    python tools/train_default_model.py --out /tmp/default --smoke
+    python tools/default_model/train.py --out /tmp/default --smoke
 
 Output: `--out` holds exactly what ships in deepinfer_model/default/ (config.json, safetensors,
 generation_config.json, tokenizer.json, README.md = model card, ppl_baseline_{cpu,cuda}.json);
@@ -49,7 +49,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tools/: the default_model package
 
 from default_model import card, modeling  # noqa: E402
 from default_model import data as dmdata  # noqa: E402
@@ -243,7 +243,7 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     bf16_round_(model.parameters())
     run["train_seconds"] = time.time() - t_start
-    run["reproduce"] = f"python tools/train_default_model.py --out OUT --device {device.type} " + \
+    run["reproduce"] = f"python tools/default_model/train.py --out OUT --device {device.type} " + \
         reproduce_flags(args, lm, gen, draft)
 
     for stale in out_dir.glob("model*.safetensors*"):
@@ -261,7 +261,7 @@ def main(argv=None) -> int:
     if device.type == "cuda":
         torch.cuda.empty_cache()   # the engine sizes its KV pool from the free device memory
     if not args.skip_eval:
-        from eval_default_model import evaluate_dir
+        from default_model.eval_model import evaluate_dir
         try:
             evaluate_dir(out_dir, log_dir, device=str(device), args=args, corpus=corpus, run=run, log=log,
                          deadline=time.time() + args.eval_budget_s,

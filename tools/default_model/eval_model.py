@@ -3,7 +3,7 @@ DSpark acceptance and confidence calibration, engine-path speculation check) and
 eval.md; also rewrites the decode-PPL baselines and, with `--card`, the model card. The definitions
 are in tools/default_model/evaluation.py.
 
-    python tools/eval_default_model.py --model packages/deepinfer-model/src/deepinfer_model/default \\
+    python tools/default_model/eval_model.py --model packages/deepinfer-model/src/deepinfer_model/default \\
         --out /tmp/eval --device cpu
 
 The training script calls `evaluate_dir` at its end (same code, same numbers).
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tools/: the default_model package
 
 from default_model import baseline as dmbaseline  # noqa: E402
 from default_model import card as dmcard  # noqa: E402

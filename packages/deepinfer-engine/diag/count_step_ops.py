@@ -6,12 +6,11 @@ the CUDA graph replays) on the CPU's capturable path and counts the ATen ops it 
 that have a TileLang kernel on SM90 count as one launch, an RMSNorm counts as the launches of its
 CUDA path (one fused kernel; float32 casts for dtype mixes the mixed-dtype kernel does not take),
 views and host scalars do not count.
-Calibration (2026-11-30, default model, batch 1): third session 2,663 ops at nextn 5 and 1,708 at
-nextn 0 (ratio 1.559) against H200 steps of 7.47 and 4.81 ms (ratio 1.553); sixth session (RMSNorm
-counted as on CUDA) 1,534 and 1,013 against H200 device steps of 3.36 and 2.41 ms (2.2-2.4 us per
-launch).
+Calibration (2026-11-30, default model, batch 1): 2,663 ops at nextn 5 and 1,708 at nextn 0
+(ratio 1.559) against H200 steps of 7.47 and 4.81 ms (ratio 1.553); later, with RMSNorm counted as
+on CUDA, 1,534 and 1,013 against H200 device steps of 3.36 and 2.41 ms (2.2-2.4 us per launch).
 
-    python tools/count_step_ops.py --nextn 5 [--model default] [--batch 1] [--top 12] [--by-function 20]
+    python packages/deepinfer-engine/diag/count_step_ops.py --nextn 5 [--model default] [--batch 1] [--top 12] [--by-function 20]
         [--sampling greedy|general]
 """
 

@@ -1,12 +1,12 @@
 """Where the time of graph-replayed decode steps goes: a torch-profiler trace of the engine's real
 loop (graphs + ZOS, `LLM.generate`), summarized per CUDA graph replay.
 
-    python tools/trace_decode.py --model preset:mini --batch 1 [--tokens 64] [--save trace.json.gz]
+    python packages/deepinfer-engine/diag/trace_decode.py --model preset:mini --batch 1 [--tokens 64] [--save trace.json.gz]
 
 Prints: the replays' kernel span (first kernel start to last kernel end), the start-to-start
 interval of consecutive replays, the gap between one replay's end and the next one's start, and
-the device work issued outside the graphs between two replays (eager kernels and copies: the
-host-paced work that made batch 1 host-bound before session 12, docs/benchmarks.md).
+the device work issued outside the graphs between two replays (eager kernels and copies: host-paced
+work that makes a batch-1 step host-bound).
 
 The profiler's own cost lands on the host (CUPTI makes `cudaGraphLaunch` take ~1 ms of host time
 per replay of a ~600-node graph), so the intervals and gaps of a trace are an upper bound: read

@@ -1,9 +1,9 @@
 """Pack the default model's corpus into `tools/data/` so that training is bit-for-bit reproducible on
 any machine, whatever Python (and so whatever standard library) it runs.
 
-    python tools/pack_stdlib_corpus.py            # from a Python 3.11.7 interpreter (the tokenizer's corpus)
+    python tools/default_model/pack_stdlib_corpus.py            # from a Python 3.11.7 interpreter (the tokenizer's corpus)
 
-Writes, for the running interpreter's stdlib (split by tools/stdlib_corpus.py, files with identical
+Writes, for the running interpreter's stdlib (split by tools/default_model/stdlib_corpus.py, files with identical
 contents kept once, first by path):
 - `stdlib-<ver>-train.u16.zlib`: every train file tokenized with the shipped tokenizer (no special
   tokens), concatenated, little-endian uint16, zlib-compressed (zlib: present in every Python build);
@@ -26,10 +26,10 @@ import numpy as np
 from tokenizers import Tokenizer
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from stdlib_corpus import corpus_files, split, stdlib_root  # noqa: E402
+sys.path.insert(0, str(HERE.parent))   # tools/: the default_model package
+from default_model.stdlib_corpus import corpus_files, split, stdlib_root  # noqa: E402
 
-DEFAULT_TOKENIZER = HERE.parent / "packages/deepinfer-model/src/deepinfer_model/default/tokenizer.json"
+DEFAULT_TOKENIZER = HERE.parents[1] / "packages/deepinfer-model/src/deepinfer_model/default/tokenizer.json"
 
 
 def sha256(data: bytes) -> str:
@@ -38,7 +38,7 @@ def sha256(data: bytes) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=HERE / "data")
+    ap.add_argument("--out", type=Path, default=HERE.parent / "data")
     ap.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER)
     args = ap.parse_args()
     ver = sys.version.split()[0]

@@ -1,6 +1,6 @@
 """Train the default model's byte-level BPE tokenizer on the train split of the stdlib corpus.
 
-    python tools/train_tokenizer.py --out packages/deepinfer-model/src/deepinfer_model/default/tokenizer.json
+    python tools/default_model/train_tokenizer.py --out packages/deepinfer-model/src/deepinfer_model/default/tokenizer.json
 
 Deterministic for a given corpus (the BPE trainer breaks ties by byte order). The special tokens
 take ids 0..6 in the order of SPECIAL_TOKENS; the DSpark noise token is `<|noise|>`.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from stdlib_corpus import corpus_files, split  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tools/: the default_model package
+from default_model.stdlib_corpus import corpus_files, split  # noqa: E402
 
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|system|>", "<|user|>", "<|assistant|>", "<|noise|>"]
 DEFAULT_VOCAB_SIZE = 8192

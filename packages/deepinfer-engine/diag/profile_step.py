@@ -1,9 +1,9 @@
 """Profile one engine step with torch.profiler: kernels (CUDA) by device time and by count, torch ops
-by self time, and the step's wall time beside its device time. What found the fifth session's
-torch-reference fallbacks on the GPU (docs/benchmarks.md).
+by self time, and the step's wall time beside its device time: the tool that finds ops running
+their torch reference on the GPU.
 
-    python tools/profile_step.py --model preset:mini --mode prefill --batch 64 --prompt-len 512
-    python tools/profile_step.py --model preset:mini --mode decode --batch 1    # eager decode step
+    python packages/deepinfer-engine/diag/profile_step.py --model preset:mini --mode prefill --batch 64 --prompt-len 512
+    python packages/deepinfer-engine/diag/profile_step.py --model preset:mini --mode decode --batch 1    # eager decode step
 
 Decode steps are profiled eagerly (no CUDA graphs, no ZOS) so that every kernel is attributed.
 """

@@ -1,4 +1,4 @@
-"""tools/count_step_ops.py: the per-phase launch count of one padded decode step (the CPU proxy of
+"""packages/deepinfer-engine/diag/count_step_ops.py: the per-phase launch count of one padded decode step (the CPU proxy of
 a launch-bound GPU step) runs and sees every phase."""
 
 import sys
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "diag"))
 
 from count_step_ops import _cuda_rms_norm_launches, count  # noqa: E402
 

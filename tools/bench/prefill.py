@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import torch
-from bench_engine import build_engine, free_device_memory, make_prompts
+from bench.engine import build_engine, free_device_memory, make_prompts
 
 from deepinfer_kernels.ops.sparse_mla import shared_key_group_rows, shared_keys_enabled
 

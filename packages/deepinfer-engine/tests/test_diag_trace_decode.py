@@ -1,4 +1,4 @@
-"""tools/trace_decode.py: replays found through the runtime call that launched their kernels, and the
+"""packages/deepinfer-engine/diag/trace_decode.py: replays found through the runtime call that launched their kernels, and the
 device work between replays that no graph issued."""
 
 import sys
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "diag"))
 
 from trace_decode import slim_events, summarize  # noqa: E402
 

@@ -1,11 +1,11 @@
-"""tools/profile_ops.py: kernels between a call's two marker kernels count for that call's label."""
+"""packages/deepinfer-engine/diag/profile_ops.py: kernels between a call's two marker kernels count for that call's label."""
 
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "diag"))
 
 from profile_ops import attribute  # noqa: E402
 
