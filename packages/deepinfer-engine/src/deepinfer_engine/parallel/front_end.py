@@ -62,6 +62,7 @@ class DataParallelEngine:
             self.procs.append(p)
         self.loads = [RankLoad(r, 0, 0.0) for r in range(self.world)]
         self._outstanding = [0] * self.world          # requests sent to each rank, not finished
+        self.num_assigned = [0] * self.world          # requests ever sent to each rank
         self._rank_of: dict[int, int] = {}
         self._pending: dict[int, list] = {}           # rank -> adds not yet broadcast
         self._next_id = 0
@@ -83,6 +84,7 @@ class DataParallelEngine:
         self._next_id += 1
         r = pick_rank(self.loads, self._outstanding)
         self._outstanding[r] += 1
+        self.num_assigned[r] += 1
         self._rank_of[gid] = r
         self._pending.setdefault(r, []).append((gid, prompt, prompt_token_ids, params or SamplingParams()))
         return gid
