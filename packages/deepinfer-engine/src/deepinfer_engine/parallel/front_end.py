@@ -74,6 +74,7 @@ class DataParallelEngine:
             if msg[0] == "ready":
                 info[msg[1]] = msg[2]
         self.vocab_size = info[0]["vocab_size"]
+        self.model_source = f"{info[0]['model_source']} x {self.world} ranks"
         self.tokenizer = info[0]["tokenizer"]   # rank 0's (text prompts are encoded at the ranks)
         atexit.register(self.shutdown)
 

@@ -96,7 +96,7 @@ def _run(spec: RankSpec, inbox, outbox) -> None:
     sched = VotedScheduler(engine.scheduler)
     engine.scheduler = sched
     st = RankState()
-    outbox.put(("ready", spec.rank, {"vocab_size": engine.vocab_size,
+    outbox.put(("ready", spec.rank, {"vocab_size": engine.vocab_size, "model_source": engine.model_source,
                                      "tokenizer": engine.tokenizer if spec.rank == 0 else None}))
     all_interval, any_interval = engine.envs.prefill_attempt_interval, engine.envs.prefill_any_attempt_interval
     while True:
