@@ -30,6 +30,7 @@ from deepinfer_engine.errors import InvalidRequestError
 from deepinfer_engine.outputs import GenerationOutput
 from deepinfer_engine.parallel.eplb_runtime import EplbRuntime
 from deepinfer_engine.parallel.group_vote import VotedScheduler, kv_used_fraction, vote
+from deepinfer_engine.parallel.rank_profile import rank_profile
 from deepinfer_engine.request_state import FINISH_REASON_ERROR
 from deepinfer_sched import StepKind
 
@@ -95,9 +96,14 @@ def _run(spec: RankSpec, inbox, outbox) -> None:
         eplb.attach(apply_expert_parallel(engine.model, num_extra=eplb.num_extra))
     sched = VotedScheduler(engine.scheduler)
     engine.scheduler = sched
-    st = RankState()
     outbox.put(("ready", spec.rank, {"vocab_size": engine.vocab_size, "model_source": engine.model_source,
                                      "tokenizer": engine.tokenizer if spec.rank == 0 else None}))
+    with rank_profile(spec.rank):
+        _loop(spec, engine, sched, eplb, inbox, outbox)
+
+
+def _loop(spec: RankSpec, engine, sched: VotedScheduler, eplb: EplbRuntime | None, inbox, outbox) -> None:
+    st = RankState()
     all_interval, any_interval = engine.envs.prefill_attempt_interval, engine.envs.prefill_any_attempt_interval
     while True:
         _drain(engine, st, inbox, outbox, spec.rank, block=False)
