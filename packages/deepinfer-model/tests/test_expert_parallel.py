@@ -41,22 +41,24 @@ def _rank_layers(rank: int, world: int, arg) -> dict:
     """Rank body: EP over every MoE layer with this rank's (count, layers run) from `arg`."""
     from deepinfer_model.parallel.eplb import rebalance_experts_global
     from deepinfer_model.parallel.expert_parallel import apply_expert_parallel
-    counts, skip, extra = arg["counts"], arg["skip"], arg["extra"]
+    counts, skip, extra, static = arg["counts"], arg["skip"], arg["extra"], arg.get("static", False)
     model = _model()
     hidden = model.config.hidden_size
     ref_layers = [m for m in _moe_layers(_model())]
     ep = apply_expert_parallel(model, plan=None, num_extra=extra)
+    ep.comm.static_capacity = 8 if static else None
     out = {}
     with torch.no_grad():
         for step in range(2):   # step 1 after a rebalance (weights moved between the ranks)
             x = _tokens(rank, counts[rank], hidden)
+            ep.begin_step(static)
             ys, refs = [], []
             for pos, layer in enumerate(ep.layers):
                 if pos in skip[rank]:
                     continue
                 ys.append(layer(x, residual=x))
                 refs.append(ref_layers[pos](x, residual=x))
-            ep.finish_step()
+            ep.finish_step(ran_forward=len(skip[rank]) < len(ep.layers))
             out[f"max_err_{step}"] = max((float((a - b).abs().max()) for a, b in zip(ys, refs)), default=0.0)
             out[f"equal_{step}"] = all(torch.equal(a, b) for a, b in zip(ys, refs))
             stats = ep.take_counts()
@@ -75,7 +77,9 @@ def _rank_layers(rank: int, world: int, arg) -> dict:
     {"counts": [5, 3], "skip": [[], []], "extra": 0},          # different counts, every layer
     {"counts": [6, 4], "skip": [[], [3, 4, 5]], "extra": 2},   # rank 1 skips the consumer layers
     {"counts": [4, 0], "skip": [[], [0, 1, 2, 3, 4, 5]], "extra": 2},   # rank 1: a dummy step
-], ids=["counts", "skipped-layers", "dummy-rank"])
+    {"counts": [5, 3], "skip": [[], []], "extra": 2, "static": True},   # decode: fixed shapes, no header
+    {"counts": [4, 0], "skip": [[], [0, 1, 2, 3, 4, 5]], "extra": 0, "static": True},
+], ids=["counts", "skipped-layers", "dummy-rank", "static", "static-dummy-rank"])
 def test_ep_moe_equals_single_process(pair, case):
     a, b = pair.run(_rank_layers, case)
     for r in (a, b):
@@ -86,6 +90,8 @@ def test_ep_moe_equals_single_process(pair, case):
     assert a["moved"] and b["moved"]              # the rebalance changed the placement
     if case["skip"][1]:
         assert b["phantoms"] > 0
+    if case.get("static"):
+        assert a["rounds"] == 12                  # 6 layers x 2 steps, no header rounds
 
 
 def _rank_skewed(rank: int, world: int, arg) -> dict:

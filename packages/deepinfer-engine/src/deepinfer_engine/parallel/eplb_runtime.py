@@ -50,10 +50,10 @@ class EplbRuntime:
     def attach(self, ep) -> None:
         self.ep = ep
 
-    def after_step(self) -> None:
+    def after_step(self, ran_forward: bool = True) -> None:
         """Once per engine step on every rank: end the step's EP rounds, then the EPLB cadence."""
         ep = self.ep
-        ep.finish_step()
+        ep.finish_step(ran_forward)
         self.window.append(ep.take_counts())
         while len(self.window) > self.window_size:
             self.window.popleft()

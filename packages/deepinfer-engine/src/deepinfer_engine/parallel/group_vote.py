@@ -54,6 +54,7 @@ class VotedScheduler:
     def __init__(self, inner):
         self._inner = inner
         self._forced: StepKind | None = None
+        self.last_kind: StepKind = StepKind.IDLE   # the kind of the last output (IDLE: no forward ran)
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
@@ -69,7 +70,9 @@ class VotedScheduler:
 
     def schedule(self, step_kind: StepKind | None = None):
         kind, self._forced = (self._forced if self._forced is not None else step_kind), None
-        return self._inner.schedule(kind)
+        out = self._inner.schedule(kind)
+        self.last_kind = out.step_kind
+        return out
 
 
 def kv_used_fraction(scheduler) -> float:

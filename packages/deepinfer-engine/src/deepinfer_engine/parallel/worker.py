@@ -35,6 +35,7 @@ from deepinfer_engine.request_state import FINISH_REASON_ERROR
 from deepinfer_sched import StepKind
 
 COLLECTIVE_TIMEOUT_ENV = "DEEPINFER_DP_TIMEOUT_S"   # a collective waiting longer fails the engine (default 300)
+STATIC_DECODE_ENV = "DEEPINFER_EP_STATIC_DECODE"     # 1 (default): decode steps use static EP rounds (ep_comm.py)
 
 
 @dataclass
@@ -48,6 +49,7 @@ class RankSpec:
     expert_parallel: bool
     backend: str                     # "gloo" (CPU) | "nccl" (one GPU per rank)
     timeout_s: float = 300.0
+    parent_pid: int = field(default_factory=os.getpid)   # the front end: a rank whose parent is gone exits
 
 
 @dataclass
@@ -64,6 +66,7 @@ class RankState:
     shutdown: bool = False
     global_ids: dict[int, int] = field(default_factory=dict)   # engine request id -> front-end id
     decode_steps: int = 0            # decode steps since the last prefill step (same on every rank)
+    parent_pid: int = 0
 
 
 def rank_main(spec: RankSpec, inbox, outbox) -> None:
@@ -83,10 +86,13 @@ def _run(spec: RankSpec, inbox, outbox) -> None:
 
     torch.set_num_threads(max(1, int(os.environ.get("DEEPINFER_DP_THREADS", "1"))))
     args = dict(spec.engine_args)
+    static = spec.expert_parallel and os.environ.get(STATIC_DECODE_ENV, "1") != "0"
+    graphs = args.get("cuda_graphs", True)
     if spec.backend == "nccl":
         torch.cuda.set_device(spec.rank)
         args["device"] = f"cuda:{spec.rank}"
-        args["cuda_graphs"] = False   # the EP rounds read a header on the host (ep_comm.py)
+    if spec.expert_parallel:
+        args["cuda_graphs"] = False   # captured below, after the transform (static decode rounds only)
     dist.init_process_group(spec.backend, init_method=spec.init_method, rank=spec.rank, world_size=spec.world,
                             timeout=datetime.timedelta(seconds=spec.timeout_s))
     engine = LLMEngine(EngineConfig(**args))
@@ -94,6 +100,14 @@ def _run(spec: RankSpec, inbox, outbox) -> None:
     if spec.expert_parallel:
         eplb = EplbRuntime.from_environ(engine.model, spec.world)
         eplb.attach(apply_expert_parallel(engine.model, num_extra=eplb.num_extra))
+        max_rows = min(engine.max_num_batched_tokens, engine.config.max_num_seqs * (engine.nextn + 1))
+        if static:
+            eplb.ep.comm.static_capacity = max_rows   # the largest decode step of any rank
+        if static and graphs and engine.device.type == "cuda":
+            eplb.ep.begin_step(static=True)          # every rank captures the same buckets in order
+            engine.runner.enable_cuda_graphs(max_rows, engine.max_model_len,
+                                             engine.envs.cudagraph_batch_size_interval, compile=False)
+            eplb.ep.begin_step(static=False)
     sched = VotedScheduler(engine.scheduler)
     engine.scheduler = sched
     outbox.put(("ready", spec.rank, {"vocab_size": engine.vocab_size, "model_source": engine.model_source,
@@ -103,7 +117,7 @@ def _run(spec: RankSpec, inbox, outbox) -> None:
 
 
 def _loop(spec: RankSpec, engine, sched: VotedScheduler, eplb: EplbRuntime | None, inbox, outbox) -> None:
-    st = RankState()
+    st = RankState(parent_pid=spec.parent_pid)
     all_interval, any_interval = engine.envs.prefill_attempt_interval, engine.envs.prefill_any_attempt_interval
     while True:
         _drain(engine, st, inbox, outbox, spec.rank, block=False)
@@ -120,9 +134,11 @@ def _loop(spec: RankSpec, engine, sched: VotedScheduler, eplb: EplbRuntime | Non
             continue
         kind = g.step_kind(st.decode_steps, all_interval, any_interval)
         sched.force(kind)
+        if eplb is not None:
+            eplb.ep.begin_step(static=eplb.ep.comm.static_capacity is not None and kind == StepKind.DECODE)
         finished = engine.step()
         if eplb is not None:
-            eplb.after_step()
+            eplb.after_step(ran_forward=sched.last_kind == kind)
         st.decode_steps = st.decode_steps + 1 if kind == StepKind.DECODE else (
             0 if kind == StepKind.PREFILL else st.decode_steps)
         for out in finished:
@@ -140,6 +156,8 @@ def _drain(engine, st: RankState, inbox, outbox, rank: int, block: bool) -> None
             cmd = inbox.get(timeout=1.0) if block else inbox.get_nowait()
         except queue.Empty:
             if block:
+                if os.getppid() != st.parent_pid:   # the front end died: do not linger as an orphan
+                    raise SystemExit(0) from None
                 continue
             return
         block = False

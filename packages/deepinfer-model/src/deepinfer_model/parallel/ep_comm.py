@@ -21,8 +21,12 @@ step on every rank (also on ranks that ran no forward: that is the dummy step). 
 monotone within a step, so the smallest position always belongs to a rank that can proceed: no
 round waits on a rank that waits on it.
 
-The header read is a host sync; the static variant for CUDA graphs (every rank the same layers at
-the same padded size, agreed by the step vote) is docs/parallel.md's next step.
+The header read is a host sync. Decode steps therefore use *static* rounds (`begin_step(static=
+True)`): in a decode step every rank that runs a forward runs every MoE layer once, so no header
+is needed; every round pads to the fixed `static_capacity` rows per rank, pairs not routed to
+this rank get weight 0 (masked: no nonzero, no host read), and `finish_step(ran_forward=False)`
+runs the whole layer sequence as phantoms on a rank without a decode forward. Static rounds are
+capturable in a CUDA graph (NCCL all-gather / reduce-scatter, fixed shapes).
 """
 
 from __future__ import annotations
@@ -52,7 +56,8 @@ class Round:
         return max(self.counts)
 
 
-# compute(layer_pos, x_all [ep*n, H], ids_all [ep*n, k] physical, w_all [ep*n, k], valid [ep*n]) -> [ep*n, H] f32
+# compute(layer_pos, x_all [ep*n, H], ids_all [ep*n, k] physical, w_all [ep*n, k], valid [ep*n] or None)
+#   -> [ep*n, H] f32; valid None = a static round: masked compute, padding pairs weigh 0
 LocalCompute = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -68,6 +73,9 @@ class ExpertParallelComm:
         self.compute: LocalCompute | None = None   # set by the transform (expert_parallel.py)
         self._pass = 0
         self._last_pos = -1
+        self.num_layers = 0            # MoE layers in the model (set by the transform)
+        self.static_capacity: int | None = None   # rows per rank of a static round
+        self._static = False
         self.num_rounds = 0            # rounds this process took part in (real + phantom)
         self.num_phantom_rounds = 0
 
@@ -88,9 +96,17 @@ class ExpertParallelComm:
         counts = [n if (p, q) == target else 0 for p, q, n in headers]
         return Round(target, counts)
 
+    def begin_step(self, static: bool) -> None:
+        """Before a step on every rank: static rounds (a decode step with `static_capacity` set) or not."""
+        if static and self.static_capacity is None:
+            raise ValueError("begin_step(static=True): static_capacity is not set")
+        self._static = static
+
     def exchange(self, layer_pos: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """One real MoE call of this rank: x [N, H], ids [N, k] physical slots, weights [N, k] float32
         -> routed-expert output [N, H] float32 (sum over k of weight * expert(x))."""
+        if self._static:
+            return self._static_round(layer_pos, x, ids, weights)
         if layer_pos <= self._last_pos:
             self._pass += 1
         self._last_pos = layer_pos
@@ -102,11 +118,42 @@ class ExpertParallelComm:
                 return self._data(rnd, x, ids, weights)
             self._data(rnd, None, None, None)
 
-    def finish_step(self) -> None:
-        """Phantom rounds until every rank is DONE; then the next step starts at pass 0."""
+    def finish_step(self, ran_forward: bool = True) -> None:
+        """Phantom rounds until every rank is DONE; then the next step starts at pass 0. Static step:
+        a rank that ran no forward (`ran_forward=False`) runs every layer's round as a phantom."""
+        if self._static:
+            if not ran_forward:
+                for pos in range(self.num_layers):
+                    self._static_round(pos, None, None, None)
+            self._static = False
+            return
         while (rnd := self._next_round((DONE, DONE), 0)) is not None:
             self._data(rnd, None, None, None)
         self._pass, self._last_pos = 0, -1
+
+    def _static_round(self, layer_pos: int, x: torch.Tensor | None, ids: torch.Tensor | None,
+                      weights: torch.Tensor | None) -> torch.Tensor:
+        """A round at the fixed capacity: no header, no host read (padding rows weigh 0)."""
+        self.num_rounds += 1
+        self.num_phantom_rounds += x is None
+        n, ep, k, h = self.static_capacity, self.size, self.top_k, self.hidden
+        mine = 0 if x is None else x.shape[0]
+        if mine > n:
+            raise ValueError(f"static EP round: {mine} rows exceed static_capacity {n}")
+        xp = torch.zeros(n, h, dtype=self.dtype, device=self.device)
+        route = torch.zeros(n, 2 * k, dtype=torch.float32, device=self.device)
+        if mine:
+            xp[:mine] = x
+            route[:mine, :k] = ids.float()
+            route[:mine, k:] = weights.float()
+        x_all = torch.empty(ep * n, h, dtype=self.dtype, device=self.device)
+        r_all = torch.empty(ep * n, 2 * k, dtype=torch.float32, device=self.device)
+        dist.all_gather_into_tensor(x_all, xp, group=self.group)
+        dist.all_gather_into_tensor(r_all, route, group=self.group)
+        partial = self.compute(layer_pos, x_all, r_all[:, :k].long(), r_all[:, k:], None)   # None: masked
+        out = torch.empty(n, h, dtype=torch.float32, device=self.device)
+        dist.reduce_scatter_tensor(out, partial.contiguous(), op=dist.ReduceOp.SUM, group=self.group)
+        return out[:mine]
 
     # ------------------------------------------------------------------ data of one round
     def _data(self, rnd: Round, x: torch.Tensor | None, ids: torch.Tensor | None,

@@ -85,6 +85,8 @@ class ExpertParallelMoE(MoE):
         this rank's experts' weighted outputs summed per row [M, H] float32 (0 elsewhere)."""
         ep = self._ep[0]
         lo = ep.rank * ep.num_local
+        if valid is None:   # a static round (ep_comm.py): fixed shapes, no host read
+            return self._masked_compute(x_all, ids_all, w_all, lo)
         mine = valid[:, None] & (ids_all >= lo) & (ids_all < lo + ep.num_local)              # [M, k]
         ep.record(self.layer_pos, ids_all[valid])
         out = torch.zeros(x_all.shape[0], x_all.shape[1], dtype=torch.float32, device=x_all.device)
@@ -95,6 +97,18 @@ class ExpertParallelMoE(MoE):
                                self.experts.w13, self.experts.w2)                            # [P, H]
             out.index_add_(0, rows, y.float())
         return out
+
+    def _masked_compute(self, x_all: torch.Tensor, ids_all: torch.Tensor, w_all: torch.Tensor,
+                        lo: int) -> torch.Tensor:
+        """Every pair through this rank's experts, weight 0 unless the pair is routed here (padding
+        rows weigh 0 everywhere). Capturable: static shapes, no nonzero."""
+        ep = self._ep[0]
+        real = w_all > 0                                                                      # [M, k]
+        mine = real & (ids_all >= lo) & (ids_all < lo + ep.num_local)
+        ep.record_masked(self.layer_pos, ids_all, real)
+        local = torch.where(mine, ids_all - lo, torch.zeros_like(ids_all)).to(torch.int32)
+        w = torch.where(mine, w_all, torch.zeros_like(w_all))
+        return routed_experts(x_all, w, local, self.experts.w13, self.experts.w2).float()
 
 
 @dataclass
@@ -120,15 +134,22 @@ class ExpertParallel:
     def record(self, layer_pos: int, ids: torch.Tensor) -> None:
         self.counts[layer_pos] += torch.bincount(ids.reshape(-1), minlength=self.plan.num_physical)
 
+    def record_masked(self, layer_pos: int, ids: torch.Tensor, real: torch.Tensor) -> None:
+        """`record` without a host read (static rounds): pairs where `real` [M, k]."""
+        self.counts[layer_pos].index_add_(0, ids.reshape(-1), real.reshape(-1).to(torch.int64))
+
     def take_counts(self) -> np.ndarray:
         """Pairs per physical slot [layers, P] since the last call (identical on every rank)."""
         c = self.counts.cpu().numpy().copy()
         self.counts.zero_()
         return c
 
-    def finish_step(self) -> None:
+    def begin_step(self, static: bool) -> None:
+        self.comm.begin_step(static)
+
+    def finish_step(self, ran_forward: bool = True) -> None:
         """End of a step on every rank (the dummy step of a rank without work): ep_comm.py."""
-        self.comm.finish_step()
+        self.comm.finish_step(ran_forward)
 
     def rebalance(self, plan: EplbPlan) -> int:
         """Switch to `plan`: slots whose expert changes get its weights from a rank holding it (a
@@ -214,5 +235,6 @@ def apply_expert_parallel(model: nn.Module, group: dist.ProcessGroup | None = No
     for pos, i in enumerate(moe_ids):
         ep.layers.append(ExpertParallelMoE(layers[i].mlp, ep, pos))
         layers[i].mlp = ep.layers[-1]
+    comm.num_layers = len(moe_ids)
     comm.compute = lambda pos, x_all, ids_all, w_all, valid: ep.layers[pos].local_compute(x_all, ids_all, w_all, valid)
     return ep

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import os
 import queue
 import socket
 import traceback
@@ -30,12 +31,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank: int, world: int, port: int, inbox, outbox) -> None:
+def _next(inbox, parent_pid: int):
+    """The next request; None (stop) once the parent process is gone (no orphans)."""
+    while True:
+        try:
+            return inbox.get(timeout=1.0)
+        except queue.Empty:
+            if os.getppid() != parent_pid:
+                return None
+
+
+def _rank_main(rank: int, world: int, port: int, inbox, outbox, parent_pid: int) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     modules: dict[str, object] = {}
     try:
-        while (item := inbox.get()) is not None:
+        while (item := _next(inbox, parent_pid)) is not None:
             path, name, arg = item
             try:
                 if path not in modules:
@@ -57,7 +68,7 @@ class RankGroup:
         self.world = world
         self.inboxes = [ctx.Queue() for _ in range(world)]
         self.outbox = ctx.Queue()
-        self.procs = [ctx.Process(target=_rank_main, args=(r, world, port, self.inboxes[r], self.outbox), daemon=True)
+        self.procs = [ctx.Process(target=_rank_main, args=(r, world, port, self.inboxes[r], self.outbox, os.getpid()), daemon=True)
                       for r in range(world)]
         for p in self.procs:
             p.start()
