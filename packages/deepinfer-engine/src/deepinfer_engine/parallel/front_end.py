@@ -122,6 +122,9 @@ class DataParallelEngine:
             except queue.Empty:
                 return finished
 
+    def start_streaming(self, *_args) -> None:
+        raise NotImplementedError("generate_stream: not offered with data_parallel_size > 1 yet (use generate)")
+
     @property
     def moe_lb(self) -> float | None:
         """EPLB's max / mean tokens per rank (the latest figure any rank reported)."""
