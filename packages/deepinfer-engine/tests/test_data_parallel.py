@@ -30,11 +30,13 @@ def _prompts(tokenizer) -> list[list[int]]:
 def engines(request):
     os.environ["DEEPINFER_OVERRIDE_NUM_EXTRA_EXPERTS"] = "2"   # 8 + 2 slots: EPLB's replicas on the path
     os.environ["DEEPINFER_EXPERT_REARRANGEMENT_STEP_INTERVAL"] = "4"   # weights move mid-generation
+    os.environ["DEEPINFER_MOE_LB_STAT_INTERVAL"] = "3"                 # the moe_lb figure reported
     dp = LLM(data_parallel_size=2, expert_parallel=True, num_speculative_tokens=request.param, **ARGS)
     single = LLM(num_speculative_tokens=request.param, **ARGS)
     yield dp, single
     dp.engine.shutdown()
-    for name in ("DEEPINFER_OVERRIDE_NUM_EXTRA_EXPERTS", "DEEPINFER_EXPERT_REARRANGEMENT_STEP_INTERVAL"):
+    for name in ("DEEPINFER_OVERRIDE_NUM_EXTRA_EXPERTS", "DEEPINFER_EXPERT_REARRANGEMENT_STEP_INTERVAL",
+                 "DEEPINFER_MOE_LB_STAT_INTERVAL"):
         os.environ.pop(name, None)
 
 
@@ -51,6 +53,7 @@ def test_dp2_ep2_greedy_equals_single_process(engines):
         assert max(abs(a - b) for a, b in zip(g.token_logprobs, w.token_logprobs)) < 1e-4
     assert not dp.engine.has_unfinished()
     assert min(dp.engine.num_assigned) >= 2   # spread by load: both ranks served requests
+    assert dp.engine.moe_lb is not None and 1.0 <= dp.engine.moe_lb <= 2.0   # max / mean over 2 ranks
 
 
 def test_text_prompts_and_a_second_wave(engines):

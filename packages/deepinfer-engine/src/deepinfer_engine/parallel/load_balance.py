@@ -1,4 +1,4 @@
-"""Which DP rank takes a new request: the least loaded by queue depth, then KV use, then rank id.
+"""Which DP rank takes a new request: the lowest `queue depth + KV_WEIGHT x KV use`, then rank id.
 
 Queue depth is the front end's own count of requests sent to a rank and not finished (exact,
 no round trip); KV use is the fraction of the rank's KV blocks in use from its latest report.
