@@ -47,6 +47,7 @@ def _rank_layers(rank: int, world: int, arg) -> dict:
     ref_layers = [m for m in _moe_layers(_model())]
     ep = apply_expert_parallel(model, plan=None, num_extra=extra)
     ep.comm.static_capacity = 8 if static else None
+    ep.comm.dispatch = arg.get("dispatch", ep.comm.dispatch)
     out = {}
     with torch.no_grad():
         for step in range(2):   # step 1 after a rebalance (weights moved between the ranks)
@@ -77,9 +78,10 @@ def _rank_layers(rank: int, world: int, arg) -> dict:
     {"counts": [5, 3], "skip": [[], []], "extra": 0},          # different counts, every layer
     {"counts": [6, 4], "skip": [[], [3, 4, 5]], "extra": 2},   # rank 1 skips the consumer layers
     {"counts": [4, 0], "skip": [[], [0, 1, 2, 3, 4, 5]], "extra": 2},   # rank 1: a dummy step
+    {"counts": [6, 4], "skip": [[], [3, 4, 5]], "extra": 2, "dispatch": "all_gather"},
     {"counts": [5, 3], "skip": [[], []], "extra": 2, "static": True},   # decode: fixed shapes, no header
     {"counts": [4, 0], "skip": [[], [0, 1, 2, 3, 4, 5]], "extra": 0, "static": True},
-], ids=["counts", "skipped-layers", "dummy-rank", "static", "static-dummy-rank"])
+], ids=["counts", "skipped-layers", "dummy-rank", "all-gather", "static", "static-dummy-rank"])
 def test_ep_moe_equals_single_process(pair, case):
     a, b = pair.run(_rank_layers, case)
     for r in (a, b):

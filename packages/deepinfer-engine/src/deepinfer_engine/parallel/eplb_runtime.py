@@ -7,9 +7,10 @@ Knobs (SPEC §4/§6), read once per rank:
   DEEPINFER_OVERRIDE_NUM_EXTRA_EXPERTS (32)         extra physical slots, a lower bound rounded up so
                                                     that routed + extra divides ep_size
 
-Every rank records the same counts (each EP round shows every rank every row), so every rank
-computes the same plan from the same window: the rebalance needs no broadcast, only the weight
-moves (point-to-point, `ExpertParallel.rebalance`).
+Each physical slot's owner counts its pairs per step on the device (no sync); at a stat or
+rebalance step the window is summed over the ranks by one all-reduce, so every rank computes the
+same plan from the same counts: no broadcast, only the weight moves (point-to-point,
+`ExpertParallel.rebalance`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from deepinfer_engine.envs import _int
 from deepinfer_model.parallel.eplb import moe_lb, num_physical_experts, rebalance_experts_global
@@ -33,7 +35,7 @@ class EplbRuntime:
     rearrangement_interval: int
     num_extra: int
     ep = None
-    window: deque = field(default_factory=deque)     # per step: pairs per physical slot [layers, P]
+    window: deque = field(default_factory=deque)     # per step: this rank's pairs per slot [layers, P] (device)
     num_steps: int = 0
     last_moe_lb: float | None = None
     num_rebalances: int = 0
@@ -54,33 +56,31 @@ class EplbRuntime:
         """Once per engine step on every rank: end the step's EP rounds, then the EPLB cadence."""
         ep = self.ep
         ep.finish_step(ran_forward)
-        self.window.append(ep.take_counts())
+        self.window.append(ep.step_counts())
         while len(self.window) > self.window_size:
             self.window.popleft()
         self.num_steps += 1
-        if self.num_steps % self.stat_interval == 0:
-            self.last_moe_lb = self.window_moe_lb()
+        lb_due = self.num_steps % self.stat_interval == 0
+        rebalance_due = bool(self.rearrangement_interval) and self.num_steps % self.rearrangement_interval == 0
+        if not (lb_due or rebalance_due):
+            return
+        counts = self.ep.sum_over_ranks(torch.stack(list(self.window)))   # [steps, layers, P], every rank
+        if lb_due:
+            self.last_moe_lb = moe_lb(counts.sum(0), self.ep.num_local)
             logger.info("eplb: moe_lb %.3f over the last %d steps", self.last_moe_lb, len(self.window))
-        if self.rearrangement_interval and self.num_steps % self.rearrangement_interval == 0:
-            self.rebalance()
+        if rebalance_due:
+            self.rebalance(counts)
 
-    def window_moe_lb(self) -> float:
-        return moe_lb(np.sum(list(self.window), axis=0), self.ep.num_local)
-
-    def logical_window(self) -> np.ndarray:
-        """[steps, layers, E] tokens per logical expert over the window (under the current plan)."""
+    def logical_window(self, counts: np.ndarray) -> np.ndarray:
+        """[steps, layers, P] pairs per physical slot -> [steps, layers, E] per logical expert."""
         plan = self.ep.plan
-        e = plan.logical_count.shape[1]
-        out = np.zeros((len(self.window), plan.num_layers, e), np.int64)
-        for s, counts in enumerate(self.window):
-            for layer in range(plan.num_layers):
-                np.add.at(out[s, layer], plan.physical_to_logical[layer], counts[layer])
+        out = np.zeros((counts.shape[0], plan.num_layers, plan.logical_count.shape[1]), np.int64)
+        for layer in range(plan.num_layers):
+            np.add.at(out[:, layer], (slice(None), plan.physical_to_logical[layer]), counts[:, layer])
         return out
 
-    def rebalance(self) -> None:
-        if not self.window:
-            return
-        plan = rebalance_experts_global(self.logical_window(), self.ep.plan.num_physical, self.ep.num_local)
+    def rebalance(self, counts: np.ndarray) -> None:
+        plan = rebalance_experts_global(self.logical_window(counts), self.ep.plan.num_physical, self.ep.num_local)
         moved = self.ep.rebalance(plan)
         self.window.clear()          # counts of the old placement
         self.num_rebalances += 1

@@ -10,8 +10,11 @@ collective must still be matched one for one, so each MoE call is a *round* of t
     2. the round computes the smallest position any rank reports; ranks at a later position (or
        DONE) take part with 0 tokens, as *phantoms*, and compute their local experts of that layer
        for the others' tokens, then retry their own call.
-    3. data: all-gather the tokens and routing (padded to the round's largest count), every rank
-       runs its local experts over all rows, reduce-scatter (sum) returns each rank its own rows.
+    3. data, `dispatch` = ALL_TO_ALL (default): each (token, slot) pair goes to the rank owning
+       its physical slot (all_to_all_single, split sizes exchanged first), the owner runs it and
+       sends the weighted output back, the sender sums its pairs per token. ALL_GATHER: gather the
+       tokens and routing of every rank (padded to the round's largest count), every rank runs its
+       local experts over all rows, reduce-scatter (sum) returns each rank its own rows.
 
     rank 0: L1 L2 L3 L4 L5 L6 DONE..              (a last-chunk prefill)
     rank 1: L1 L2 L3 ph ph ph DONE                (non-final chunks only: phantom in L4..L6)
@@ -38,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 DONE = 1 << 40   # the position of a rank waiting in finish_step (larger than any real position)
+ALL_TO_ALL, ALL_GATHER = "all_to_all", "all_gather"   # dispatch of the header rounds (static: all-gather)
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,9 @@ class Round:
         return max(self.counts)
 
 
+# compute_pairs(layer_pos, x [R, H], local slot [R], weight [R]) -> weighted outputs [R, H] f32
+PairCompute = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
 # compute(layer_pos, x_all [ep*n, H], ids_all [ep*n, k] physical, w_all [ep*n, k], valid [ep*n] or None)
 #   -> [ep*n, H] f32; valid None = a static round: masked compute, padding pairs weigh 0
 LocalCompute = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -71,6 +78,9 @@ class ExpertParallelComm:
         self.size = dist.get_world_size(group)
         self.hidden, self.top_k, self.device, self.dtype = hidden, top_k, device, dtype
         self.compute: LocalCompute | None = None   # set by the transform (expert_parallel.py)
+        self.compute_pairs: PairCompute | None = None
+        self.dispatch = ALL_TO_ALL
+        self.num_local = 1             # physical slots per rank (set by the transform)
         self._pass = 0
         self._last_pos = -1
         self.num_layers = 0            # MoE layers in the model (set by the transform)
@@ -163,6 +173,8 @@ class ExpertParallelComm:
         n, ep, k, h = rnd.max_count, self.size, self.top_k, self.hidden
         if n == 0:
             return torch.zeros(0, h, dtype=torch.float32, device=self.device)
+        if self.dispatch == ALL_TO_ALL:
+            return self._all_to_all(rnd, x, ids, weights)
         mine = rnd.counts[self.rank]
         xp = torch.zeros(n, h, dtype=self.dtype, device=self.device)
         route = torch.zeros(n, 2 * k, dtype=torch.float32, device=self.device)   # ids (exact < 2^24) | weights
@@ -180,3 +192,35 @@ class ExpertParallelComm:
         out = torch.empty(n, h, dtype=torch.float32, device=self.device)
         dist.reduce_scatter_tensor(out, partial.contiguous(), op=dist.ReduceOp.SUM, group=self.group)
         return out[:mine]
+
+    def _all_to_all(self, rnd: Round, x: torch.Tensor | None, ids: torch.Tensor | None,
+                    weights: torch.Tensor | None) -> torch.Tensor:
+        """Step 3, ALL_TO_ALL: pairs to their owners and their weighted outputs back."""
+        ep, h, dev = self.size, self.hidden, self.device
+        mine = rnd.counts[self.rank]
+        if mine:
+            flat = ids.reshape(-1)                                                   # [n*k] physical
+            dest = flat // self.num_local
+            order = torch.sort(dest, stable=True).indices                            # pairs by owner
+            token = order // self.top_k
+            send_x = x[token]
+            send_meta = torch.stack([(flat[order] % self.num_local).float(), weights.reshape(-1)[order].float()], 1)
+            send_counts = torch.bincount(dest, minlength=ep)
+        else:
+            send_x = torch.zeros(0, h, dtype=self.dtype, device=dev)
+            send_meta = torch.zeros(0, 2, dtype=torch.float32, device=dev)
+            send_counts = torch.zeros(ep, dtype=torch.int64, device=dev)
+        recv_counts = torch.empty_like(send_counts)
+        dist.all_to_all_single(recv_counts, send_counts, group=self.group)
+        s_split, r_split = send_counts.tolist(), recv_counts.tolist()
+        recv_x = torch.empty(sum(r_split), h, dtype=self.dtype, device=dev)
+        recv_meta = torch.empty(sum(r_split), 2, dtype=torch.float32, device=dev)
+        dist.all_to_all_single(recv_x, send_x.contiguous(), r_split, s_split, group=self.group)
+        dist.all_to_all_single(recv_meta, send_meta.contiguous(), r_split, s_split, group=self.group)
+        y = self.compute_pairs(rnd.layer_pos, recv_x, recv_meta[:, 0].long(), recv_meta[:, 1])   # [R, H] f32
+        back = torch.empty(sum(s_split), h, dtype=torch.float32, device=dev)
+        dist.all_to_all_single(back, y.contiguous(), s_split, r_split, group=self.group)
+        out = torch.zeros(mine, h, dtype=torch.float32, device=dev)
+        if mine:
+            out.index_add_(0, token, back)
+        return out

@@ -13,7 +13,7 @@ rank). The router, the shared expert and everything dense stay replicated. One M
 In fp32 on the CPU the routed sum equals the single-process one term for term at top-2 (each
 (token, slot) pair is computed on exactly one rank, the others add 0); in general only the
 order of the k-term sum differs. Routing statistics (pairs per physical slot per layer) are
-recorded in every round on every rank alike (every rank sees every row): no extra collective.
+recorded by the slot's owner; `take_counts(sum_ranks=True)` all-reduces them (every rank the same).
 
 `ExpertParallel.rebalance(plan)` moves expert weights rank to rank (point-to-point sends of the
 slots that change owner; NCCL on GPUs: GPU to GPU) and switches the replica maps between steps.
@@ -88,7 +88,7 @@ class ExpertParallelMoE(MoE):
         if valid is None:   # a static round (ep_comm.py): fixed shapes, no host read
             return self._masked_compute(x_all, ids_all, w_all, lo)
         mine = valid[:, None] & (ids_all >= lo) & (ids_all < lo + ep.num_local)              # [M, k]
-        ep.record(self.layer_pos, ids_all[valid])
+        ep.record(self.layer_pos, ids_all[mine])
         out = torch.zeros(x_all.shape[0], x_all.shape[1], dtype=torch.float32, device=x_all.device)
         rows, slots = mine.nonzero(as_tuple=True)            # row-major: a row's slots in order
         if rows.numel():
@@ -98,6 +98,16 @@ class ExpertParallelMoE(MoE):
             out.index_add_(0, rows, y.float())
         return out
 
+    def pair_compute(self, x: torch.Tensor, local: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """Pairs routed to this rank (all-to-all dispatch): x [R, H], local slot [R], weight [R] ->
+        weighted expert outputs [R, H] float32."""
+        ep = self._ep[0]
+        ep.record(self.layer_pos, local + ep.rank * ep.num_local)
+        if local.numel() == 0:
+            return torch.zeros(0, x.shape[1], dtype=torch.float32, device=x.device)
+        return routed_experts(x, w.unsqueeze(1), local.to(torch.int32).unsqueeze(1),
+                              self.experts.w13, self.experts.w2).float()
+
     def _masked_compute(self, x_all: torch.Tensor, ids_all: torch.Tensor, w_all: torch.Tensor,
                         lo: int) -> torch.Tensor:
         """Every pair through this rank's experts, weight 0 unless the pair is routed here (padding
@@ -105,7 +115,7 @@ class ExpertParallelMoE(MoE):
         ep = self._ep[0]
         real = w_all > 0                                                                      # [M, k]
         mine = real & (ids_all >= lo) & (ids_all < lo + ep.num_local)
-        ep.record_masked(self.layer_pos, ids_all, real)
+        ep.record_masked(self.layer_pos, ids_all, mine)
         local = torch.where(mine, ids_all - lo, torch.zeros_like(ids_all)).to(torch.int32)
         w = torch.where(mine, w_all, torch.zeros_like(w_all))
         return routed_experts(x_all, w, local, self.experts.w13, self.experts.w2).float()
@@ -138,11 +148,25 @@ class ExpertParallel:
         """`record` without a host read (static rounds): pairs where `real` [M, k]."""
         self.counts[layer_pos].index_add_(0, ids.reshape(-1), real.reshape(-1).to(torch.int64))
 
-    def take_counts(self) -> np.ndarray:
-        """Pairs per physical slot [layers, P] since the last call (identical on every rank)."""
-        c = self.counts.cpu().numpy().copy()
+    def step_counts(self) -> torch.Tensor:
+        """This rank's pairs per physical slot [layers, P] since the last call (device, no sync)."""
+        c = self.counts.clone()
         self.counts.zero_()
         return c
+
+    def sum_over_ranks(self, counts: torch.Tensor) -> np.ndarray:
+        """Collective: [..., P] counts of every rank summed (each slot's owner counted its pairs)."""
+        c = counts.clone()
+        dist.all_reduce(c, op=dist.ReduceOp.SUM, group=self.comm.group)
+        return c.cpu().numpy()
+
+    def take_counts(self) -> np.ndarray:
+        """Pairs per physical slot [layers, P] since the last call, summed over the ranks (a
+        collective: every rank calls it at the same point; each slot's owner counted its pairs)."""
+        c = self.counts.clone()
+        dist.all_reduce(c, op=dist.ReduceOp.SUM, group=self.comm.group)
+        self.counts.zero_()
+        return c.cpu().numpy()
 
     def begin_step(self, static: bool) -> None:
         self.comm.begin_step(static)
@@ -236,5 +260,7 @@ def apply_expert_parallel(model: nn.Module, group: dist.ProcessGroup | None = No
         ep.layers.append(ExpertParallelMoE(layers[i].mlp, ep, pos))
         layers[i].mlp = ep.layers[-1]
     comm.num_layers = len(moe_ids)
+    comm.num_local = plan.num_local_physical
+    comm.compute_pairs = lambda pos, x, local, w: ep.layers[pos].pair_compute(x, local, w)
     comm.compute = lambda pos, x_all, ids_all, w_all, valid: ep.layers[pos].local_compute(x_all, ids_all, w_all, valid)
     return ep
