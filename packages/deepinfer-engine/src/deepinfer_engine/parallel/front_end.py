@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import queue
+import socket
 import time
 from typing import Any
 
@@ -24,10 +25,16 @@ from deepinfer_engine.outputs import GenerationOutput
 from deepinfer_engine.parallel.load_balance import pick_rank
 from deepinfer_engine.parallel.worker import RankLoad, RankSpec, rank_main
 from deepinfer_engine.sampling_params import SamplingParams
-from deepinfer_model.parallel.testing import free_port
 
 START_TIMEOUT_S = 600.0
 POLL_S = 0.2
+
+
+def free_port() -> int:
+    """A free local TCP port for the process group's rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class RankFailedError(RuntimeError):
