@@ -28,6 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=-1)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--show-ids", action="store_true", help="also print the output token ids")
+    gen.add_argument("--data-parallel-size", type=int, default=1, help="DP ranks, one process each (docs/parallel.md)")
+    gen.add_argument("--expert-parallel", action="store_true", help="partition the routed experts over the DP ranks")
     return parser
 
 
@@ -42,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     except InvalidRequestError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    llm = LLM(args.model, device=args.device)
+    llm = LLM(args.model, device=args.device, data_parallel_size=args.data_parallel_size,
+              expert_parallel=args.expert_parallel)
     if args.prompt is not None:
         out = llm.generate([args.prompt], params, use_tqdm=False)[0]
     else:

@@ -23,7 +23,14 @@ class LLM:
     >>> out.text, out.finish_reason
     """
 
-    def __init__(self, model: str | Path | None = None, **engine_args):
+    def __init__(self, model: str | Path | None = None, data_parallel_size: int = 1, expert_parallel: bool = False,
+                 **engine_args):
+        if data_parallel_size > 1:   # one process per rank (deepinfer_engine/parallel, docs/parallel.md)
+            from deepinfer_engine.parallel import DataParallelEngine
+            self.engine = DataParallelEngine(data_parallel_size, expert_parallel, model=model, **engine_args)
+            return
+        if expert_parallel:
+            raise ValueError("expert_parallel: needs data_parallel_size >= 2 (EP runs over the DP ranks)")
         self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
 
     @property

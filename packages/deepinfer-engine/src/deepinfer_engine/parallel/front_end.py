@@ -1,0 +1,184 @@
+"""The DP front end: spawns one process per rank, spreads requests over them by load, gathers outputs.
+
+    LLM(data_parallel_size=2, expert_parallel=True) -> DataParallelEngine
+        add_request -> a rank by load (load_balance.py) -> buffered
+        step        -> broadcast the buffered adds (every rank gets every command: group_vote.py)
+                    -> wait for finished outputs from the ranks (worker.py)
+
+It offers the LLMEngine methods `LLM.generate` uses (add_request, step, has_unfinished,
+tokenizer), so `LLM` only chooses it. A rank that reports an error or dies ends the engine with
+`RankFailedError` naming the rank (and its traceback), never a hang.
+"""
+
+from __future__ import annotations
+
+import atexit
+import queue
+import socket
+import time
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from deepinfer_engine.outputs import GenerationOutput
+from deepinfer_engine.parallel.load_balance import pick_rank
+from deepinfer_engine.parallel.worker import RankLoad, RankSpec, rank_main
+from deepinfer_engine.sampling_params import SamplingParams
+
+START_TIMEOUT_S = 600.0
+POLL_S = 0.2
+
+
+def free_port() -> int:
+    """A free local TCP port for the process group's rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RankFailedError(RuntimeError):
+    """A data-parallel rank failed or died; the engine is shut down."""
+
+    def __init__(self, rank: int, detail: str):
+        super().__init__(f"data-parallel rank {rank} failed: {detail}")
+        self.rank = rank
+
+
+class DataParallelEngine:
+    def __init__(self, data_parallel_size: int, expert_parallel: bool = False, timeout_s: float = 300.0,
+                 **engine_args: Any):
+        if data_parallel_size < 2:
+            raise ValueError(f"data_parallel_size: must be >= 2 for the DP front end, got {data_parallel_size}")
+        self.world = data_parallel_size
+        cuda = torch.cuda.is_available() and engine_args.get("device") in (None, "cuda")
+        if cuda and torch.cuda.device_count() < data_parallel_size:
+            raise ValueError(f"data_parallel_size={data_parallel_size}: only {torch.cuda.device_count()} GPUs")
+        if not cuda:
+            engine_args["device"] = "cpu"
+        backend = "nccl" if cuda else "gloo"
+        ctx = mp.get_context("spawn")
+        init = f"tcp://127.0.0.1:{free_port()}"
+        self.inboxes = [ctx.Queue() for _ in range(self.world)]
+        self.outbox = ctx.Queue()
+        self.procs = []
+        for r in range(self.world):
+            spec = RankSpec(r, self.world, init, engine_args, expert_parallel, backend, timeout_s)
+            p = ctx.Process(target=rank_main, args=(spec, self.inboxes[r], self.outbox), daemon=True)
+            p.start()
+            self.procs.append(p)
+        self.loads = [RankLoad(r, 0, 0.0) for r in range(self.world)]
+        self._outstanding = [0] * self.world          # requests sent to each rank, not finished
+        self.num_assigned = [0] * self.world          # requests ever sent to each rank
+        self._rank_of: dict[int, int] = {}
+        self._pending: dict[int, list] = {}           # rank -> adds not yet broadcast
+        self._next_id = 0
+        self._closed = False
+        info = {}
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while len(info) < self.world:
+            msg = self._get(deadline)
+            if msg[0] == "ready":
+                info[msg[1]] = msg[2]
+        self.vocab_size = info[0]["vocab_size"]
+        self.model_source = f"{info[0]['model_source']} x {self.world} ranks"
+        self.tokenizer = info[0]["tokenizer"]   # rank 0's (text prompts are encoded at the ranks)
+        atexit.register(self.shutdown)
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, prompt: str | None = None, prompt_token_ids: list[int] | None = None,
+                    params: SamplingParams | None = None) -> int:
+        gid = self._next_id
+        self._next_id += 1
+        r = pick_rank(self.loads, self._outstanding)
+        self._outstanding[r] += 1
+        self.num_assigned[r] += 1
+        self._rank_of[gid] = r
+        self._pending.setdefault(r, []).append((gid, prompt, prompt_token_ids, params or SamplingParams()))
+        return gid
+
+    def abort_request(self, request_id: int) -> bool:
+        if request_id not in self._rank_of:
+            return False
+        self._broadcast(("abort", [request_id]))
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self._rank_of)
+
+    def step(self) -> list[GenerationOutput]:
+        """Send the queued requests, then return the outputs that finished since (waits for some)."""
+        if self._pending:
+            self._broadcast(("add", self._pending))
+            self._pending = {}
+        if not self._rank_of:
+            return []
+        finished = []
+        msg = self._get(None)
+        while True:
+            if msg[0] == "outputs":
+                _, rank, outs, load = msg
+                if load is not None:
+                    self.loads[rank] = load
+                for out in outs:
+                    self._rank_of.pop(out.request_id, None)
+                    self._outstanding[rank] -= 1
+                finished += outs
+            try:
+                msg = self.outbox.get_nowait()
+            except queue.Empty:
+                return finished
+
+    def start_streaming(self, *_args) -> None:
+        raise NotImplementedError("generate_stream: not offered with data_parallel_size > 1 yet (use generate)")
+
+    @property
+    def moe_lb(self) -> float | None:
+        """EPLB's max / mean tokens per rank (the latest figure any rank reported)."""
+        figures = [x.moe_lb for x in self.loads if x.moe_lb is not None]
+        return max(figures) if figures else None
+
+    # ------------------------------------------------------------------ processes
+    def _broadcast(self, cmd) -> None:
+        for box in self.inboxes:
+            box.put(cmd)
+
+    def _get(self, deadline: float | None):
+        """The next message; a rank error or a dead rank raises RankFailedError naming the rank."""
+        while True:
+            try:
+                msg = self.outbox.get(timeout=POLL_S)
+            except queue.Empty:
+                dead = [r for r, p in enumerate(self.procs) if p.exitcode is not None]
+                if dead:
+                    self._fail(dead[0], f"process exited with code {self.procs[dead[0]].exitcode}")
+                if deadline is not None and time.monotonic() > deadline:
+                    self._fail(0, "ranks did not start in time")
+                continue
+            if msg[0] == "error":
+                # a rank that died takes its peers' collectives down with it: name the one that died
+                time.sleep(POLL_S)
+                dead = [r for r, p in enumerate(self.procs) if p.exitcode not in (None, 1)]
+                if dead:
+                    self._fail(dead[0], f"process exited with code {self.procs[dead[0]].exitcode} "
+                                        f"(rank {msg[1]} then failed: {msg[2].splitlines()[0]})")
+                self._fail(msg[1], msg[2])
+            return msg
+
+    def _fail(self, rank: int, detail: str) -> None:
+        self.shutdown(force=True)
+        raise RankFailedError(rank, detail)
+
+    def shutdown(self, force: bool = False) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if not force:
+            self._broadcast(("stop", None))
+            for p in self.procs:
+                p.join(timeout=30)
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+

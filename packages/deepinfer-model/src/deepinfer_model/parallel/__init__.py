@@ -1,0 +1,1 @@
+"""Parallel model transforms: expert parallelism (expert_parallel.py) and its load balancer (eplb.py)."""
