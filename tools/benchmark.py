@@ -122,7 +122,7 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
         tokens += engine.stats.num_generated_tokens - tok0
         prefill_steps += engine.stats.num_prefill_steps - prefills0
         drafts += engine.stats.num_draft_tokens - drafts0
-        running = len(engine._requests)   # finished requests leave the table
+        running = len(engine.output_processor.requests)   # finished requests leave the table
         if running < batch:
             raise RuntimeError(f"decode window: {batch - running} of {batch} requests finished early")
         if engine.runner.timeline:
@@ -166,8 +166,8 @@ def bench_decode(args, batch: int, zos: bool, nextn: int | None = None, varlen: 
         row.update(weight_bytes_per_step=wbytes, weight_read_tb_s=wbytes * sps / 1e12)
         if period_steps:
             row["weight_read_tb_s_period"] = wbytes * row["avg_sps_period"] / 1e12
-    if engine._structured is not None:
-        engine._structured.shutdown()
+    if engine.structured_output is not None:
+        engine.structured_output.shutdown()
     del engine
     free_device_memory()
     return row
@@ -217,7 +217,7 @@ def weight_bytes_per_decode_step(model) -> int:
 
 def _abort_all(engine) -> None:
     while engine.has_unfinished():
-        for rid in list(engine._requests):
+        for rid in list(engine.output_processor.requests):
             engine.abort_request(rid)
         engine.step()
 
@@ -227,8 +227,8 @@ def _time_host_phases(engine) -> dict[str, float]:
     totals: dict[str, float] = {}
     targets = [(engine.runner, "launch"), (engine.runner, "complete"), (engine.runner, "collect"),
                (engine, "_finish_inflight"), (engine, "_schedule")]
-    if engine._structured is not None:
-        targets.append((engine._structured, "step_masks"))
+    if engine.structured_output is not None:   # the runner's MaskProvider: its step_masks is looked up per call
+        targets.append((engine.structured_output, "step_masks"))
     for obj, name in targets:
         original = getattr(obj, name)
         totals[name] = 0.0
@@ -240,8 +240,6 @@ def _time_host_phases(engine) -> dict[str, float]:
             finally:
                 totals[_name] += time.perf_counter() - t0
         setattr(obj, name, timed)
-    if engine._structured is not None:
-        engine.runner.mask_provider = engine._structured.step_masks   # the runner holds the bound method
     return totals
 
 

@@ -71,7 +71,7 @@ def _sample(setup, masked: bool):
     masks = None
     if masked:
         masks = mgr.step_masks(step, input_ids)
-        for r in rids:  # nothing emitted: roll the walked drafts back (what _consume's commit does)
+        for r in rids:  # nothing emitted: roll the walked drafts back (what OutputProcessor.consume's commit does)
             mgr.grammars[r].commit([])
     Sampler().sample(logits.clone(), batch, ftp, seqlens, positions, draft_ids, None, masks=masks)
 
@@ -115,7 +115,7 @@ def test_report_step_ratio(setup):
     while engine.stats.num_decode_steps < 3:
         engine.step()
     step = median(engine.step, n=5)
-    for r in list(engine._requests):
+    for r in list(engine.output_processor.requests):
         engine.abort_request(r)
     while engine.has_unfinished():
         engine.step()

@@ -186,7 +186,7 @@ def test_compile_cache_shares_and_bounds_bytes():
     same = SamplingParams(temperature=0, max_tokens=MAX_TOKENS,
                           structured_output=SO.json_schema(json.dumps(JSON_SCHEMAS[3])))  # str form, same key
     llm.generate(prompt_token_ids=[[5, 6, 7], [9, 10]], sampling_params=[p, same], use_tqdm=False)
-    cache = llm.engine._structured.compiler.cache
+    cache = llm.engine.structured_output.compiler.cache
     assert len(cache) == 1 and cache.nbytes > 0
     lru = ByteLRU(100)
     for k in range(5):

@@ -1,9 +1,16 @@
-"""Engine configuration: what the user sets on `LLM(...)`, validated once."""
+"""Engine configuration: what the user sets on `LLM(...)`, validated once, then resolved once.
+
+`EngineConfig` holds the user's settings; a field left `None` defers to its DEEPINFER_* knob
+(envs.py). `EngineConfig.resolve(envs, device_type)` decides every such field in one place and
+returns a frozen `ResolvedEngineConfig`: the engine reads only that, never the environment.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
+
+from deepinfer_engine.envs import Envs
 
 # Prefill chunk budget on CUDA: `mini` 64 x 512 prefill on the H200 (2026-11-30, one run) gave
 # 136K / 191K / 214K tokens/s at 8K / 16K / 32K rows per step (host launch costs amortise over
@@ -49,6 +56,29 @@ class EngineConfig:
             return self.max_num_batched_tokens
         return DEFAULT_BATCHED_TOKENS_CUDA if device_type == "cuda" else DEFAULT_BATCHED_TOKENS_CPU
 
+    def resolve(self, envs: Envs, device_type: str) -> ResolvedEngineConfig:
+        """Every knob decided (validates first): a field set here wins over its environment knob,
+        `None` takes the knob; the prefill budget takes the device's default. Batch invariance fixes
+        the draft lengths: the confidence-scheduled budget splits drafts across the batch, and a
+        sampled request's tokens depend on which drafts it verified (residual sampling)."""
+        self.validate()
+
+        def pick(value, knob):
+            return knob if value is None else value
+
+        given = {f.name: getattr(self, f.name) for f in fields(self)}
+        given.update(
+            max_num_batched_tokens=self.batched_tokens_for(device_type),
+            num_speculative_tokens=pick(self.num_speculative_tokens, envs.use_nextn_decode),
+            enable_mtp_varlen=pick(self.enable_mtp_varlen, envs.enable_mtp_varlen) and not envs.batch_invariant,
+            zero_overhead_scheduling=pick(self.zero_overhead_scheduling, envs.zero_overhead_scheduling),
+            compile_decode=pick(self.compile_decode, envs.compile_decode),
+            decode_streams=pick(self.decode_streams, envs.decode_streams),
+            compile_speculation=pick(self.compile_speculation, envs.compile_speculation),
+        )
+        return ResolvedEngineConfig(**given, batch_invariant=envs.batch_invariant,
+                                    cudagraph_batch_size_interval=envs.cudagraph_batch_size_interval, envs=envs)
+
     def validate(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             value = getattr(self, name)
@@ -69,3 +99,37 @@ class EngineConfig:
             raise ValueError("structured_output_cache_bytes must be >= 0 and structured_output_compile_threads >= 1")
         if not (0.0 < self.gpu_memory_utilization <= 1.0):
             raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
+
+
+@dataclass(frozen=True)
+class ResolvedEngineConfig:
+    """`EngineConfig` with every environment-backed knob decided (`EngineConfig.resolve`). Limits
+    that depend on the loaded model (max_model_len, the drafts the model's head allows) are the
+    engine's, applied on top of these."""
+
+    model: str | Path | None               # as EngineConfig
+    device: str | None                     # as EngineConfig (the loader turns it into a torch.device)
+    dtype: str | None                      # as EngineConfig
+    max_num_seqs: int                      # concurrent sequences per step
+    max_model_len: int | None              # None = the model's max_position_embeddings
+    max_num_batched_tokens: int            # rows per step, the device's default applied
+    block_size: int                        # tokens per KV block
+    num_kv_blocks: int | None              # None = sized from the memory budget
+    kv_cache_memory_bytes: int | None      # CPU budget for the KV pool
+    gpu_memory_utilization: float          # fraction of GPU memory for weights + activations + KV
+    enable_prefix_caching: bool
+    num_speculative_tokens: int            # drafts per step asked for (the engine clips to the model's nextn)
+    enable_mtp_varlen: bool                # confidence-scheduled draft lengths (False under batch invariance)
+    zero_overhead_scheduling: bool         # CPU one step ahead of the device
+    cuda_graphs: bool                      # replay decode steps as CUDA graphs (CUDA only)
+    compile_decode: bool                   # torch.compile the graphed decode step
+    decode_streams: bool                   # side CUDA streams for a decode step's independent chains
+    compile_speculation: bool              # torch.compile the speculative part (not with batch invariance)
+    seed: int                              # engine seed: draws per-request seeds
+    random_init_seed: int                  # weights seed when no checkpoint exists
+    structured_output_compile_timeout_s: float
+    structured_output_cache_bytes: int
+    structured_output_compile_threads: int
+    batch_invariant: bool                  # DEEPINFER_BATCH_INVARIANT: results independent of the batch
+    cudagraph_batch_size_interval: int     # DEEPINFER_CUDAGRAPH_BATCH_SIZE_INTERVAL: graph bucket spacing
+    envs: Envs                             # every knob as read (the kernels' too), for logs and checks

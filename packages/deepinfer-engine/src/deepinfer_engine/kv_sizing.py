@@ -14,14 +14,14 @@ import math
 import numpy as np
 import torch
 
-from deepinfer_engine.config import EngineConfig
+from deepinfer_engine.config import EngineConfig, ResolvedEngineConfig
 from deepinfer_engine.errors import ModelDoesNotFitError
 from deepinfer_model.metadata import ForwardMetadata
 
 DEFAULT_CPU_KV_BYTES = 1 << 30
 
 
-def blocks_needed(config: EngineConfig, max_model_len: int) -> int:
+def blocks_needed(config: EngineConfig | ResolvedEngineConfig, max_model_len: int) -> int:
     """Blocks for every sequence at full length (+1 block of headroom per sequence for speculation)."""
     per_seq = math.ceil(max_model_len / config.block_size) + 1
     return config.max_num_seqs * per_seq
@@ -74,7 +74,8 @@ def profile_activation_bytes(model, block_size: int, tokens: int, max_len: int) 
     return peak
 
 
-def num_kv_blocks(model, config: EngineConfig, max_model_len: int, activation_peak_bytes: int = 0) -> int:
+def num_kv_blocks(model, config: EngineConfig | ResolvedEngineConfig, max_model_len: int,
+                  activation_peak_bytes: int = 0) -> int:
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
     bytes_per_block = model.kv_cache_bytes_per_block(config.block_size)

@@ -90,7 +90,7 @@ class LLM:
                     out = GenerationOutput(request_id=-1, prompt=text, prompt_token_ids=ids or [],
                                            finish_reason=FINISH_REASON_ERROR, error=str(err))
                     rejected.append(StreamDelta(i, -1, "", [], True, out))
-            engine._stream_index = index_of
+            engine.set_stream_indices(index_of)
             yield from rejected
             yield from engine.pop_stream_deltas()
             while engine.has_unfinished():

@@ -1,10 +1,17 @@
-"""LLMEngine: the engine loop. One step = schedule -> forward + sample -> ledger -> outputs.
+"""LLMEngine: the engine loop. One step = schedule -> launch -> collect -> outputs.
 
-    out = scheduler.schedule()                       # C++: admission, chunking, KV blocks
-    res = runner.execute(out, sampling batch)        # device: forward + sampler
-    pushed = scheduler.process_outputs(out, ...)     # C++ ledger: append tokens, stop checks
-    handles = scheduler.build_request_outputs(...)   # C++: pooled RequestOutputs
-    pool.gather(handles) -> per-request GenerationOutput; handles released one step later
+    scheduled = scheduler.schedule()                     # C++: admission, chunking, KV blocks
+    launched = runner.launch(scheduled, sampling batch)  # device: forward + sampler, copies started
+    res = runner.collect(launched)                       # host: wait for those copies (StepResult)
+    pushed = scheduler.process_outputs(scheduled, ...)   # C++ ledger: append tokens, stop checks
+    handles = scheduler.build_request_outputs(...)       # C++: pooled RequestOutputs
+    output_processor.consume(pool.gather(handles))       # text, stops, grammar, streaming -> finished
+
+With zero-overhead scheduling (ZOS) the launch of step N+1 comes before the collect of step N.
+
+The engine's parts, each its own object: `scheduler` (deepinfer_sched), `runner` (ModelRunner),
+`output_processor` (OutputProcessor: request bookkeeping and the text level), `stats`
+(EngineStats), `tokenizer`; `resolved` is the configuration with every knob decided.
 
 A request with invalid input is rejected at add_request with InvalidRequestError naming the field;
 nothing already accepted is affected.
@@ -13,6 +20,7 @@ nothing already accepted is affected.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -24,13 +32,13 @@ from deepinfer_engine.host_copy import arrays_to_device
 from deepinfer_engine.kernel_builds import describe_kernel_builds, kernel_build_seconds
 from deepinfer_engine.kv_sizing import num_kv_blocks, profile_activation_bytes
 from deepinfer_engine.model_loader import load_model, resolve_device
-from deepinfer_engine.model_runner import ModelRunner, StepResult
-from deepinfer_engine.output_path import OutputPath
-from deepinfer_engine.outputs import GenerationOutput
+from deepinfer_engine.model_runner import ModelRunner
+from deepinfer_engine.output_processor import OutputProcessor
+from deepinfer_engine.outputs import GenerationOutput, StreamDelta
 from deepinfer_engine.request_state import RequestState
+from deepinfer_engine.runner_step import DeferredStep, DeviceStepState, LaunchedStep, StepResult
 from deepinfer_engine.sampler import SamplingBatch, SamplingHost
 from deepinfer_engine.sampling_params import UINT64_MAX, SamplingParams
-from deepinfer_engine.speculation import acceptance_by_position
 from deepinfer_engine.stats import EngineStats
 from deepinfer_engine.stop_strings import StopStringMatcher
 from deepinfer_engine.verify_budget import VerifyBudgetPolicy
@@ -38,6 +46,7 @@ from deepinfer_sched import (
     RequestOutputPool,
     Scheduler,
     SchedulerConfig,
+    SchedulerOutput,
     StepKind,
 )
 
@@ -51,71 +60,90 @@ def _as_int64_bits(seed: int) -> int:
     return seed - (1 << 64) if seed >= (1 << 63) else seed
 
 
-class LLMEngine(OutputPath):
+@dataclass(slots=True)
+class InFlightStep:
+    """A step scheduled and launched, not yet collected (ZOS keeps one across `step` calls)."""
+
+    scheduled: SchedulerOutput
+    launched: LaunchedStep | None   # None: an IDLE step, nothing ran on the device
+
+    @property
+    def device_state(self) -> DeviceStepState | None:
+        """What the step leaves on the device for the next step's inputs (the next launch's `prev`)."""
+        return None if self.launched is None else self.launched.state
+
+
+class LLMEngine:
+    """The engine loop over one model. What serving layers (an async server, data-parallel
+    workers) build on: `add_request` / `abort_request` / `has_unfinished` / `step` (one step; the
+    requests finished in it) / `validate_request` / `encode`, streaming (`start_streaming`,
+    `set_stream_indices`, `pop_stream_deltas`, `stop_streaming`), and the parts `scheduler`,
+    `runner`, `output_processor` (live requests: `output_processor.requests`), `tokenizer`,
+    `stats`, `resolved` (the configuration, every knob decided). Not thread-safe: one caller
+    drives it."""
+
     def __init__(self, config: EngineConfig):
         config.validate()
-        self.config = config
+        self.config = config   # as the user gave it; the engine reads `resolved`
         kernel_builds_before = kernel_build_seconds()
         self.envs = Envs.from_environ()
         self.device = resolve_device(config.device)
-        loaded = load_model(config.model, self.device, config.random_init_seed, config.dtype)
+        self.resolved = cfg = config.resolve(self.envs, self.device.type)
+        loaded = load_model(cfg.model, self.device, cfg.random_init_seed, cfg.dtype)
         self.model, self.tokenizer, self.model_source = loaded.model, loaded.tokenizer, loaded.source
         mcfg = self.model.config
         self.vocab_size = mcfg.vocab_size
-        self.max_model_len = min(config.max_model_len or mcfg.max_position_embeddings, mcfg.max_position_embeddings)
+        self.max_model_len = min(cfg.max_model_len or mcfg.max_position_embeddings, mcfg.max_position_embeddings)
         # YOCO: the last prefill chunk must hold the decoder bounded-replay tokens (docs/model.md).
         min_final_chunk = mcfg.sliding_window if mcfg.topology.yoco_enabled else 1
-        self.max_num_batched_tokens = config.batched_tokens_for(self.device.type)
+        self.max_num_batched_tokens = cfg.max_num_batched_tokens
         if self.max_num_batched_tokens < min_final_chunk:
             raise ValueError(f"max_num_batched_tokens: must be >= {min_final_chunk} (the model's decoder "
                              f"bounded-replay length), got {self.max_num_batched_tokens}")
-        requested = self.envs.use_nextn_decode if config.num_speculative_tokens is None else config.num_speculative_tokens
-        self.nextn = min(requested, mcfg.nextn)  # a model without a draft head cannot speculate
-        varlen = self.envs.enable_mtp_varlen if config.enable_mtp_varlen is None else config.enable_mtp_varlen
-        self.budget = VerifyBudgetPolicy(self.nextn, varlen)
+        self.nextn = min(cfg.num_speculative_tokens, mcfg.nextn)  # a model without a draft head cannot speculate
+        self.budget = VerifyBudgetPolicy(self.nextn, cfg.enable_mtp_varlen)
         activations = 0
-        if self.device.type == "cuda" and config.num_kv_blocks is None:   # before the pool takes the memory
-            activations = profile_activation_bytes(self.model, config.block_size, self.max_num_batched_tokens,
+        if self.device.type == "cuda" and cfg.num_kv_blocks is None:   # before the pool takes the memory
+            activations = profile_activation_bytes(self.model, cfg.block_size, self.max_num_batched_tokens,
                                                    self.max_model_len)
-        blocks = num_kv_blocks(self.model, config, self.max_model_len, activations)
+        blocks = num_kv_blocks(self.model, cfg, self.max_model_len, activations)
         self.scheduler = Scheduler(SchedulerConfig(
-            block_size=config.block_size, num_blocks=blocks, max_num_seqs=config.max_num_seqs,
+            block_size=cfg.block_size, num_blocks=blocks, max_num_seqs=cfg.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens, max_model_len=self.max_model_len,
             nextn=self.nextn, min_final_chunk_tokens=min_final_chunk,
-            enable_prefix_caching=config.enable_prefix_caching, eos_token_ids=loaded.eos_token_ids))
-        self.model.decode_streams = self.envs.decode_streams if config.decode_streams is None else config.decode_streams
-        self.runner = ModelRunner(self.model, blocks, config.block_size, config.max_num_seqs, self.nextn)
-        if config.cuda_graphs and self.device.type == "cuda":
-            max_rows = min(self.max_num_batched_tokens, config.max_num_seqs * (self.nextn + 1))
-            compile_decode = self.envs.compile_decode if config.compile_decode is None else config.compile_decode
-            compile_spec = self.envs.compile_speculation if config.compile_speculation is None \
-                else config.compile_speculation
-            if compile_spec and self.runner.spec is not None and not compile_decode:
-                if self.envs.batch_invariant:
+            enable_prefix_caching=cfg.enable_prefix_caching, eos_token_ids=loaded.eos_token_ids))
+        self.model.decode_streams = cfg.decode_streams
+        self.runner = ModelRunner(self.model, blocks, cfg.block_size, cfg.max_num_seqs, self.nextn)
+        if cfg.cuda_graphs and self.device.type == "cuda":
+            max_rows = min(self.max_num_batched_tokens, cfg.max_num_seqs * (self.nextn + 1))
+            if cfg.compile_speculation and self.runner.spec is not None and not cfg.compile_decode:
+                if cfg.batch_invariant:
                     logger.warning("compile_speculation is ignored with DEEPINFER_BATCH_INVARIANT=1")
                 else:
                     self.runner.spec.compile()   # before the capture, whose warm-up runs compile
-            self.runner.enable_cuda_graphs(max_rows, self.max_model_len, self.envs.cudagraph_batch_size_interval,
-                                           compile=compile_decode)
+            self.runner.enable_cuda_graphs(max_rows, self.max_model_len, cfg.cudagraph_batch_size_interval,
+                                           compile=cfg.compile_decode)
         self.pool = RequestOutputPool()
-        self._requests: dict[int, RequestState] = {}
         self._next_request_id = 0
-        self._seed_rng = np.random.default_rng(config.seed)
-        self._handles_to_release: np.ndarray | None = None
-        self._prefill_started: set[int] = set()
-        self.zos = self.envs.zero_overhead_scheduling if config.zero_overhead_scheduling is None \
-            else config.zero_overhead_scheduling
-        self._inflight: tuple | None = None  # (SchedulerOutput, InFlightStep | None) launched, not collected
+        self._seed_rng = np.random.default_rng(cfg.seed)
+        self._handles_to_release: np.ndarray | None = None   # the previous step's pooled outputs
+        self.zos = cfg.zero_overhead_scheduling
+        self._inflight: InFlightStep | None = None   # ZOS: launched, not yet collected
         self.stats = EngineStats()
-        self._init_output_path()  # issue 9: structured output, text stops, streaming, batch invariance
+        self.output_processor = OutputProcessor(self.scheduler, self.tokenizer, self.model, self.vocab_size,
+                                                self.stats)
+        if cfg.batch_invariant:   # DEEPINFER_BATCH_INVARIANT=1 (draft lengths fixed by `resolve`)
+            from deepinfer_engine import batch_invariant
+            batch_invariant.install(self.model)
         logger.info("engine: model %s on %s, %d KV blocks of %d tokens, max_model_len %d", self.model_source,
-                    self.device, blocks, config.block_size, self.max_model_len)
+                    self.device, blocks, cfg.block_size, self.max_model_len)
         builds = describe_kernel_builds(kernel_builds_before, kernel_build_seconds())
         if builds is not None:   # the GPU: the activation profile and the graph captures built the kernels
             logger.info(builds)
 
     # ------------------------------------------------------------------ requests
     def encode(self, prompt: str) -> list[int]:
+        """The prompt's token ids (InvalidRequestError without a tokenizer)."""
         if self.tokenizer is None:
             raise InvalidRequestError("prompt", "this model has no tokenizer; pass prompt_token_ids")
         return self.tokenizer.encode(prompt)
@@ -148,9 +176,10 @@ class LLMEngine(OutputPath):
 
     def add_request(self, prompt: str | None = None, prompt_token_ids: list[int] | None = None,
                     params: SamplingParams | None = None) -> int:
-        """Validate and queue a request. A request with structured output is held on the Python side
-        until its grammar compiles (off the engine loop) and only then enters the scheduler; a grammar
-        that fails to compile or times out finishes that request alone with finish_reason "error"."""
+        """Validate and queue a request; returns its id. A request with structured output is held on
+        the Python side until its grammar compiles (off the engine loop) and only then enters the
+        scheduler; a grammar that fails to compile or times out finishes that request alone with
+        finish_reason "error"."""
         params = params or SamplingParams()
         token_ids = self.validate_request(prompt, prompt_token_ids, params)
         request_id = self._next_request_id
@@ -159,27 +188,130 @@ class LLMEngine(OutputPath):
         out = GenerationOutput(request_id=request_id, prompt=prompt, prompt_token_ids=token_ids)
         state = RequestState(request_id, params, seed, out)
         if self.tokenizer is not None:
-            state.detokenizer = self._new_detokenizer()
+            state.detokenizer = self.output_processor.new_detokenizer()
             state.stops = StopStringMatcher(params.stop) if params.stop else None
-        self._requests[request_id] = state
         if params.structured_output is not None:
-            self._structured_output().submit(request_id, params.structured_output)
-            self._held[request_id] = token_ids
-        else:
-            self._admit(request_id, token_ids)
+            self._structured_output()   # the grammar manager, made on the first grammar request
+        self.output_processor.add_request(state, token_ids)
         return request_id
 
     def abort_request(self, request_id: int) -> bool:
+        """Abort a request the scheduler holds (its output finishes with "abort" in a later step)."""
         return self.scheduler.abort_request(request_id)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or self._inflight is not None or bool(self._held)
+        """Something is left to run: scheduled requests, a step in flight, or requests whose grammar compiles."""
+        return self.scheduler.has_unfinished() or self._inflight is not None or self.output_processor.has_held
+
+    @property
+    def structured_output(self):
+        """The StructuredOutputManager (None until the first grammar request)."""
+        return self.output_processor.structured
+
+    def _structured_output(self):
+        """The StructuredOutputManager, made on first use: the output processor advances its matchers,
+        the runner asks it for each step's masks (its MaskProvider)."""
+        processor = self.output_processor
+        if processor.structured is None:
+            from deepinfer_engine.structured_output.manager import StructuredOutputManager
+            cfg = self.resolved
+            processor.structured = StructuredOutputManager(
+                processor.token_table().token_bytes, self.vocab_size, list(self.tokenizer.eos_token_ids), self.nextn,
+                compile_timeout_s=cfg.structured_output_compile_timeout_s,
+                cache_bytes=cfg.structured_output_cache_bytes, max_workers=cfg.structured_output_compile_threads)
+            self.runner.set_mask_provider(processor.structured)
+        return processor.structured
+
+    # ------------------------------------------------------------------ streaming
+    def start_streaming(self, index_of: dict[int, int] | None = None) -> None:
+        """Collect StreamDeltas from now on (`pop_stream_deltas` after each step); `index_of`: request
+        id -> StreamDelta.index (more with `set_stream_indices`)."""
+        self.output_processor.start_streaming(index_of)
+
+    def set_stream_indices(self, index_of: dict[int, int]) -> None:
+        """Request id -> StreamDelta.index of the requests streamed (replaces the map)."""
+        self.output_processor.stream_index = dict(index_of)
+
+    @property
+    def _stream_index(self) -> dict[int, int]:   # the old name of set_stream_indices' map
+        return self.output_processor.stream_index
+
+    @_stream_index.setter
+    def _stream_index(self, index_of: dict[int, int]) -> None:
+        self.set_stream_indices(index_of)
+
+    def pop_stream_deltas(self) -> list[StreamDelta]:
+        """The StreamDeltas since the last call."""
+        return self.output_processor.pop_stream_deltas()
+
+    def stop_streaming(self) -> None:
+        self.output_processor.stop_streaming()
 
     # ------------------------------------------------------------------ the loop
+    def step(self) -> list[GenerationOutput]:
+        """Run one step; returns the requests that finished in it.
+
+        Without ZOS: schedule(N) -> launch(N) -> collect(N) -> outputs(N).
+        With ZOS: schedule(N+1) -> launch(N+1) (inputs fixed up on the device from N) ->
+        collect(N) -> outputs(N): the host work of N overlaps the device work of N+1, outputs
+        arrive one step late, and the last in-flight step is flushed when nothing is left.
+        """
+        finished = self.output_processor.admit_compiled()  # requests whose grammar compiled enter the scheduler
+        finished += self._step_overlapped() if self.zos else self._step_synchronous()
+        return finished
+
+    def _step_synchronous(self) -> list[GenerationOutput]:
+        if not self.scheduler.has_unfinished():
+            return []
+        scheduled = self._schedule()
+        launched = None
+        if scheduled.step_kind != StepKind.IDLE:
+            launched = self.runner.launch(scheduled, self._step_sampling_batch(scheduled))
+            if isinstance(launched, DeferredStep):   # nothing in flight: the masks can be built at once
+                launched = self.runner.complete(launched)
+        return self._process_outputs(scheduled, self._collect(scheduled, launched))
+
+    def _step_overlapped(self) -> list[GenerationOutput]:
+        finished: list[GenerationOutput] = []
+        launched = None
+        if self.scheduler.has_unfinished():
+            scheduled = self._schedule()                                         # N+1
+            prev = self._inflight.device_state if self._inflight is not None else None
+            batch = self._step_sampling_batch(scheduled)
+            if batch.needs_masks and not self.runner.defers_masks(scheduled, batch):
+                # A step with a structured-output request cannot sample ahead of the previous step's
+                # ledger: its grammar masks need the matchers advanced by the in-flight step. Settle
+                # it first (the ledger already handles schedule(N+1) before process(N)).
+                finished += self._finish_inflight()
+            step = None if scheduled.step_kind == StepKind.IDLE else self.runner.launch(scheduled, batch, prev)
+            if isinstance(step, DeferredStep):   # the forward of N+1 runs while the ledger of N advances the matchers
+                finished += self._finish_inflight()
+                step = self.runner.complete(step)
+            launched = InFlightStep(scheduled, step)
+        finished += self._finish_inflight()                                      # collect(N) -> outputs(N)
+        self._inflight = launched
+        return finished
+
+    def _finish_inflight(self) -> list[GenerationOutput]:
+        """Collect the step in flight and process its outputs (nothing when none is in flight)."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is None:
+            return []
+        return self._process_outputs(inflight.scheduled, self._collect(inflight.scheduled, inflight.launched))
+
+    def _schedule(self) -> SchedulerOutput:
+        out = self.scheduler.schedule()
+        self._record_schedule(out)
+        return out
+
+    def _step_sampling_batch(self, out: SchedulerOutput) -> SamplingBatch:
+        return self._sampling_batch(out.request_ids, self.output_processor.has_grammar(out.request_ids))
+
     def _sampling_batch(self, request_ids: np.ndarray, needs_masks: bool) -> SamplingBatch:
         # A request can finish (ledger stop under ZOS, text stop, grammar end) after it was scheduled
         # for this step: it still has rows, whose results the ledger discards (pushes 0). Greedy.
-        states = [self._requests.get(int(r), _FINISHED_PLACEHOLDER) for r in request_ids]
+        requests = self.output_processor.requests
+        states = [requests.get(int(r), _FINISHED_PLACEHOLDER) for r in request_ids]
         host = SamplingHost(np.array([s.params.temperature for s in states], np.float32),
                             np.array([_as_int64_bits(s.seed) for s in states], np.int64))
         temperature, top_k, top_p, seeds = arrays_to_device(
@@ -195,65 +327,16 @@ class LLMEngine(OutputPath):
             needs_masks=needs_masks, host=host,
         )
 
-    def step(self) -> list[GenerationOutput]:
-        """Run one step; returns the requests that finished in it.
+    def _collect(self, scheduled: SchedulerOutput, launched: LaunchedStep | None) -> StepResult:
+        return StepResult.empty(scheduled.req_cnt) if launched is None else self.runner.collect(launched)
 
-        Without ZOS: schedule(N) -> launch(N) -> collect(N) -> ledger(N).
-        With ZOS: schedule(N+1) -> launch(N+1) (inputs fixed up on the device from N) ->
-        collect(N) -> ledger(N): the host work of N overlaps the device work of N+1, outputs
-        arrive one step late, and the last in-flight step is flushed when nothing is left.
-        """
-        finished = self._admit_compiled()  # requests whose grammar compiled enter the scheduler
-        if not self.zos:
-            if self.scheduler.has_unfinished():
-                out = self._schedule()
-                res = StepResult.empty(out.req_cnt) if out.step_kind == StepKind.IDLE else self.runner.execute(
-                    out, self._sampling_batch(out.request_ids, self._has_grammar(out.request_ids)))
-                finished += self._finish_step(out, res)
-            return finished
-        launched = None
-        if self.scheduler.has_unfinished():
-            out = self._schedule()
-            prev_state = None if self._inflight is None or self._inflight[1] is None else self._inflight[1].state
-            constrained = self._has_grammar(out.request_ids)
-            batch = self._sampling_batch(out.request_ids, constrained)
-            deferred = constrained and self.runner.defers_masks(out, batch)
-            if constrained and not deferred:
-                # A step with a structured-output request cannot sample ahead of the previous step's
-                # ledger: its grammar masks need the matchers advanced by the in-flight step. Settle
-                # it first (the ledger already handles schedule(N+1) before process(N)).
-                finished += self._finish_inflight()
-            handle = None if out.step_kind == StepKind.IDLE else self.runner.launch(out, batch, prev_state)
-            if deferred:   # the forward of N+1 runs while the ledger of N advances the matchers
-                finished += self._finish_inflight()
-                handle = self.runner.complete(handle)
-            launched = (out, handle)
-        finished += self._finish_inflight()
-        self._inflight = launched
-        return finished
-
-    def _finish_inflight(self) -> list[GenerationOutput]:
-        prev, self._inflight = self._inflight, None
-        if prev is None:
-            return []
-        out, handle = prev
-        return self._finish_step(out, StepResult.empty(out.req_cnt) if handle is None else self.runner.collect(handle))
-
-    def _has_grammar(self, request_ids) -> bool:
-        """Some request of the step is grammar-constrained (structured output)."""
-        grammars = self._structured.grammars if self._structured is not None else ()
-        return bool(grammars) and any(int(r) in grammars for r in request_ids)
-
-    def _schedule(self):
-        out = self.scheduler.schedule()
-        self._record(out)
-        return out
-
-    def _finish_step(self, out, res: StepResult) -> list[GenerationOutput]:
-        """The ledger half of a step: commit samples, build outputs, plan the next drafts."""
+    def _process_outputs(self, out: SchedulerOutput, res: StepResult) -> list[GenerationOutput]:
+        """The ledger half of a step: commit samples, build outputs, plan the next drafts, then the
+        output processor's text level; returns the requests that finished."""
         if out.step_kind == StepKind.DECODE:
             self.budget.step_time.add(out.total_q, res.device_ms)
-            self._record_speculation(out, res)
+            if res.num_accepted is not None and self.nextn > 0:
+                self.stats.record_speculation(res.num_accepted, out.seqlens_q - 1, self.nextn)
         pushed = self.scheduler.process_outputs(out, res.token_ids, res.verified_token_ids, None,
                                                 out.first_token_pos)
         handles = self.scheduler.build_request_outputs(out, pushed, self.pool, res.token_logprobs,
@@ -265,26 +348,22 @@ class LLMEngine(OutputPath):
         if self._handles_to_release is not None:  # the previous step's outputs: consumed by now
             self.pool.release(self._handles_to_release)
         self._handles_to_release = handles
-        return self._consume(out.request_ids, res, self.pool.gather(handles))
+        return self.output_processor.consume(out.request_ids, res, self.pool.gather(handles))
 
-    def _record(self, out) -> None:
+    def _record_schedule(self, out: SchedulerOutput) -> None:
         self.stats.num_steps += 1
         if out.step_kind == StepKind.PREFILL:
-            first = np.array([int(r) not in self._prefill_started for r in out.request_ids], dtype=bool)
-            self._prefill_started.update(int(r) for r in out.request_ids)
+            # a request's first prefill chunk: what the prefix cache served it is counted once
+            requests = self.output_processor.requests
+            first = np.array([_starts_prefill(requests.get(int(r))) for r in out.request_ids], dtype=bool)
             self.stats.record_prefill(out.num_computed_tokens, out.seqlens_q, first)
         elif out.step_kind == StepKind.DECODE:
             self.stats.num_decode_steps += 1
 
-    def _record_speculation(self, out, res: StepResult) -> None:
-        if res.num_accepted is None or self.nextn == 0:
-            return
-        drafts = out.seqlens_q - 1
-        verified, accepted = acceptance_by_position(res.num_accepted, drafts, self.nextn)
-        st = self.stats
-        if not st.verified_per_position:
-            st.verified_per_position, st.accepted_per_position = [0] * self.nextn, [0] * self.nextn
-        st.verified_per_position = [a + int(b) for a, b in zip(st.verified_per_position, verified)]
-        st.accepted_per_position = [a + int(b) for a, b in zip(st.accepted_per_position, accepted)]
-        st.num_draft_tokens += int(drafts.sum())
-        st.num_decode_request_steps += out.req_cnt
+
+def _starts_prefill(state: RequestState | None) -> bool:
+    """True the first time a request is scheduled for prefill (marks it); a finished request: True."""
+    if state is None:
+        return True
+    first, state.prefill_started = not state.prefill_started, True
+    return first

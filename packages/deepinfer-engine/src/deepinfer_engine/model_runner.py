@@ -4,86 +4,46 @@ Owns the paged KV cache and, with speculation, the MTP info pool. The scheduler 
 the model speaks torch tensors on its device; this file is the only translation between them.
 
 A step is `launch` (enqueue everything on the device, start the copies of its results to the
-host) then `collect` (wait for those copies). Without zero-overhead scheduling the engine
-collects right away; with ZOS it launches step N+1 before collecting step N, and step N+1's
-inputs are fixed up on the device from step N's results (`decode_step.apply_remap`: inside the graph
-for whole decode steps, through `apply_zos_fixup` for the others).
+host) then `collect` (wait for those copies); the types that cross here are in runner_step.py.
+`launch` takes one of three paths (`LaunchPath`): the whole-step graph, the eager (piecewise)
+step, or, for a grammar step that replays graphs, the forward graph only (`DeferredStep`, which
+`complete` finishes once the grammar masks can be built). Without zero-overhead scheduling the
+engine collects right away; with ZOS it launches step N+1 before collecting step N, and step
+N+1's inputs are fixed up on the device from step N's results (`decode_step.apply_remap`: inside
+the graph for whole decode steps, through `apply_zos_fixup` for the others).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from deepinfer_engine.cuda_graphs import DecodeGraphRunner
-from deepinfer_engine.decode_step import StepCarry, apply_remap, carry_row_maps
+from deepinfer_engine.decode_step import DecodeStepOutputs, StepCarry, apply_remap, carry_row_maps
 from deepinfer_engine.graph_inputs import StagedStep
 from deepinfer_engine.host_copy import array_to_device, arrays_to_device
+from deepinfer_engine.runner_step import (
+    DeferredStep,
+    DeviceStepState,
+    LaunchedStep,
+    LaunchPath,
+    StepResult,
+    StepTensors,
+    numpy_or_none,
+)
 from deepinfer_engine.sampler import Sampler, SamplingBatch, SamplingHost, top_logprobs_per_request
 from deepinfer_engine.speculation import SpeculativeDecoder
+from deepinfer_engine.structured_output.mask_provider import MaskProvider, VocabMasks
 from deepinfer_model.paged.prefill_plan import plan_prefill_rows
 from deepinfer_model.metadata import ForwardMetadata
 from deepinfer_sched import SchedulerOutput, StepKind
 
 
-@dataclass
-class StepResult:
-    """One step's SampledInfo in request order of the SchedulerOutput (host numpy arrays)."""
-
-    token_ids: np.ndarray          # [req_cnt] int32 main token (0 for prefill chunks that do not sample)
-    token_logprobs: np.ndarray     # [req_cnt] float32
-    verified_token_ids: np.ndarray | None  # [total_q] int32 VERIFIED_END-terminated, None without drafts
-    verified_logprobs: np.ndarray | None   # [total_q] float32
-    top_logprobs: list[list[dict[int, float]] | None]  # [req_cnt] per emitted token
-    num_accepted: np.ndarray | None = None  # [req_cnt] int32 accepted drafts (decode steps)
-    confidence: np.ndarray | None = None    # [req_cnt, nextn] float32 next step's draft confidences
-    device_ms: float = 0.0                  # time of the step's device work
-
-    @staticmethod
-    def empty(req_cnt: int) -> StepResult:
-        return StepResult(np.zeros(req_cnt, np.int32), np.zeros(req_cnt, np.float32), None, None, [None] * req_cnt)
-
-
-@dataclass
-class DeviceStepState:
-    """What step N leaves on the device for step N+1's inputs (per request of step N)."""
-
-    token_ids: torch.Tensor      # [req_cnt_N] int64 / int32 main token sampled (0 where none was)
-    rejected_rows: torch.Tensor | None  # [req_cnt_N] int64 rows the ledger will not keep (rejected drafts)
-    has_drafts: bool = True      # step N verified drafts (False: rejected_rows is all 0 or None, rows do not move)
-    in_carry: bool = False       # a whole-step graph left these in the graphs' carry (decode_step.StepCarry)
-
-
-@dataclass
-class PendingTail:
-    """A grammar step launched up to its target forward (graph): the sampler with the masks and the
-    draft head wait until the host has advanced the matchers and built the masks (`complete`)."""
-
-    meta: ForwardMetadata
-    batch: SamplingBatch
-    mtp_slots: torch.Tensor | None       # [req_cnt] int32
-    read_rows: torch.Tensor | None       # [total_q] MTP rows the drafts are verified against
-    input_ids_host: torch.Tensor | None  # [total_q] int64 input tokens incl. drafts, copied asynchronously
-    copied: torch.cuda.Event | None      # recorded after that copy (before the forward)
-
-
-@dataclass
-class InFlightStep:
-    out: SchedulerOutput
-    host: dict[str, torch.Tensor]   # host copies of the results (filled asynchronously on CUDA)
-    done: torch.cuda.Event | None   # recorded after the copies; None on the CPU
-    started: torch.cuda.Event | None
-    cpu_ms: float
-    top_counts: list[int]
-    state: DeviceStepState | None   # None while `pending`
-    pending: PendingTail | None = None
-
-
 class ModelRunner:
-    def __init__(self, model, num_blocks: int, block_size: int, max_num_seqs: int, nextn: int = 0):
+    def __init__(self, model, num_blocks: int, block_size: int, max_num_seqs: int, nextn: int = 0,
+                 mask_provider: MaskProvider | None = None):
         self.model = model
         self.device = model.device
         self.block_size = block_size
@@ -95,10 +55,9 @@ class ModelRunner:
         self.spec = SpeculativeDecoder(model, max_num_seqs, nextn) if nextn > 0 else None
         self.graphs: DecodeGraphRunner | None = None
         self.timeline: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None  # set to a list to record
-        # Structured output: (SchedulerOutput, input_ids after draft filling, device) -> (vocab_mask,
-        # row_mask_ids) on device | None, the masks of this step's logits rows (set by the engine on the
-        # first grammar).
-        self.mask_provider = None
+        # Structured output: builds the masks of a step's logits rows (set_mask_provider; the engine
+        # passes its grammar manager on the first grammar request).
+        self.mask_provider: MaskProvider | None = mask_provider
 
     def enable_cuda_graphs(self, max_rows: int, max_model_len: int, interval: int, compile: bool = False) -> None:
         """Capture the whole decode step for every graph-size bucket up to `max_rows` rows
@@ -173,7 +132,11 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ launch / collect
     @torch.no_grad()
-    def launch(self, out: SchedulerOutput, batch: SamplingBatch, prev: DeviceStepState | None = None) -> InFlightStep:
+    def launch(self, out: SchedulerOutput, batch: SamplingBatch,
+               prev: DeviceStepState | None = None) -> LaunchedStep | DeferredStep:
+        """Enqueue the step on the device along one of three paths (LaunchPath) and start the copies
+        of its results to the host. A grammar step that replays graphs stops after its forward
+        (DeferredStep: `complete` it once the matchers are advanced); `defers_masks` says beforehand."""
         cpu_start = time.perf_counter()
         started = torch.cuda.Event(enable_timing=True) if self.device.type == "cuda" else None
         graphed = self.runs_graphed(out, batch)
@@ -186,9 +149,22 @@ class ModelRunner:
             started.record()
         meta = self.build_metadata(out)
         self.apply_zos_fixup(meta, out, prev)
-        is_prefill = out.step_kind == StepKind.PREFILL
         if graphed:
             return self._launch_forward_for_masks(out, meta, batch, started, cpu_start)
+        return self._launch_eager(out, meta, batch, started, cpu_start)
+
+    def set_mask_provider(self, provider: MaskProvider | None) -> None:
+        """Who builds the grammar masks of a step's logits rows (None: no step is constrained)."""
+        self.mask_provider = provider
+
+    def _step_masks(self, out: SchedulerOutput, input_ids: torch.Tensor) -> VocabMasks | None:
+        return self.mask_provider.step_masks(out, input_ids, self.device) if self.mask_provider is not None else None
+
+    def _launch_eager(self, out: SchedulerOutput, meta: ForwardMetadata, batch: SamplingBatch,
+                      started, cpu_start: float) -> LaunchedStep:
+        """Piecewise: the target forward (a decode step's forward graph, or eager), then the sampler
+        and the draft head eagerly. Every sampling feature works here."""
+        is_prefill = out.step_kind == StepKind.PREFILL
         read_rows = None
         if self.spec is not None and not is_prefill:
             read_rows = self.spec.draft_rows(meta, self._tensor(out.mtp_slots, torch.int32))
@@ -198,13 +174,13 @@ class ModelRunner:
             fwd = self.model.forward(meta, self.kv_cache)
             if self.spec is not None:   # eager: not the compiled main keys (prefill shapes would recompile)
                 self.model.dspark_write_main_keys(meta, fwd, self.kv_cache)
-        masks = self.mask_provider(out, meta.input_ids, self.device) if self.mask_provider is not None else None
+        masks = self._step_masks(out, meta.input_ids)
 
         req_cnt, dev = out.req_cnt, self.device
         if is_prefill and not np.asarray(out.is_last_chunk, dtype=bool).any():  # nothing samples
             zeros = torch.zeros(req_cnt, dtype=torch.int64, device=dev)
-            host = {"token_ids": zeros, "token_logprobs": torch.zeros(req_cnt, dtype=torch.float32, device=dev)}
-            return self._finish_launch(out, host, started, cpu_start, [0] * req_cnt,
+            results = StepTensors(zeros, torch.zeros(req_cnt, dtype=torch.float32, device=dev))
+            return self._finish_launch(out, LaunchPath.EAGER, results, started, cpu_start, [0] * req_cnt,
                                        DeviceStepState(zeros, zeros, has_drafts=False))
         if is_prefill:  # one logits row per request whose prompt ends in this chunk
             sampled = np.flatnonzero(np.asarray(out.is_last_chunk, dtype=bool))
@@ -223,23 +199,22 @@ class ModelRunner:
                 drafts, q = self.spec.verify_inputs(read_rows, need_probs=not batch.all_greedy)
             res = self.sampler.sample(fwd.logits, batch, ftp, seqlens, positions, drafts, q, masks=masks)
 
-        host: dict[str, torch.Tensor] = {}
-        token_ids = torch.zeros(req_cnt, dtype=torch.int64, device=dev)
-        token_logprobs = torch.zeros(req_cnt, dtype=torch.float32, device=dev)
-        if is_prefill:
+        if is_prefill:   # scatter the sampled requests' results into request order
+            token_ids = torch.zeros(req_cnt, dtype=torch.int64, device=dev)
+            token_logprobs = torch.zeros(req_cnt, dtype=torch.float32, device=dev)
             token_ids[idx] = res.token_ids.long()
             token_logprobs[idx] = res.token_logprobs
             rejected = torch.zeros(req_cnt, dtype=torch.int64, device=dev)
         else:
             token_ids, token_logprobs = res.token_ids.long(), res.token_logprobs
             rejected = seqlens.long() - 1 - res.num_accepted.long()
-            if self.spec is not None:   # without speculation nothing is verified: no copies of it
-                host["verified_token_ids"], host["verified_logprobs"] = res.verified_token_ids, res.verified_logprobs
-                host["num_accepted"] = res.num_accepted
-        host["token_ids"], host["token_logprobs"] = token_ids, token_logprobs
+        results = StepTensors(token_ids, token_logprobs)
+        if self.spec is not None and not is_prefill:   # without speculation nothing is verified: no copies of it
+            results.verified_token_ids, results.verified_logprobs = res.verified_token_ids, res.verified_logprobs
+            results.num_accepted = res.num_accepted
         if res.top_values is not None:
-            host["top_values"], host["top_ids"] = res.top_values, res.top_ids
-            host["top_ftp"], host["top_accepted"] = ftp, res.num_accepted
+            results.top_values, results.top_ids = res.top_values, res.top_ids
+            results.top_ftp, results.top_accepted = ftp, res.num_accepted
 
         if self.spec is not None:  # propose the next step's drafts after each request's final row
             final_row = ftp.long() + res.num_accepted.long()
@@ -249,9 +224,9 @@ class ModelRunner:
                                          self.block_size, sub.seeds, sub.is_greedy, sub.all_greedy, slots)
             confidence = torch.zeros(req_cnt, self.nextn, dtype=torch.float32, device=dev)
             confidence[idx if idx is not None else self._tensor(sampled, torch.int64)] = proposal.confidence
-            host["confidence"] = confidence
+            results.confidence = confidence
 
-        return self._finish_launch(out, host, started, cpu_start, list(sub.num_top_logprobs),
+        return self._finish_launch(out, LaunchPath.EAGER, results, started, cpu_start, list(sub.num_top_logprobs),
                                    DeviceStepState(token_ids, rejected, has_drafts=not is_prefill))
 
     def _graphed_sampling(self, batch: SamplingBatch) -> bool:
@@ -267,13 +242,13 @@ class ModelRunner:
                 is not None)
 
     def defers_masks(self, out: SchedulerOutput, batch: SamplingBatch) -> bool:
-        """`launch` of this grammar step stops after the forward graph and `complete` builds the masks
-        and samples: the engine may settle the previous step in between (its ledger advances the
-        matchers the masks start from)."""
+        """`launch` of this grammar step stops after the forward graph (a DeferredStep) and `complete`
+        builds the masks and samples: the engine may settle the previous step in between (its ledger
+        advances the matchers the masks start from)."""
         return batch.needs_masks and self.runs_graphed(out, batch)
 
     def _launch_forward_for_masks(self, out: SchedulerOutput, meta: ForwardMetadata, batch: SamplingBatch,
-                                  started, cpu_start) -> InFlightStep:
+                                  started, cpu_start: float) -> DeferredStep:
         """Grammar step, first half: drafts into the inputs, their copy to the host (ordered before
         the forward, so the host waits for the previous step only), then the bucket's forward graph."""
         slots = read_rows = ids_host = copied = None
@@ -286,24 +261,22 @@ class ModelRunner:
                 copied = torch.cuda.Event()
                 copied.record()
         self.graphs.run(meta)
-        pending = PendingTail(meta, batch, slots, read_rows, ids_host, copied)
-        return InFlightStep(out, {}, None, started, (time.perf_counter() - cpu_start) * 1e3, [0] * out.req_cnt,
-                            None, pending)
+        return DeferredStep(out, started, (time.perf_counter() - cpu_start) * 1e3, meta, batch, slots, read_rows,
+                            ids_host, copied)
 
-    def complete(self, step: InFlightStep) -> InFlightStep:
+    def complete(self, step: DeferredStep) -> LaunchedStep:
         """Grammar step, second half: masks from the matchers (advanced by the previous step's
         ledger), built while the forward graph runs, then the bucket's tail graph."""
-        p, cpu_start = step.pending, time.perf_counter() - step.cpu_ms / 1e3
-        if p.copied is not None:
-            p.copied.synchronize()
-        input_ids = p.input_ids_host if p.input_ids_host is not None else p.meta.input_ids
-        masks = (self.mask_provider(step.out, input_ids, self.device) if self.mask_provider is not None
-                 else None)
-        res = self.graphs.run_tail(p.meta, p.batch, p.mtp_slots, p.read_rows, masks)
-        return self._whole_step_result(step.out, res, False, step.started, cpu_start)
+        cpu_start = time.perf_counter() - step.cpu_ms / 1e3
+        if step.copied is not None:
+            step.copied.synchronize()
+        input_ids = step.input_ids_host if step.input_ids_host is not None else step.meta.input_ids
+        masks = self._step_masks(step.out, input_ids)
+        res = self.graphs.run_tail(step.meta, step.batch, step.mtp_slots, step.read_rows, masks)
+        return self._graphed_result(step.out, LaunchPath.SPLIT, res, False, step.started, cpu_start)
 
     def _launch_whole_step(self, out: SchedulerOutput, batch: SamplingBatch, prev: DeviceStepState | None,
-                           started, cpu_start) -> InFlightStep:
+                           started, cpu_start: float) -> LaunchedStep:
         """Decode with plain sampling: one replay of the bucket's whole-step graph (decode_step.py),
         its inputs staged from the SchedulerOutput's host arrays (graph_inputs.py)."""
         remap = out.remap if prev is not None else np.full(out.req_cnt, -1, np.int64)
@@ -315,56 +288,58 @@ class ModelRunner:
             seeds=host.seeds, mtp_slots=out.mtp_slots if self.spec is not None else None)
         carry = None if prev is None or prev.in_carry else (prev.token_ids, prev.rejected_rows)
         res = self.graphs.run_step(step, batch.all_greedy, carry, started)
-        return self._whole_step_result(out, res, True, started, cpu_start)
+        return self._graphed_result(out, LaunchPath.WHOLE_STEP, res, True, started, cpu_start)
 
-    def _whole_step_result(self, out: SchedulerOutput, res, in_carry: bool, started, cpu_start) -> InFlightStep:
-        # without speculation the step verified nothing: its outputs are the tokens and logprobs only
-        host = {k: v for k, v in (("token_ids", res.token_ids), ("token_logprobs", res.token_logprobs),
-                                  ("verified_token_ids", res.verified_token_ids),
-                                  ("verified_logprobs", res.verified_logprobs), ("num_accepted", res.num_accepted),
-                                  ("confidence", res.confidence)) if v is not None}
-        return self._finish_launch(out, host, started, cpu_start, [0] * out.req_cnt,
+    def _graphed_result(self, out: SchedulerOutput, path: LaunchPath, res: DecodeStepOutputs, in_carry: bool,
+                        started, cpu_start: float) -> LaunchedStep:
+        # without speculation the step verified nothing: its outputs are the tokens and logprobs only (None)
+        results = StepTensors(res.token_ids, res.token_logprobs, res.verified_token_ids, res.verified_logprobs,
+                              res.num_accepted, res.confidence)
+        return self._finish_launch(out, path, results, started, cpu_start, [0] * out.req_cnt,
                                    DeviceStepState(res.token_ids, res.rejected_rows,
                                                    has_drafts=res.rejected_rows is not None, in_carry=in_carry))
 
-    def _finish_launch(self, out, host, started, cpu_start, top_counts, state) -> InFlightStep:
+    def _finish_launch(self, out: SchedulerOutput, path: LaunchPath, results: StepTensors, started,
+                       cpu_start: float, top_counts: list[int], state: DeviceStepState) -> LaunchedStep:
         done = None
         if self.device.type == "cuda":  # start the copies now; collect() waits for them
-            host = {k: v.to("cpu", non_blocking=True) for k, v in host.items()}
+            results = results.to_host()
             done = torch.cuda.Event(enable_timing=True)
             done.record()
             if self.timeline is not None:  # device start/end of every step (benchmarks: idle gaps)
                 self.timeline.append((started, done))
-        return InFlightStep(out, host, done, started, (time.perf_counter() - cpu_start) * 1e3, top_counts, state)
+        return LaunchedStep(out, path, results, done, started, (time.perf_counter() - cpu_start) * 1e3, top_counts,
+                            state)
 
-    def collect(self, step: InFlightStep) -> StepResult:
+    def collect(self, step: LaunchedStep) -> StepResult:
+        """Wait for the step's copies; its results as host arrays in request order."""
         device_ms = step.cpu_ms
         if step.done is not None:
             step.done.synchronize()
             device_ms = step.started.elapsed_time(step.done)
-        h = {k: v.numpy() for k, v in step.host.items()}
+        h = step.results
         out, req_cnt = step.out, step.out.req_cnt
         top: list[list[dict[int, float]] | None] = [None] * req_cnt
-        if "top_values" in h:
-            per = top_logprobs_per_request(h["top_values"], h["top_ids"], step.top_counts, h["top_ftp"],
-                                           h["top_accepted"])
+        if h.top_values is not None:
+            per = top_logprobs_per_request(h.top_values.numpy(), h.top_ids.numpy(), step.top_counts,
+                                           h.top_ftp.numpy(), h.top_accepted.numpy())
             sampled = (np.flatnonzero(np.asarray(out.is_last_chunk, dtype=bool))
                        if out.step_kind == StepKind.PREFILL else np.arange(req_cnt))
             for j, i in enumerate(sampled):
                 top[i] = per[j]
-        has_drafts = "verified_token_ids" in h and bool((out.seqlens_q > 1).any())
+        has_drafts = h.verified_token_ids is not None and bool((out.seqlens_q > 1).any())
         return StepResult(
-            token_ids=h["token_ids"].astype(np.int32),
-            token_logprobs=h["token_logprobs"],
-            verified_token_ids=h["verified_token_ids"] if has_drafts else None,
-            verified_logprobs=h["verified_logprobs"] if has_drafts else None,
+            token_ids=h.token_ids.numpy().astype(np.int32),
+            token_logprobs=h.token_logprobs.numpy(),
+            verified_token_ids=h.verified_token_ids.numpy() if has_drafts else None,
+            verified_logprobs=h.verified_logprobs.numpy() if has_drafts else None,
             top_logprobs=top,
-            num_accepted=h.get("num_accepted"),
-            confidence=h.get("confidence"),
+            num_accepted=numpy_or_none(h.num_accepted),
+            confidence=numpy_or_none(h.confidence),
             device_ms=device_ms,
         )
 
     def execute(self, out: SchedulerOutput, batch: SamplingBatch) -> StepResult:
         """One step, synchronously (no ZOS)."""
         step = self.launch(out, batch)
-        return self.collect(self.complete(step) if step.pending is not None else step)
+        return self.collect(self.complete(step) if isinstance(step, DeferredStep) else step)

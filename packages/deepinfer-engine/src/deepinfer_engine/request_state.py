@@ -28,6 +28,7 @@ class RequestState:
     tokens_sent: int = 0                       # tokens already streamed
     checked_chars: int = 0                     # text already searched for stop strings
     stop_match: StopMatch | None = field(default=None)
+    prefill_started: bool = False              # some prefill chunk of it was scheduled (stats: first chunk)
 
     @property
     def wants_logprobs(self) -> bool:

@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from deepinfer_kernels.ops.sampling import RngStream, counter_uniform
@@ -115,11 +114,3 @@ class SpeculativeDecoder:
 
 def _write_main_keys(model, meta: ForwardMetadata, out, cache) -> None:
     model.dspark_write_main_keys(meta, out, cache)
-
-
-def acceptance_by_position(num_accepted: np.ndarray, num_drafts: np.ndarray, nextn: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per draft depth j: how many requests verified a draft at j, and how many accepted it."""
-    j = np.arange(nextn)
-    verified = (num_drafts[:, None] > j).sum(0)
-    accepted = (num_accepted[:, None] > j).sum(0)
-    return verified, accepted

@@ -40,3 +40,22 @@ class EngineStats:
         self.num_prefill_steps += 1
         self.num_prefill_tokens += int(seqlens_q.sum())
         self.num_prefix_cached_tokens += int(num_computed_before[first_chunk].sum())
+
+    def record_speculation(self, num_accepted: np.ndarray, num_drafts: np.ndarray, nextn: int) -> None:
+        """One decode step's verification: num_accepted / num_drafts [req_cnt] per request."""
+        verified, accepted = acceptance_by_position(num_accepted, num_drafts, nextn)
+        if not self.verified_per_position:
+            self.verified_per_position, self.accepted_per_position = [0] * nextn, [0] * nextn
+        self.verified_per_position = [a + int(b) for a, b in zip(self.verified_per_position, verified)]
+        self.accepted_per_position = [a + int(b) for a, b in zip(self.accepted_per_position, accepted)]
+        self.num_draft_tokens += int(num_drafts.sum())
+        self.num_decode_request_steps += num_drafts.shape[0]
+
+
+def acceptance_by_position(num_accepted: np.ndarray, num_drafts: np.ndarray,
+                           nextn: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per draft depth j: how many requests verified a draft at j, and how many accepted it."""
+    j = np.arange(nextn)
+    verified = (num_drafts[:, None] > j).sum(0)
+    accepted = (num_accepted[:, None] > j).sum(0)
+    return verified, accepted

@@ -1,11 +1,13 @@
 """StructuredOutputManager: compile tickets, per-request matchers, and each step's vocab masks.
 
 Engine side (between steps): `submit` at add_request, `poll` each step (compiled requests enter
-the scheduler, failed ones finish with an error), `commit` the emitted tokens in `_consume`.
+the scheduler, failed ones finish with an error), `commit` the emitted tokens in
+`OutputProcessor.consume`.
 
-Runner side (inside a step, before sampling): `step_masks(out, input_ids)` returns
-`(vocab_mask [num_masks, W] int32, row_mask_ids [rows] int32)` on input_ids' device for
-`apply_vocab_mask_inplace`, or None when no scheduled request has a grammar. Graphed grammar steps
+Runner side (inside a step, before sampling): the manager is the runner's `MaskProvider`
+(mask_provider.py): `step_masks(out, input_ids)` returns `VocabMasks(vocab_mask [num_masks, W]
+int32, row_mask_ids [rows] int32)` on input_ids' device for `apply_vocab_mask_inplace`, or None
+when no scheduled request has a grammar. Graphed grammar steps
 pass input_ids already copied to the host (model_runner's split step), so nothing syncs here. In a decode step
 request i owns rows ftp[i] .. ftp[i] + seqlen_q[i] - 1; its drafts are the input tokens of rows
 1.. (on the device, filled from the MTP pool): the one host sync of the mask path copies those
@@ -27,6 +29,7 @@ from deepinfer_engine.structured_output.compiler import (
     GrammarCompileError,
     GrammarCompilerService,
 )
+from deepinfer_engine.structured_output.mask_provider import MaskProvider, VocabMasks
 from deepinfer_engine.structured_output.matcher import RequestGrammar, fill_rows_batch
 from deepinfer_engine.structured_output.spec import StructuredOutput
 from deepinfer_engine.structured_output.xgrammar_compat import import_xgrammar
@@ -38,7 +41,7 @@ def mask_width(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
 
 
-class StructuredOutputManager:
+class StructuredOutputManager(MaskProvider):
     def __init__(self, token_bytes: list[bytes], vocab_size: int, eos_token_ids: list[int], nextn: int, *,
                  compile_timeout_s: float = DEFAULT_TIMEOUT_S, cache_bytes: int = DEFAULT_CACHE_BYTES,
                  max_workers: int = 2):
@@ -90,7 +93,7 @@ class StructuredOutputManager:
 
     # ------------------------------------------------------------------ per step
     def step_masks(self, out, input_ids: torch.Tensor, device: torch.device | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor] | None:
+                   ) -> VocabMasks | None:
         if not self.grammars:
             return None
         start = time.perf_counter()
@@ -132,7 +135,7 @@ class StructuredOutputManager:
             m += n
             d += n - 1
         fill_rows_batch([g for _, g in owners], bitmask, mask_rows, request_drafts)
-        result = (bitmask.to(dev, non_blocking=True), to_device(torch.from_numpy(row_mask_ids), dev))
+        result = VocabMasks(bitmask.to(dev, non_blocking=True), to_device(torch.from_numpy(row_mask_ids), dev))
         self.mask_build_s += time.perf_counter() - start
         self.num_mask_rows += n_masks
         return result

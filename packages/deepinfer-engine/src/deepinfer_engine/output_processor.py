@@ -3,18 +3,30 @@
 Token-level facts (tokens, logprobs, EOS / max_tokens / stop ids) come from the C++ ledger; the
 text level is decided here: the incremental detokenizer, stop strings, structured-output
 matchers (advance, roll back rejected drafts, admit requests once their grammar compiled) and
-streaming deltas. `LLMEngine` inherits these methods; they share its state (`_requests`,
-`scheduler`, `tokenizer`, `stats`).
+streaming deltas. The engine holds one `OutputProcessor`:
+
+    add_request(state, token_ids)    a request's bookkeeping; it enters the scheduler now, or once
+                                     its grammar compiled (`admit_compiled`, each step)
+    consume(request_ids, res, cols)  one step's pooled outputs -> the requests that finished in it
+                                     (+ stream deltas while streaming: `pop_stream_deltas`)
+
+It talks to the scheduler only to admit requests and to abort those it finishes itself.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from deepinfer_engine.model_runner import StepResult
 from deepinfer_engine.outputs import GenerationOutput, StreamDelta
 from deepinfer_engine.request_state import FINISH_REASON_ERROR, RequestState
-from deepinfer_sched import FinishReason, RequestParams
+from deepinfer_engine.runner_step import StepResult
+from deepinfer_sched import FinishReason, RequestParams, Scheduler
+
+if TYPE_CHECKING:
+    from deepinfer_engine.detokenizer import TokenTable
+    from deepinfer_engine.structured_output.manager import StructuredOutputManager
 
 # The ledger's finish codes (RequestOutputPool.gather's int8 column) as user-facing strings.
 FINISH_REASONS = {int(r): (None if r == FinishReason.NONE else r.name.lower())
@@ -23,14 +35,88 @@ FINISH_REASONS = {int(r): (None if r == FinishReason.NONE else r.name.lower())
 NON_TOKEN_FINISHES = ("prompt_length_exceeded", "abort")
 
 
-class OutputPath:
-    def _consume(self, request_ids: np.ndarray, res: StepResult, cols: dict[str, np.ndarray]) -> list[GenerationOutput]:
+class OutputProcessor:
+    def __init__(self, scheduler: Scheduler, tokenizer, model, vocab_size: int, stats):
+        self.scheduler = scheduler
+        self.tokenizer = tokenizer          # None: a model without one (token ids only, no text)
+        self.model = model                  # prompt logprobs run a forward of their own
+        self.vocab_size = vocab_size
+        self.stats = stats                  # EngineStats: generated / accepted token counters
+        self.requests: dict[int, RequestState] = {}    # live requests by id (finished ones leave)
+        self.structured: StructuredOutputManager | None = None   # set on the first grammar request
+        self._token_table: TokenTable | None = None
+        self._held: dict[int, list[int]] = {}          # request id -> prompt ids, waiting for a grammar
+        self._finished_here: set[int] = set()          # aborted in the ledger after a Python-side finish
+        self._stream_deltas: list[StreamDelta] | None = None  # collected only while streaming
+        self.stream_index: dict[int, int] = {}         # request id -> StreamDelta.index (input position)
+
+    # ------------------------------------------------------------------ requests
+    def token_table(self) -> TokenTable:
+        """The tokenizer's byte table (built once, on first use)."""
+        if self._token_table is None:
+            from deepinfer_engine.detokenizer import TokenTable
+            self._token_table = TokenTable.from_tokenizer(self.tokenizer, self.vocab_size)
+        return self._token_table
+
+    def new_detokenizer(self):
+        from deepinfer_engine.detokenizer import make_detokenizer
+        return make_detokenizer(self.tokenizer, self.token_table())
+
+    def add_request(self, state: RequestState, token_ids: list[int]) -> None:
+        """Track `state`; a request with structured output waits (held) until its grammar compiles,
+        any other enters the scheduler now. `self.structured` is set before a grammar request comes."""
+        rid = state.request_id
+        self.requests[rid] = state
+        if state.params.structured_output is not None:
+            self.structured.submit(rid, state.params.structured_output)
+            self._held[rid] = token_ids
+        else:
+            self._admit(rid, token_ids)
+
+    def _admit(self, request_id: int, token_ids: list[int]) -> None:
+        params = self.requests[request_id].params
+        self.scheduler.add_request(request_id, token_ids, RequestParams(
+            max_tokens=params.max_tokens, min_tokens=params.min_tokens,
+            stop_token_ids=tuple(params.stop_token_ids), ignore_eos=params.ignore_eos))
+
+    @property
+    def has_held(self) -> bool:
+        """Some request waits for its grammar to compile (not in the scheduler yet)."""
+        return bool(self._held)
+
+    def admit_compiled(self) -> list[GenerationOutput]:
+        """Requests whose grammar finished compiling enter the scheduler; failed ones finish with an
+        error. When nothing else can run, waits briefly for a compilation instead of spinning."""
+        if not self._held:
+            return []
+        idle = not self.scheduler.has_unfinished()
+        ready, failed = self.structured.poll(wait_s=0.05 if idle else 0.0)
+        for rid in ready:
+            self._admit(rid, self._held.pop(rid))
+        outs = []
+        for rid, message in failed:
+            self._held.pop(rid, None)
+            state = self.requests.pop(rid)
+            out = state.output
+            out.finish_reason, out.error = FINISH_REASON_ERROR, f"structured_output: {message}"
+            self._emit_delta(state, finished=True)
+            outs.append(out)
+        return outs
+
+    def has_grammar(self, request_ids: np.ndarray) -> bool:
+        """Some request of the step is grammar-constrained (structured output)."""
+        grammars = self.structured.grammars if self.structured is not None else ()
+        return bool(grammars) and any(int(r) in grammars for r in request_ids)
+
+    # ------------------------------------------------------------------ one step's outputs
+    def consume(self, request_ids: np.ndarray, res: StepResult, cols: dict[str, np.ndarray]) -> list[GenerationOutput]:
         """Pooled RequestOutputs -> per-request outputs. Token-level facts come from the ledger; the
         text level is decided here, per request, over the tokens the step emitted: the grammar
         advances (rolling back rejected drafts), the detokenizer and stop strings run token by
         token (a stop string cuts ids, logprobs and text at the token that completes it, even
         inside an accepted draft block), and a request finished on this side is aborted in the
-        ledger (its "abort" echo next step is dropped)."""
+        ledger (its "abort" echo next step is dropped). request_ids [req_cnt]: the step's, in the
+        order of `res`; cols: `RequestOutputPool.gather`'s columns."""
         index_of = {int(r): i for i, r in enumerate(request_ids)}
         emitted: dict[int, int] = {}
         ledger_finish: dict[int, tuple[str | None, int]] = {}
@@ -44,7 +130,7 @@ class OutputPath:
                                            cols["stop_token_id"].tolist())
         generated = accepted = 0
         for j, rid in enumerate(request_col):
-            state = self._requests.get(rid)
+            state = self.requests.get(rid)
             if state is None:
                 if rid in self._finished_here:  # the ledger's echo of a request finished on this side
                     self._finished_here.discard(rid)
@@ -70,74 +156,10 @@ class OutputPath:
         self.stats.num_accepted_tokens += accepted
         finished: list[GenerationOutput] = []
         for rid in order:
-            out = self._advance_output(self._requests[rid], first_new[rid], ledger_finish.get(rid))
+            out = self._advance_output(self.requests[rid], first_new[rid], ledger_finish.get(rid))
             if out is not None:
                 finished.append(out)
         return finished
-
-    # ------------------------------------------------------------------ output path (issue 9)
-    def _init_output_path(self) -> None:
-        """State of the output path: grammar manager (created on the first grammar request), requests
-        held while their grammar compiles, requests finished on the Python side, streaming deltas,
-        and the batch-invariant forward (DEEPINFER_BATCH_INVARIANT=1)."""
-        self._token_table = None
-        self._structured = None
-        self._held: dict[int, list[int]] = {}          # request id -> prompt ids, waiting for a grammar
-        self._finished_here: set[int] = set()          # aborted in the ledger after a Python-side finish
-        self._stream_deltas: list[StreamDelta] | None = None  # collected only while streaming
-        self._stream_index: dict[int, int] = {}
-        self.runner.mask_provider = None
-        if self.envs.batch_invariant:
-            from deepinfer_engine import batch_invariant
-            batch_invariant.install(self.model)
-            # The confidence-scheduled budget splits drafts across the batch, and a sampled request's
-            # tokens depend on which drafts it verified (residual sampling): fixed draft counts.
-            self.budget.varlen = False
-
-    def _admit(self, request_id: int, token_ids: list[int]) -> None:
-        params = self._requests[request_id].params
-        self.scheduler.add_request(request_id, token_ids, RequestParams(
-            max_tokens=params.max_tokens, min_tokens=params.min_tokens,
-            stop_token_ids=tuple(params.stop_token_ids), ignore_eos=params.ignore_eos))
-
-    def _new_detokenizer(self):
-        from deepinfer_engine.detokenizer import TokenTable, make_detokenizer
-        if self._token_table is None:
-            self._token_table = TokenTable.from_tokenizer(self.tokenizer, self.vocab_size)
-        return make_detokenizer(self.tokenizer, self._token_table)
-
-    def _structured_output(self):
-        if self._structured is None:
-            from deepinfer_engine.detokenizer import TokenTable
-            from deepinfer_engine.structured_output.manager import StructuredOutputManager
-            if self._token_table is None:
-                self._token_table = TokenTable.from_tokenizer(self.tokenizer, self.vocab_size)
-            cfg = self.config
-            self._structured = StructuredOutputManager(
-                self._token_table.token_bytes, self.vocab_size, list(self.tokenizer.eos_token_ids), self.nextn,
-                compile_timeout_s=cfg.structured_output_compile_timeout_s,
-                cache_bytes=cfg.structured_output_cache_bytes, max_workers=cfg.structured_output_compile_threads)
-            self.runner.mask_provider = self._structured.step_masks
-        return self._structured
-
-    def _admit_compiled(self) -> list[GenerationOutput]:
-        """Requests whose grammar finished compiling enter the scheduler; failed ones finish with an
-        error. When nothing else can run, waits briefly for a compilation instead of spinning."""
-        if not self._held:
-            return []
-        idle = not self.scheduler.has_unfinished()
-        ready, failed = self._structured.poll(wait_s=0.05 if idle else 0.0)
-        for rid in ready:
-            self._admit(rid, self._held.pop(rid))
-        outs = []
-        for rid, message in failed:
-            self._held.pop(rid, None)
-            state = self._requests.pop(rid)
-            out = state.output
-            out.finish_reason, out.error = FINISH_REASON_ERROR, f"structured_output: {message}"
-            self._emit_delta(state, finished=True)
-            outs.append(out)
-        return outs
 
     def _advance_output(self, state: RequestState, first_new: int,
                         ledger_finish: tuple[str | None, int] | None) -> GenerationOutput | None:
@@ -150,10 +172,10 @@ class OutputPath:
         reason, stop_id = ledger_finish if ledger_finish is not None else (None, -1)
         error = None
         grammar = None
-        if self._structured is not None and rid in self._structured.grammars:
+        if self.structured is not None and rid in self.structured.grammars:
             from deepinfer_engine.structured_output.matcher import GrammarStateError
             try:
-                grammar = self._structured.commit(rid, out.token_ids[first_new:])
+                grammar = self.structured.commit(rid, out.token_ids[first_new:])
             except GrammarStateError as err:
                 error = f"structured_output: {err}"
         keep = state.push_text(first_new)
@@ -176,13 +198,13 @@ class OutputPath:
         out.stop_token_id = stop_id if stop_id is not None and stop_id >= 0 else None
         if state.detokenizer is not None:
             out.text = state.final_text()
-        del self._requests[rid]
-        self._prefill_started.discard(rid)
-        if self._structured is not None:
-            self._structured.drop(rid)
+        del self.requests[rid]
+        if self.structured is not None:
+            self.structured.drop(rid)
         self._emit_delta(state, finished=True)
         return out
 
+    # ------------------------------------------------------------------ streaming
     def _emit_delta(self, state: RequestState, finished: bool) -> None:
         if self._stream_deltas is None:
             return
@@ -196,13 +218,12 @@ class OutputPath:
         state.text_sent = max(state.text_sent, shown)
         state.tokens_sent = len(out.token_ids)
         if new_text or new_tokens or finished:
-            self._stream_deltas.append(StreamDelta(self._stream_index.get(state.request_id, -1), state.request_id,
+            self._stream_deltas.append(StreamDelta(self.stream_index.get(state.request_id, -1), state.request_id,
                                                    new_text, list(new_tokens), finished, out))
 
     def start_streaming(self, index_of: dict[int, int] | None = None) -> None:
-        """Collect StreamDeltas from now on (`pop_stream_deltas` after each step)."""
         self._stream_deltas = []
-        self._stream_index = dict(index_of or {})
+        self.stream_index = dict(index_of or {})
 
     def pop_stream_deltas(self) -> list[StreamDelta]:
         deltas, self._stream_deltas = self._stream_deltas or [], []
@@ -210,4 +231,4 @@ class OutputPath:
 
     def stop_streaming(self) -> None:
         self._stream_deltas = None
-        self._stream_index = {}
+        self.stream_index = {}
