@@ -28,11 +28,15 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=-1)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--show-ids", action="store_true", help="also print the output token ids")
+    from deepinfer_engine.serving.cli import add_serve_parser
+    add_serve_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return args.func(args)
     from deepinfer_engine import LLM, SamplingParams
     from deepinfer_engine.errors import InvalidRequestError
 

@@ -170,10 +170,19 @@ class LLMEngine(OutputPath):
         return request_id
 
     def abort_request(self, request_id: int) -> bool:
+        """Finish a live request now: its KV blocks and slot are freed at once; its final output
+        ("abort") comes out of the next step. A request still waiting for its grammar to compile
+        never enters the scheduler."""
+        if request_id in self._held:
+            del self._held[request_id]
+            self._structured.drop(request_id)
+            self._aborted_held.append(request_id)
+            return True
         return self.scheduler.abort_request(request_id)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or self._inflight is not None or bool(self._held)
+        return (self.scheduler.has_unfinished() or self._inflight is not None or bool(self._held)
+                or bool(self._aborted_held))
 
     # ------------------------------------------------------------------ the loop
     def _sampling_batch(self, request_ids: np.ndarray, needs_masks: bool) -> SamplingBatch:
@@ -203,7 +212,7 @@ class LLMEngine(OutputPath):
         collect(N) -> ledger(N): the host work of N overlaps the device work of N+1, outputs
         arrive one step late, and the last in-flight step is flushed when nothing is left.
         """
-        finished = self._admit_compiled()  # requests whose grammar compiled enter the scheduler
+        finished = self._finish_aborted_held() + self._admit_compiled()  # compiled grammars enter the scheduler
         if not self.zos:
             if self.scheduler.has_unfinished():
                 out = self._schedule()
@@ -269,10 +278,14 @@ class LLMEngine(OutputPath):
 
     def _record(self, out) -> None:
         self.stats.num_steps += 1
+        self.stats.num_preemptions += len(out.preempted_request_ids)
         if out.step_kind == StepKind.PREFILL:
             first = np.array([int(r) not in self._prefill_started for r in out.request_ids], dtype=bool)
             self._prefill_started.update(int(r) for r in out.request_ids)
             self.stats.record_prefill(out.num_computed_tokens, out.seqlens_q, first)
+            for rid, cached in zip(out.request_ids[first].tolist(), out.num_computed_tokens[first].tolist()):
+                if rid in self._requests:   # prompt tokens served from the prefix cache (usage)
+                    self._requests[rid].output.num_cached_tokens = cached
         elif out.step_kind == StepKind.DECODE:
             self.stats.num_decode_steps += 1
 

@@ -83,6 +83,7 @@ class OutputPath:
         self._token_table = None
         self._structured = None
         self._held: dict[int, list[int]] = {}          # request id -> prompt ids, waiting for a grammar
+        self._aborted_held: list[int] = []             # aborted while held: finish ("abort") next step
         self._finished_here: set[int] = set()          # aborted in the ledger after a Python-side finish
         self._stream_deltas: list[StreamDelta] | None = None  # collected only while streaming
         self._stream_index: dict[int, int] = {}
@@ -119,6 +120,17 @@ class OutputPath:
                 cache_bytes=cfg.structured_output_cache_bytes, max_workers=cfg.structured_output_compile_threads)
             self.runner.mask_provider = self._structured.step_masks
         return self._structured
+
+    def _finish_aborted_held(self) -> list[GenerationOutput]:
+        """Requests aborted while their grammar compiled: finished here, never scheduled."""
+        outs = []
+        for rid in self._aborted_held:
+            state = self._requests.pop(rid)
+            state.output.finish_reason = "abort"
+            self._emit_delta(state, finished=True)
+            outs.append(state.output)
+        self._aborted_held = []
+        return outs
 
     def _admit_compiled(self) -> list[GenerationOutput]:
         """Requests whose grammar finished compiling enter the scheduler; failed ones finish with an
