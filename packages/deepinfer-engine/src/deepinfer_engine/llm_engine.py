@@ -202,6 +202,8 @@ class LLMEngine(OutputPath):
             all_greedy=all(s.params.is_greedy for s in states),
             filters=any(s.params.top_k != -1 or s.params.top_p < 1.0 for s in states),
             needs_masks=needs_masks, host=host,
+            penalties=None if self._penalties is None else self._penalties.batch(
+                request_ids, [s.params if s is not _FINISHED_PLACEHOLDER else None for s in states]),
         )
 
     def step(self) -> list[GenerationOutput]:

@@ -86,6 +86,7 @@ class OutputPath:
         self._aborted_held: list[int] = []             # aborted while held: finish ("abort") next step
         self._finished_here: set[int] = set()          # aborted in the ledger after a Python-side finish
         self._stream_deltas: list[StreamDelta] | None = None  # collected only while streaming
+        self._penalties = None                         # PenaltyTable, on the first request with penalties
         self._stream_index: dict[int, int] = {}
         self.runner.mask_provider = None
         if self.envs.batch_invariant:
@@ -97,6 +98,11 @@ class OutputPath:
 
     def _admit(self, request_id: int, token_ids: list[int]) -> None:
         params = self._requests[request_id].params
+        if params.has_penalties:   # device rows of token counts (penalties.py), made on first use
+            if self._penalties is None:
+                from deepinfer_engine.penalties import PenaltyTable
+                self._penalties = PenaltyTable(self.vocab_size, self.device)
+            self._penalties.assign(request_id, token_ids)
         self.scheduler.add_request(request_id, token_ids, RequestParams(
             max_tokens=params.max_tokens, min_tokens=params.min_tokens,
             stop_token_ids=tuple(params.stop_token_ids), ignore_eos=params.ignore_eos))
@@ -190,6 +196,8 @@ class OutputPath:
             out.text = state.final_text()
         del self._requests[rid]
         self._prefill_started.discard(rid)
+        if self._penalties is not None:
+            self._penalties.release(rid)
         if self._structured is not None:
             self._structured.drop(rid)
         self._emit_delta(state, finished=True)
