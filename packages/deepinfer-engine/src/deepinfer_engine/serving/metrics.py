@@ -117,7 +117,7 @@ class ServingMetrics:
             if failed:
                 self.grammar_failures.inc()
         now = time.monotonic()
-        if now - self._last_log >= self.log_interval_s:
+        if now - self._last_log >= max(self.log_interval_s, 1.0):
             self.tokens_per_s.set((stats.num_generated_tokens - self._tokens_at_log) / (now - self._last_log))
             self._tokens_at_log, self._last_log = stats.num_generated_tokens, now
             if self.log_interval_s > 0:
