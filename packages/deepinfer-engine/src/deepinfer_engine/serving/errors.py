@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+_UNION_MEMBER = re.compile(r"^(str|int|float|bool|list\[.*\]|dict\[.*\]|function-.*|json-or-python.*|[A-Z]\w*)$")
 _FIELD_PREFIX = re.compile(r"^(?:Value error, )?([A-Za-z_][A-Za-z0-9_.\[\]]*): (.*)$", re.S)
 
 
@@ -33,7 +34,7 @@ def from_validation_error(err) -> APIError:
     first = err.errors(include_url=False)[0]
     loc = [str(x) for x in first.get("loc", ()) if not isinstance(x, int)]
     # a union's member name ("str", "list[int]") is not a field: drop it from the path
-    loc = [x for x in loc if not re.match(r"^(str|int|float|bool|list|dict|function-|json-or)", x)]
+    loc = [x for x in loc if not _UNION_MEMBER.match(x)]
     loc = [x[:-1] if x.endswith("_") else x for x in loc]   # schema_ -> schema
     message = first.get("msg", "invalid value")
     param = ".".join(loc) if loc else None
