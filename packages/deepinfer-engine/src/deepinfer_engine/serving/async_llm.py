@@ -147,6 +147,7 @@ class LoopState:
     last_abort_step: int = -1        # num_steps when the last abort was applied
     num_live: int = 0                # requests added and not finished
     step_s_total: float = 0.0        # wall time inside engine.step()
+    num_idle_wakeups: int = 0        # idle waits that timed out or were notified (no spin: ~1 per IDLE_WAKE_S)
     pending: list = field(default_factory=list)
 
 
@@ -233,6 +234,7 @@ class AsyncLLM:
                     if self.observer is not None:
                         self.observer.on_idle(self)
                     self._cond.wait(IDLE_WAKE_S)
+                    st.num_idle_wakeups += 1
                 if self._closed:
                     return
                 commands, st.pending = st.pending, []
