@@ -241,6 +241,8 @@ class AsyncLLM:
             try:
                 for command in commands:
                     self._apply(command)
+                if commands and self.observer is not None:   # an abort's freed blocks show before the step
+                    self.observer.on_idle(self)
                 if engine.has_unfinished():
                     self.step_started = t0 = time.monotonic()
                     engine.step()

@@ -41,6 +41,8 @@ class ServingMetrics:
         self.mean_acceptance_length = g("mean_acceptance_length", "tokens per request per decode step")
         self.steps = c("engine_steps", "engine steps")
         self.last_abort_step = g("last_abort_step", "engine step count when the last abort was applied")
+        self.idle_step = g("resources_idle_step", "engine step count when KV blocks and request slots last "
+                           "returned to idle (0 used)")
         self.aborts = c("aborts", "requests aborted (client disconnects included)")
         self.preemptions = c("preemptions", "requests preempted (recompute) when KV blocks ran out")
         self.generated = c("generation_tokens", "tokens generated")
@@ -56,6 +58,7 @@ class ServingMetrics:
         self.grammar_compile = h("grammar_compile_seconds", "grammar submit to ready / failed")
         self._seen = {"steps": 0, "aborts": 0, "preemptions": 0, "generated": 0}
         self._last_log = time.monotonic()
+        self._was_idle = True
         self._tokens_at_log = 0
 
     def render(self) -> bytes:
@@ -99,7 +102,12 @@ class ServingMetrics:
         self.mtp_slots_used.set(sched.num_used_mtp_slots())
         total = sched.config.num_blocks
         self.kv_total.set(total)
-        self.kv_used.set(total - sched.num_free_blocks())
+        used = total - sched.num_free_blocks()
+        self.kv_used.set(used)
+        idle = used == 0 and running + waiting == 0 and sched.num_used_mtp_slots() == 0
+        if idle and not self._was_idle:
+            self.idle_step.set(st.num_steps)
+        self._was_idle = idle
         prompt = stats.num_prefill_tokens + stats.num_prefix_cached_tokens
         self.prefix_hit_rate.set(stats.num_prefix_cached_tokens / prompt if prompt else 0.0)
         for j, rate in enumerate(stats.acceptance_rate_per_position):
