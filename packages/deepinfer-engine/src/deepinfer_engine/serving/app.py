@@ -41,8 +41,8 @@ DISCONNECT_POLL_S = 0.25
 class ServerState:
     llm: AsyncLLM
     model_name: str
-    encoder: PlainEncoder
-    renderer: ChatRenderer
+    encoder: PlainEncoder | None       # None: the model has no tokenizer (token-id prompts only)
+    renderer: ChatRenderer | None
     tokens: fmt.TokenStrings
     metrics: ServingMetrics
     max_model_len: int
@@ -88,6 +88,8 @@ def build_app(state: ServerState) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         req = _parse(ChatCompletionRequest, await _body(request), state)
+        if state.renderer is None:
+            raise APIError("messages: this model has no tokenizer; use /v1/completions with token ids", "messages")
         try:
             ids = state.renderer.render_ids([(m.role, m.text) for m in req.messages], req.add_generation_prompt)
         except ChatTemplateError as err:
@@ -125,6 +127,8 @@ def _parse(model, body: bytes, state: ServerState):
 
 def _encode_prompt(state: ServerState, prompt: str | list[int]) -> list[int]:
     if isinstance(prompt, str):
+        if state.encoder is None:
+            raise APIError("prompt: this model has no tokenizer; pass token ids", "prompt")
         ids = state.encoder.encode_plain(prompt)
         if not ids:
             raise APIError("prompt: must encode to at least 1 token", "prompt")
@@ -330,13 +334,18 @@ async def _sse(state: ServerState, req: SamplingFields, streams, choices, firsts
 
 def make_state(llm: AsyncLLM, model_name: str, template: str, metrics: ServingMetrics,
                default_max_tokens: int = 256) -> ServerState:
+    """The server's state; a model without a tokenizer (random-weight presets) serves token-id
+    prompts only (chat and text prompts get a 400 naming the field)."""
     from deepinfer_engine.detokenizer import TokenTable
     engine = llm.engine
-    encoder = PlainEncoder(engine.tokenizer)
-    backend = engine.tokenizer.backend
-    bos = backend.id_to_token(engine.tokenizer.bos_token_id) if engine.tokenizer.bos_token_id is not None else ""
-    eos_ids = engine.tokenizer.eos_token_ids
-    eos = backend.id_to_token(eos_ids[0]) if eos_ids else ""
-    table = TokenTable.from_tokenizer(engine.tokenizer, engine.vocab_size)
+    tok = engine.tokenizer
+    if tok is None:
+        return ServerState(llm, model_name, None, None, fmt.TokenStrings([]), metrics, engine.max_model_len,
+                           default_max_tokens)
+    encoder = PlainEncoder(tok)
+    backend = tok.backend
+    bos = backend.id_to_token(tok.bos_token_id) if tok.bos_token_id is not None else ""
+    eos = backend.id_to_token(tok.eos_token_ids[0]) if tok.eos_token_ids else ""
+    table = TokenTable.from_tokenizer(tok, engine.vocab_size)
     return ServerState(llm, model_name, encoder, ChatRenderer(template, encoder, bos or "", eos or ""),
                        fmt.TokenStrings(table.token_bytes), metrics, engine.max_model_len, default_max_tokens)
