@@ -249,7 +249,7 @@ def main(argv=None) -> int:
         offline_worker(args)
         return 0
     command = "python tools/load_bench.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
     offline = None
     if args.compare_offline:
         worker = [sys.executable, __file__, "--offline-worker"] + [a for a in (argv or sys.argv[1:])

@@ -219,7 +219,7 @@ async def _serve(request: Request, state: ServerState, req: SamplingFields, prom
         gen = _sse(state, req, streams, choices, firsts, prompt_lens, rid, logprobs is not None, chat)
         return StreamingResponse(gen, media_type="text/event-stream")
     try:
-        for choice, stream, first in zip(choices, streams, firsts):
+        for choice, first in zip(choices, firsts):
             choice.add(first)
         await _watch(request, asyncio.gather(*(_collect(s, c) for s, c in zip(streams, choices))), streams)
     except BaseException:
