@@ -101,3 +101,16 @@ def test_frequency_penalty_reduces_repetition(spec_and_plain):
     base, pen = _greedy(plain, {}, 48), _greedy(plain, dict(frequency_penalty=2.0), 48)
     repeats = lambda seqs: sum(len(s) - len(set(s)) for s in seqs)  # noqa: E731
     assert repeats(pen) < repeats(base)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_penalties_on_cuda_with_graphs_match_spec_and_plain():
+    """On the GPU: penalised steps leave the whole-step graph for the eager sampler; greedy
+    speculation still equals plain greedy decoding with every penalty, and a penalty-free batch
+    beside them keeps its graphed tokens."""
+    kw = dict(device="cuda", dtype="float32", max_num_seqs=8, max_model_len=256, enable_mtp_varlen=False)
+    spec, plain = LLM(num_speculative_tokens=3, **kw), LLM(num_speculative_tokens=0, **kw)
+    for pen in PENALTIES:
+        assert _greedy(spec, pen) == _greedy(plain, pen)
+    assert _greedy(spec, {}) == _greedy(plain, {})
