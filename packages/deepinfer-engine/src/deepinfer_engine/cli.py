@@ -30,11 +30,15 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--show-ids", action="store_true", help="also print the output token ids")
     gen.add_argument("--data-parallel-size", type=int, default=1, help="DP ranks, one process each (docs/parallel.md)")
     gen.add_argument("--expert-parallel", action="store_true", help="partition the routed experts over the DP ranks")
+    from deepinfer_engine.serving.cli import add_serve_parser
+    add_serve_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return args.func(args)
     from deepinfer_engine import LLM, SamplingParams
     from deepinfer_engine.errors import InvalidRequestError
 

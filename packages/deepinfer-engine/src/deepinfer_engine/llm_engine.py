@@ -196,7 +196,11 @@ class LLMEngine:
         return request_id
 
     def abort_request(self, request_id: int) -> bool:
-        """Abort a request the scheduler holds (its output finishes with "abort" in a later step)."""
+        """Finish a live request now: its KV blocks and slot are freed at once; its final output
+        ("abort") comes out of the next step. A request still waiting for its grammar to compile
+        never enters the scheduler."""
+        if self.output_processor.abort_held(request_id):
+            return True
         return self.scheduler.abort_request(request_id)
 
     def has_unfinished(self) -> bool:
@@ -256,7 +260,9 @@ class LLMEngine:
         collect(N) -> outputs(N): the host work of N overlaps the device work of N+1, outputs
         arrive one step late, and the last in-flight step is flushed when nothing is left.
         """
-        finished = self.output_processor.admit_compiled()  # requests whose grammar compiled enter the scheduler
+        processor = self.output_processor
+        # requests aborted while their grammar compiled finish; compiled ones enter the scheduler
+        finished = processor.finish_aborted_held() + processor.admit_compiled()
         finished += self._step_overlapped() if self.zos else self._step_synchronous()
         return finished
 
@@ -325,6 +331,8 @@ class LLMEngine:
             all_greedy=all(s.params.is_greedy for s in states),
             filters=any(s.params.top_k != -1 or s.params.top_p < 1.0 for s in states),
             needs_masks=needs_masks, host=host,
+            penalties=None if self.output_processor.penalties is None else self.output_processor.penalties.batch(
+                request_ids, [s.params if s is not _FINISHED_PLACEHOLDER else None for s in states]),
         )
 
     def _collect(self, scheduled: SchedulerOutput, launched: LaunchedStep | None) -> StepResult:
@@ -352,11 +360,15 @@ class LLMEngine:
 
     def _record_schedule(self, out: SchedulerOutput) -> None:
         self.stats.num_steps += 1
+        self.stats.num_preemptions += len(out.preempted_request_ids)
         if out.step_kind == StepKind.PREFILL:
             # a request's first prefill chunk: what the prefix cache served it is counted once
             requests = self.output_processor.requests
             first = np.array([_starts_prefill(requests.get(int(r))) for r in out.request_ids], dtype=bool)
             self.stats.record_prefill(out.num_computed_tokens, out.seqlens_q, first)
+            for rid, cached in zip(out.request_ids[first].tolist(), out.num_computed_tokens[first].tolist()):
+                if rid in requests:   # prompt tokens served from the prefix cache (usage)
+                    requests[rid].output.num_cached_tokens = cached
         elif out.step_kind == StepKind.DECODE:
             self.stats.num_decode_steps += 1
 

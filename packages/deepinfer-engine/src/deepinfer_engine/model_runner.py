@@ -231,7 +231,8 @@ class ModelRunner:
 
     def _graphed_sampling(self, batch: SamplingBatch) -> bool:
         """The sampler runs inside a decode graph (no top-k / top-p pass, no top-n logprobs)."""
-        return self.graphs is not None and not batch.filters and not any(batch.num_top_logprobs)
+        return (self.graphs is not None and not batch.filters and not any(batch.num_top_logprobs)
+                and batch.penalties is None)
 
     def runs_graphed(self, out: SchedulerOutput, batch: SamplingBatch) -> bool:
         """This step replays CUDA graphs end to end (whole step, or forward + tail with masks): a

@@ -46,6 +46,8 @@ class OutputProcessor:
         self.structured: StructuredOutputManager | None = None   # set on the first grammar request
         self._token_table: TokenTable | None = None
         self._held: dict[int, list[int]] = {}          # request id -> prompt ids, waiting for a grammar
+        self._aborted_held: list[int] = []             # aborted while held: finish ("abort") next step
+        self.penalties = None                          # PenaltyTable, made on the first request with penalties
         self._finished_here: set[int] = set()          # aborted in the ledger after a Python-side finish
         self._stream_deltas: list[StreamDelta] | None = None  # collected only while streaming
         self.stream_index: dict[int, int] = {}         # request id -> StreamDelta.index (input position)
@@ -75,14 +77,45 @@ class OutputProcessor:
 
     def _admit(self, request_id: int, token_ids: list[int]) -> None:
         params = self.requests[request_id].params
+        if params.has_penalties:   # device rows of token counts (penalties.py), made on first use
+            if self.penalties is None:
+                from deepinfer_engine.penalties import PenaltyTable
+                self.penalties = PenaltyTable(self.vocab_size, self.model.device)
+            self.penalties.assign(request_id, token_ids)
         self.scheduler.add_request(request_id, token_ids, RequestParams(
             max_tokens=params.max_tokens, min_tokens=params.min_tokens,
             stop_token_ids=tuple(params.stop_token_ids), ignore_eos=params.ignore_eos))
 
     @property
     def has_held(self) -> bool:
-        """Some request waits for its grammar to compile (not in the scheduler yet)."""
-        return bool(self._held)
+        """Some request waits for its grammar to compile (not in the scheduler yet), or was aborted
+        while it waited and has not been reported yet."""
+        return bool(self._held) or bool(self._aborted_held)
+
+    def is_held(self, request_id: int) -> bool:
+        """The request waits for its grammar to compile."""
+        return request_id in self._held
+
+    def abort_held(self, request_id: int) -> bool:
+        """Abort a request still waiting for its grammar: it never enters the scheduler and finishes
+        with "abort" in the next step (`finish_aborted_held`). False if it is not held."""
+        if request_id not in self._held:
+            return False
+        del self._held[request_id]
+        self.structured.drop(request_id)
+        self._aborted_held.append(request_id)
+        return True
+
+    def finish_aborted_held(self) -> list[GenerationOutput]:
+        """Requests aborted while their grammar compiled: finished here, never scheduled."""
+        outs = []
+        for rid in self._aborted_held:
+            state = self.requests.pop(rid)
+            state.output.finish_reason = "abort"
+            self._emit_delta(state, finished=True)
+            outs.append(state.output)
+        self._aborted_held = []
+        return outs
 
     def admit_compiled(self) -> list[GenerationOutput]:
         """Requests whose grammar finished compiling enter the scheduler; failed ones finish with an
@@ -199,6 +232,8 @@ class OutputProcessor:
         if state.detokenizer is not None:
             out.text = state.final_text()
         del self.requests[rid]
+        if self.penalties is not None:
+            self.penalties.release(rid)
         if self.structured is not None:
             self.structured.drop(rid)
         self._emit_delta(state, finished=True)

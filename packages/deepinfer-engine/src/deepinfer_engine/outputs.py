@@ -22,6 +22,7 @@ class GenerationOutput:
     error: str | None = None             # set when the request was rejected (finish_reason "error")
     num_draft_tokens: int = 0            # drafts verified for this request (speculation)
     num_accepted_tokens: int = 0         # drafts accepted
+    num_cached_tokens: int = 0           # prompt tokens served from the prefix cache
 
     @property
     def prompt_len(self) -> int:

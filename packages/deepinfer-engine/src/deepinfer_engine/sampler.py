@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from deepinfer_engine.penalties import PenaltyBatch, apply_penalties, record_emitted
 from deepinfer_kernels.ops.sampling.greedy import greedy_pick
 from deepinfer_kernels.ops.sampling.logprobs import compute_logprobs
 from deepinfer_kernels.ops.sampling.sampling_params import probs_from_logits
@@ -55,6 +56,7 @@ class SamplingBatch:
     filters: bool = True       # some request uses top-k or top-p (host fact; False skips those passes)
     needs_masks: bool = False  # some request is grammar-constrained (structured output)
     host: SamplingHost | None = None   # temperature and seeds on the host too (the engine's batches)
+    penalties: PenaltyBatch | None = None  # presence / frequency / repetition (penalties.py); None: nobody
 
     @property
     def is_greedy(self) -> torch.Tensor:  # [req_cnt] bool
@@ -64,7 +66,8 @@ class SamplingBatch:
         """The sub-batch of requests `idx` (device tensor) / `host_idx` (the same, on the host)."""
         return SamplingBatch(self.temperature[idx], self.top_k[idx], self.top_p[idx], self.seeds[idx],
                              [self.num_top_logprobs[int(i)] for i in host_idx], self.all_greedy, self.filters,
-                             self.needs_masks)
+                             self.needs_masks,
+                             penalties=self.penalties.select(idx) if self.penalties is not None else None)
 
 
 @dataclass
@@ -85,7 +88,7 @@ class SampleResult:
 def _greedy_pick_serves(batch: SamplingBatch, masks: tuple[torch.Tensor, torch.Tensor] | None) -> bool:
     """A step without drafts samples by `greedy_pick` alone: all greedy, no grammar masks, no top
     logprobs asked."""
-    return batch.all_greedy and masks is None and not any(batch.num_top_logprobs)
+    return batch.all_greedy and masks is None and not any(batch.num_top_logprobs) and batch.penalties is None
 
 
 class Sampler:
@@ -106,10 +109,12 @@ class Sampler:
         if draft_token_ids is None and _greedy_pick_serves(batch, masks):
             return self.sample_greedy_without_drafts(logits, ftp, seqlens_q, checked)
         raw = compute_logprobs(logits)  # [num_rows, vocab] float32, before any mask
-        if masks is not None:
-            apply_vocab_mask_inplace(logits, masks[0], masks[1])
         row_req = torch.repeat_interleave(torch.arange(req_cnt, device=logits.device), seqlens_q.long(),
                                           output_size=rows)
+        if batch.penalties is not None:   # after the raw logprobs, before the grammar masks
+            logits = apply_penalties(logits, batch.penalties, row_req, ftp, draft_token_ids)
+        if masks is not None:
+            apply_vocab_mask_inplace(logits, masks[0], masks[1])
         probs = probs_from_logits(logits, batch.temperature[row_req], batch.top_k[row_req], batch.top_p[row_req],
                                   filters=batch.filters)
         if draft_token_ids is None:
@@ -117,6 +122,9 @@ class Sampler:
         verify = verify_and_sample if checked else verify_and_sample_ref
         result = verify(probs, draft_token_ids, draft_probs, batch.seeds, positions, ftp, seqlens_q,
                         batch.is_greedy, batch.all_greedy)
+        if batch.penalties is not None:
+            record_emitted(batch.penalties, row_req, ftp, result.verified_token_ids, result.num_accepted,
+                           result.token_ids)
         final_row = result.final_row.long()
         token_logprobs = raw[final_row, result.token_ids.long()]
         verified = result.verified_token_ids

@@ -35,6 +35,10 @@ class SamplingParams:
     include_stop_str_in_output: keep the matched stop string at the end of the text.
     structured_output: a StructuredOutput (json_schema | regex | grammar | json_object) that every
         output must match; the request finishes ("stop") when the grammar completes.
+    presence_penalty / frequency_penalty: in [-2, 2]; subtracted from the logit of every token the
+        output already holds, once (presence) / per occurrence (frequency). 0 disables.
+    repetition_penalty: in (0, 2]; a token seen in the prompt or the output has its logit divided
+        by it (positive logits) or multiplied by it (negative ones). 1 disables. (penalties.py)
     """
 
     temperature: float = 1.0
@@ -50,6 +54,9 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     include_stop_str_in_output: bool = False
     structured_output: StructuredOutput | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         self.stop_token_ids = list(self.stop_token_ids or [])
@@ -62,6 +69,10 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise InvalidRequestError naming the first bad field and its limit."""
@@ -101,6 +112,13 @@ class SamplingParams:
         if not isinstance(self.include_stop_str_in_output, bool):
             raise InvalidRequestError("include_stop_str_in_output",
                                       f"must be a bool, got {self.include_stop_str_in_output!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not (-2.0 <= v <= 2.0):
+                raise InvalidRequestError(name, f"must be a number in [-2, 2], got {v!r}")
+        r = self.repetition_penalty
+        if not isinstance(r, (int, float)) or isinstance(r, bool) or not (0.0 < r <= 2.0):
+            raise InvalidRequestError("repetition_penalty", f"must be a number in (0, 2], got {r!r}")
         if self.structured_output is not None:
             if not isinstance(self.structured_output, StructuredOutput):
                 raise InvalidRequestError("structured_output", "expected a StructuredOutput, got "

@@ -18,6 +18,7 @@ class EngineStats:
     num_decode_request_steps: int = 0    # (request, decode step) pairs
     num_draft_tokens: int = 0            # drafts verified
     num_accepted_tokens: int = 0         # drafts accepted
+    num_preemptions: int = 0             # requests preempted (recompute) when KV blocks ran out
     accepted_per_position: list[int] = field(default_factory=list)  # [nextn] drafts accepted at depth j
     verified_per_position: list[int] = field(default_factory=list)  # [nextn] drafts verified at depth j
 

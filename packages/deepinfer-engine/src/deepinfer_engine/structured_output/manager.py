@@ -16,6 +16,7 @@ draft tokens of grammar requests to the host (a [num_grammar_draft_rows] int64 g
 
 from __future__ import annotations
 
+import collections
 import time
 
 import numpy as np
@@ -57,6 +58,8 @@ class StructuredOutputManager(MaskProvider):
         self.tickets: dict[int, CompileTicket] = {}
         self.grammars: dict[int, RequestGrammar] = {}
         self.mask_build_s = 0.0   # host time spent building masks (stats / benchmarks)
+        # (seconds from submit to ready/failed, failed) per ticket, newest last (serving metrics drain it)
+        self.compile_log: collections.deque[tuple[float, bool]] = collections.deque(maxlen=4096)
         self.num_mask_rows = 0
 
     # ------------------------------------------------------------------ compile
@@ -81,8 +84,10 @@ class StructuredOutputManager(MaskProvider):
                 try:
                     self.grammars[rid] = RequestGrammar(ticket.result(now), self.max_rollback, self.eos_token_ids)
                     ready.append(rid)
+                    self.compile_log.append((now - ticket.submitted, False))
                 except GrammarCompileError as err:
                     failed.append((rid, str(err)))
+                    self.compile_log.append((now - ticket.submitted, True))
             if ready or failed or not self.tickets or time.monotonic() >= deadline:
                 return ready, failed
             time.sleep(min(0.002, max(0.0, deadline - time.monotonic())))

@@ -1,0 +1,68 @@
+"""`deepinfer serve [MODEL] --host --port ...`: the OpenAI-compatible server on uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+DEFAULT_MODEL_NAME = "deepinfer-default"
+
+
+def add_serve_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve the OpenAI API (completions, chat, models, health, metrics)")
+    p.add_argument("model", nargs="?", default=None, help="HF-layout checkpoint dir (default: the embedded model)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None, help="the `model` clients name (default: the dir name)")
+    p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: CUDA if present)")
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--block-size", type=int, default=128)
+    p.add_argument("--num-kv-blocks", type=int, default=None)
+    p.add_argument("--num-speculative-tokens", type=int, default=None)
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--no-cuda-graphs", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--default-max-tokens", type=int, default=256, help="output limit when a request sets none")
+    p.add_argument("--log-interval", type=float, default=10.0, help="seconds between metric log lines (0: off)")
+    p.add_argument("--stuck-after", type=float, default=120.0, help="/health fails when a step runs longer")
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=run_serve)
+
+
+def engine_config(args):
+    from deepinfer_engine.config import EngineConfig
+    return EngineConfig(model=args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
+                        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                        block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
+                        num_speculative_tokens=args.num_speculative_tokens,
+                        enable_prefix_caching=not args.no_prefix_caching, cuda_graphs=not args.no_cuda_graphs,
+                        seed=args.seed)
+
+
+def build_server_app(args):
+    """(FastAPI app, AsyncLLM) for the parsed arguments (the engine is loaded here)."""
+    from deepinfer_engine.serving.app import build_app, make_state
+    from deepinfer_engine.serving.async_llm import AsyncLLM
+    from deepinfer_engine.serving.chat_template import load_chat_template
+    from deepinfer_engine.serving.metrics import ServingMetrics
+
+    metrics = ServingMetrics(log_interval_s=args.log_interval)
+    llm = AsyncLLM.from_config(engine_config(args), stuck_after_s=args.stuck_after, observer=metrics)
+    name = args.served_model_name or (Path(args.model).name if args.model else DEFAULT_MODEL_NAME)
+    state = make_state(llm, name, load_chat_template(args.model), metrics, args.default_max_tokens)
+    return build_app(state), llm
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app, llm = build_server_app(args)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    finally:
+        llm.shutdown()
+    return 0
