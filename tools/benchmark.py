@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "packages" / "deepinfer-kernels" / "diag"))
 from bench_engine import build_engine, free_device_memory, make_prompts  # noqa: E402
 from bench_prefill import bench_prefill, bench_prefill_pipelined  # noqa: E402
 from roofline import measure_ceilings  # noqa: E402

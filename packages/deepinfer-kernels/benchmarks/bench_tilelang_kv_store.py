@@ -10,7 +10,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 pytest.importorskip("deepinfer_kernels.ops.kv_fp8")
-T = pytest.importorskip("deepinfer_kernels.tilelang.testing")
+T = pytest.importorskip("deepinfer_kernels.testing")
 
 
 @pytest.mark.parametrize("n", [256, 8192, 65536])

@@ -10,13 +10,12 @@ Everything else, and batch-invariant mode, autograd, ``torch.compile`` and ``DEE
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
 from deepinfer_kernels.batch_invariant import batch_invariant_enabled
 from deepinfer_kernels.envs import MATVEC_ENV, env_flag
+from deepinfer_kernels.layouts import NormedProjection  # noqa: F401  (rms_norm_linear's result, re-exported)
 from deepinfer_kernels.platform import tilelang_launcher
 from deepinfer_kernels.tilelang.matvec import pick_tiles, serves_out_dtype
 
@@ -64,15 +63,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None 
     if kernel is not None and serves_out_dtype(x.dtype, out_dtype):
         return kernel(x, weight, out_dtype)
     return linear_ref(x, weight, out_dtype)
-
-
-@dataclass
-class NormedProjection:
-    """What `rms_norm_linear` returns: the projection and, where asked, the rows it normalised."""
-
-    y: torch.Tensor                # [..., N] linear(u, weight)
-    s: torch.Tensor | None = None  # [..., K] x + residual in x's dtype (None without a residual)
-    u: torch.Tensor | None = None  # [..., K] rms_norm(s) (None unless return_normed)
 
 
 def rms_norm_linear_ref(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,

@@ -24,7 +24,7 @@ import torch
 
 from deepinfer_kernels.batch_invariant import batch_invariant_enabled
 from deepinfer_kernels.envs import MOE_GATEUP_WS_ENV, env_flag
-from deepinfer_kernels.ops.moe import grouped_mm_order, permute_by_expert
+from deepinfer_kernels.layouts import grouped_mm_order, permute_by_expert
 from deepinfer_kernels.tilelang._common import compile_cached, require, require_cuda
 from deepinfer_kernels.tilelang.activation import silu_mul_tilelang
 from deepinfer_kernels.tilelang.moe_builders import _build_grouped, _build_grouped_swapped, _build_grouped_ws

@@ -68,7 +68,7 @@ def l2_flusher(mode: str = "write") -> Callable[[], object]:
     """A call that leaves nothing of the timed call's data in L2: "write" overwrites a 256 MB buffer
     (L2 is left full of the buffer's dirty lines, and the next kernel's misses write them back to
     HBM), "read" reads one (L2 is left full of clean lines, as a decode step's weight reads leave
-    it). ``tools/l2_flush_probe.py`` times kernels after each."""
+    it). ``packages/deepinfer-kernels/diag/l2_flush_probe.py`` times kernels after each."""
     if mode not in ("write", "read"):
         raise ValueError(f"flush mode {mode!r}: 'write' or 'read'")
     buf = torch.zeros(64 * 1024 * 1024, dtype=torch.float32, device="cuda")   # 256 MB, over the 50 MB L2
