@@ -34,7 +34,7 @@ def _case(name):
         return T.make_sparse_mla_case(132, 16, 512, 8192, LONG_SLOTS, "cuda", pool=_pool["long"], paged=128, seed=1)
     if name == "decode_132x16_engine_w384":       # 128 window slots + 16 blocks of 16 ratio-4 entries
         return T.make_engine_decode_case(132, 16, 512, 128, 16, 16, 4, SLOTS, "cuda", pool=pool, seed=5)
-    if name == "decode_132x16_engine_packed_w384":  # the same with packed entries (the engine since session 11)
+    if name == "decode_132x16_engine_packed_w384":  # the same with packed entries (the engine's layout since 2026-12-01)
         return T.make_engine_decode_case(132, 16, 512, 128, 16, 16, 4, SLOTS, "cuda", pool=pool, seed=5, packed=True)
     if name == "verify_64req_x6_w2048":
         return T.make_verify_case(64, 6, 16, 512, 128, 1920, SLOTS, "cuda", pool=pool, seed=2)

@@ -7,7 +7,7 @@
 //   nvcc -O3 -gencode arch=compute_90a,code=sm_90a -std=c++17 -o /tmp/mma_sync_pipe_probe packages/deepinfer-kernels/diag/mma_sync_pipe_probe.cu
 //   /tmp/mma_sync_pipe_probe
 //
-// H200, 2026-12-02 (session 31 call 8, 4 / 8 / 16 warps): f16 mma 6.2 / 6.0 / 6.0 cycles per
+// H200, 2026-12-02 (4 / 8 / 16 warps): f16 mma 6.2 / 6.0 / 6.0 cycles per
 // sub-partition (~2,050 f16 FMA a cycle per SM, ~72% of the dense wgmma rate), e4m3 k32 mma 4.7 /
 // 4.4 / 4.2 (twice the work), movmatrix 4.2 / 4.0 / 4.0, 1 mma + 2 movmatrix 3.5 / 3.2 / 3.3 an
 // instruction (9.7 cycles a trio against 6 for the mma alone: a movmatrix beside mma costs ~1.9).

@@ -4,7 +4,7 @@
 Replays a CUDA graph of `routed_experts_tilelang` on the `mini` MoE (64 experts, top-6, hidden
 1024, expert width 512) under the torch profiler, for the default tiles and the alternatives,
 and prints each kernel's mean duration, the gaps between them and the call's span. This is how
-the eighth session found the swapped GEMMs at 88% of copy bandwidth while the whole call was at
+the swapped GEMMs were found (H200, 2026-11-30) at 88% of copy bandwidth while the whole call was at
 ~76% (docs/benchmarks.md).
 
     python packages/deepinfer-kernels/diag/moe_kernel_profile.py [--tokens 8,64] [--reps 20]

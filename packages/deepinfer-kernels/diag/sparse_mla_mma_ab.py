@@ -1,7 +1,7 @@
 """Builds of the warp-MMA sparse MLA decode kernel side by side with ``bulk``, in one process: each
 checked against ``sparse_mla_attention_ref`` (max errors printed), then timed in CUDA graphs with the
 L2 flushed. 132 rows x 16 heads x D 512 over KV blocks of 128 at each width, random slots at 2,048
-keys and the engine's packed decode layout (docs/benchmarks.md, thirtieth session).
+keys and the engine's packed decode layout (docs/benchmarks.md, 2026-12-02).
 
     python packages/deepinfer-kernels/diag/sparse_mla_mma_ab.py --widths 2048,8192 --builds "bulk,mma,mma:lazy_rescale=0"
     python packages/deepinfer-kernels/diag/sparse_mla_mma_ab.py --widths 8192 --builds "mma@d93b62c,mma,mma@d93b62c,mma"

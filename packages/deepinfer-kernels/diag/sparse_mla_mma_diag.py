@@ -10,7 +10,7 @@ as the kernel benchmarks count it), and the largest difference from the first va
     python packages/deepinfer-kernels/diag/sparse_mla_mma_diag.py base,no_movm,no_cvt+no_kfac --widths 2048,8192
 
 A name joins variants with ``+`` (their substitutions together). Issue 5 asks for 80% of copy, and
-the steady state is the consumer's pace (docs/benchmarks.md, sessions 31-34): a part whose removal
+the steady state is the consumer's pace (docs/benchmarks.md, 2026-12-02 and 2026-12-03): a part whose removal
 buys little is off the critical path, whatever its instruction count.
 """
 

@@ -7,7 +7,7 @@ largest difference from the pair kernel's output (garbage for the variants, whic
     python packages/deepinfer-kernels/diag/sparse_mla_quads_diag.py                   # every variant
     python packages/deepinfer-kernels/diag/sparse_mla_quads_diag.py base,no_out       # some
 
-Found the session-19 pitfalls (TILELANG.md): without the query load or the output the kernel took
+Found the 2026-12-01 code-generation pitfalls (TILELANG.md): without the query load or the output the kernel took
 ~64% of its time, far more than those parts' bytes.
 """
 

@@ -174,7 +174,7 @@ def test_moe_few_token_kernels_tiles_and_precompile_specs():
     precompile lists its two kernels there and the grouped GEMMs elsewhere."""
     from deepinfer_kernels.tilelang import moe
 
-    up, down = moe._gemv_configs(1024, 512)                    # mini: the swept tiles (session 16)
+    up, down = moe._gemv_configs(1024, 512)                    # mini: the swept tiles (H200, 2026-12-01)
     assert (up["bn"], up["bk"], up["stages"], down["bn"], down["bk"]) == (8, 128, 8, 8, 512)
     up, down = moe._gemv_configs(3072, 3840)                   # flash: 3840 is not a multiple of 512
     assert (up["bk"], down["bk"]) == (128, 256)

@@ -72,7 +72,7 @@ def test_a_missing_variant_or_metric_fails_loudly(tmp_path):
 
 
 def test_width_sweep_fit():
-    # the H200's bulk times over KV blocks (2026-12-02 call 2): 74.9, 140.4, 273.8, 531.4 us
+    # the H200's bulk times over KV blocks (2026-12-02): 74.9, 140.4, 273.8, 531.4 us
     pts = [(2048, 74.9), (4096, 140.4), (8192, 273.8), (16384, 531.4)]
     share, fixed = sweep.steady_state(pts, 4.29)
     assert 0.50 < share < 0.52 and 8 < fixed < 12

@@ -106,7 +106,7 @@ def make_engine_decode_case(rows: int, heads: int, d: int, window: int, far_bloc
     """Decode rows laid out as the engine lays them out: ``window`` consecutive slots (the
     window, within one KV block's run), then ``far_blocks`` selected blocks of ``block``
     compressed entries, each entry in its last token's slot, so ``ratio`` slots apart (the
-    engine's layout before the eleventh session), or with ``packed`` in consecutive slots (a KV block's
+    engine's layout until 2026-12-01), or with ``packed`` in consecutive slots (a KV block's
     entries in its first slots: the engine's layout since, `paged_slots(..., stride=r)`)."""
     g = _gen(seed + 4)
     if pool is None:

@@ -89,7 +89,7 @@ def cuda_time_us(fn: Callable[[], object], *, reps: int = 50, warmup: int = 5, f
     alone; median_us = (median replay of the first - median replay of the second) / copies, so
     neither the flush nor the graph's launch latency (~5-10 us, paid once per decode step in the
     engine, not per kernel) is counted. ``replay_median_us``: one call per graph replay, launch
-    latency included (what these benchmarks reported before 2026-11-30's eighth session). Raises
+    latency included (what these benchmarks reported until 2026-11-30). Raises
     if ``fn`` cannot be captured (host syncs)."""
     do_flush = l2_flusher("write" if flush_l2 is True else flush_l2) if flush_l2 else (lambda: None)
     for _ in range(warmup):

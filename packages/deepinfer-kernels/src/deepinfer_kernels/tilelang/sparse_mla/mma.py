@@ -2,9 +2,10 @@
 
 Why: ``bulk`` dequantizes every 64-key block into a bf16 tile in shared memory that two wgmmas then
 read; Nsight Compute counts 2,283 shared-memory wavefronts a block even without bank conflicts,
-0.89 of the cycles 80% of copy bandwidth leaves a block on the H200 (session 28). ``regs`` keeps
-the tile out of shared memory but needs a 64-row wgmma operand per warpgroup, so its two consumer
-warpgroups each carry their own copy of the code and stall on instruction fetch.
+0.89 of the cycles 80% of copy bandwidth leaves a block on the H200 (2026-12-02). The removed
+``regs`` kernel kept the tile out of shared memory but needed a 64-row wgmma operand per warpgroup,
+so its two consumer warpgroups each carried their own copy of the code and stalled on instruction
+fetch (the kernels README, design notes).
 
 Here the 16 heads are the M of ``mma.sync.m16n8k16``, so no operand is padded and every operand is
 a register: eight consumer warps split the 512 latent dims (64 each), convert their bytes to f16
@@ -23,22 +24,22 @@ another (``_cuda_mma_prep.py``); TileLang lays out the buffers and barriers and 
 The default consumer is the two-team one (``_cuda_mma_teams.py``): warps 0-3 take the first 32 keys
 of every stage, warps 4-7 the last 32, each team with its own softmax, scale exponent and barriers.
 
-Measured (H200, 2026-12-03, session 32 call 3; the README's benchmark command, CUDA graphs, L2
+Measured (H200, 2026-12-03; the README's benchmark command, CUDA graphs, L2
 flushed, 132 rows x 16 heads), us against ``bulk`` in the same run: 179.3 vs 270.8 over KV blocks of
 128 at 8,192 keys (75.3% of copy; the one-team consumer 193.4-197.6), 52.8 vs 74.7 at 2,048 (65.4%),
 105.8 vs 123.9 over random slots, 17.4 vs 19.6 on the engine's packed layout. Per 32-key half a warp
-issues ~260 instructions when no rescale is due. "auto" runs it for decode calls since session 33
-(up to 16 heads at D 512, 1 to 256 rows, not batch-invariant: ``sparse_mla._mma_serves``); `mini`
+issues ~260 instructions when no rescale is due. "auto" runs it for decode calls since 2026-12-03
+(up to 16 heads at D 512, 1 to 256 rows, not batch-invariant: ``plan._mma_serves``); `mini`
 decode end to end at batch 64, prompt 4,096, it changed nothing measurable (29,292 vs 29,298
-tokens/s with "bulk", same call): attention is a small share of that step. Its steady state is the
+tokens/s with "bulk", same run): attention is a small share of that step. Its steady state is the
 SM's own pace (1.28-1.30 us a 64-key block at 1, 66 and 132 rows: 80.3-80.5% of copy at 132),
-plus ~11 us a call at 132 rows (4.8 at one row; ``packages/deepinfer-kernels/diag/sparse_mla_width_sweep.py --rows``): per-CTA
-marks (``packages/deepinfer-kernels/diag/sparse_mla_cta_marks.py``) show the first stage ready after 3.8-4.6 us (median; up to
+plus ~11 us a call at 132 rows (4.8 at one row; ``diag/sparse_mla_width_sweep.py --rows``): per-CTA
+marks (``diag/sparse_mla_cta_marks.py``) show the first stage ready after 3.8-4.6 us (median; up to
 8.7) and CTAs ending up to ~4 us after the median. The two-team build keeps 177 KB of shared memory
 (the epilogue's hand-over over the stages' bytes); a fifth stage (``stages=5``, 215 KB) was slower.
-Session 35 (``FAST_EXP``, the bare ``ex2.approx.ftz`` in the softmax): 173.9 vs ``bulk``'s 271.7 us at
-8,192 keys (77.7% of copy), 52.1 vs 74.5 at 2,048; ``packages/deepinfer-kernels/diag/sparse_mla_mma_diag.py`` times the
-consumer with one part compiled out (docs/benchmarks.md, "Thirty-fifth session").
+With ``FAST_EXP`` (the bare ``ex2.approx.ftz`` in the softmax): 173.9 vs ``bulk``'s 271.7 us at
+8,192 keys (77.7% of copy), 52.1 vs 74.5 at 2,048; ``diag/sparse_mla_mma_diag.py`` times the
+consumer with one part compiled out (docs/benchmarks.md, 2026-12-03).
 
 Precision: Q goes to f16 with a power-of-two scale per head (its largest element in [2^14, 2^15)),
 K / V are f16 (``hw_cvt``: the hardware e4m3 -> f16 conversion; otherwise three integer operations
@@ -77,7 +78,7 @@ FAST_EXP = True           # the teams' softmax 2^x as the bare ex2.approx.ftz (_
 def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline: bool = False,
                lazy_rescale: bool = LAZY_RESCALE, teams: bool = TEAMS, stages: int = MMA_STAGES,
                fast_exp: bool = FAST_EXP):
-    """Warp-MMA decode kernel; same signature and dynamic shapes as ``_build_bulk`` / ``_build_regs``
+    """Warp-MMA decode kernel; same signature and dynamic shapes as ``_build_bulk`` (``common.one_row_kernel``)
     (one query row x up to 16 heads per CTA: more heads, a multiple of 16, take a CTA per 16, each
     reading the row's records; ``bps`` blocks per split). ``timeline`` (not split, 16 heads):
     clock64() marks of consumer thread 0 and the prep warp into the row's ``Opart[0, r]``
