@@ -11,10 +11,14 @@ the swapped GEMMs were found (H200, 2026-11-30) at 88% of copy bandwidth while t
 """
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
-from profile_ops import kernel_events
 from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools"))   # the engine profiler's kernel_events
+from profile_ops import kernel_events  # noqa: E402
 
 H, I, E, K = 1024, 512, 64, 6
 

@@ -221,7 +221,7 @@ def test_bulk_row_groups_equal_the_one_row_kernel_bit_for_bit(rows, heads, width
                                   empty_frac=0.03, empty_rows=(0, 6, rows - 1))
     p = plan(rows, heads, 512, width, 132, 1, "bulk")
     outs = []
-    for kernel in (get_kernel(heads, 512, "bulk", False, p["hb"], p["bps"], True), get_rows_kernel(heads, 512, p["hb"])):
+    for kernel in (get_kernel(heads, 512, "bulk", False, p["hb"], trim=True), get_rows_kernel(heads, 512, p["hb"])):
         out = torch.empty(rows, heads, 512, dtype=torch.bfloat16, device="cuda")
         lse = torch.empty(rows, heads, dtype=torch.float32, device="cuda")
         dummy_o = torch.empty(1, 1, heads, 512, dtype=torch.float32, device="cuda")
