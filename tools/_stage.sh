@@ -1,4 +1,4 @@
-# Sourced by the device runners (gpu_kernels_check.sh, gpu_engine_check.sh): `stage NAME TIMEOUT
+# Sourced by the device runners (packages/deepinfer-kernels/diag/gpu_kernels_check.sh, tools/gpu_engine_check.sh): `stage NAME TIMEOUT
 # CMD...` runs CMD under a timeout capped by what is left of $DEADLINE (seconds since the call
 # began, bash's $SECONDS) and appends "NAME: rc=... seconds" to $SUMMARY.
 stage() {   # stage NAME TIMEOUT CMD...   (the timeout is capped by what is left of DEADLINE)

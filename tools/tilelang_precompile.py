@@ -50,7 +50,7 @@ def _specs():
              (24, 16, 512, 320, None), (200, 16, 512, 192, None), (4, 16, 512, 192, None), (5, 16, 512, 160, None),
              (132, 16, 512, 2048, None), (384, 16, 512, 2048, None), (16, 16, 512, 2048, None),
              (4096, 16, 512, 384, None)]
-    for variant in ("ws", "bulk", "pipelined"):
+    for variant in ("ws", "bulk"):
         for rows, heads, d, width, ns in calls:
             add("sparse_mla", "sparse_mla", sparse_mla.precompile_specs(rows, heads, d, width, variant, ns))
     for rows, heads, width in ((301, 16, 384), (4096, 16, 384), (300, 4, 200), (263, 8, 1024)):   # shared keys
@@ -59,13 +59,9 @@ def _specs():
     for width in (128, 384, 1024):   # pairs at 16 heads too (DEEPINFER_SPARSE_MLA_GROUP_ROWS=2, the tests' pairs)
         add("sparse_mla", "sparse_mla", [("get_shared_keys_kernel", (width,)), ("get_groups_kernel", (16, 512))])
     add("sparse_mla", "sparse_mla", [("get_shared_keys_kernel", (128, 4))])   # quads of window-only rows
-    # the experimental register-operand decode kernel (variant="regs": heads <= 16 at D 512, whole rows and split)
-    add("sparse_mla_regs", "sparse_mla", [("get_kernel", (h, 512, "regs", split)) for h in (8, 16) for split in (False, True)])
-    # the experimental warp-MMA decode kernel (variant="mma": up to 16 heads or a multiple, a CTA per 16)
+    # the warp-MMA decode kernel (variant="mma": up to 16 heads or a multiple, a CTA per 16)
     add("sparse_mla_mma", "sparse_mla", [("get_kernel", (h, 512, "mma", split)) for h in (8, 16, 32, 64)
                                          for split in (False, True)])
-    # the experimental two-consumer bulk kernel (sparse_mla_attention_tilelang(..., consumers=2)), untrimmed and trimmed
-    add("sparse_mla", "sparse_mla", [("get_kernel", (16, 512, "bulk", True, 16, 0, trim, 2)) for trim in (False, True)])
 
     # ---- KV store: (fmt, D, input dtype, slot dtype or None for quantize_*, identity)
     for d in (512, 64):

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 pytestmark = pytest.mark.gpu
 
-T = pytest.importorskip("deepinfer_kernels.tilelang.testing")
+T = pytest.importorskip("deepinfer_kernels.testing")
 
 
 @pytest.mark.parametrize("path", ["tilelang", "torch"])

@@ -10,7 +10,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 pytest.importorskip("deepinfer_kernels.ops.sampling.greedy")
-T = pytest.importorskip("deepinfer_kernels.tilelang.testing")
+T = pytest.importorskip("deepinfer_kernels.testing")
 
 
 @pytest.mark.parametrize("impl", ["tilelang", "torch"])

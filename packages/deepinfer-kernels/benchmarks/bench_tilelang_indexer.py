@@ -9,7 +9,7 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 pytest.importorskip("deepinfer_kernels.ops.indexer")
-T = pytest.importorskip("deepinfer_kernels.tilelang.testing")
+T = pytest.importorskip("deepinfer_kernels.testing")
 
 
 @pytest.mark.parametrize("rows,heads,n,bs,topk", [(132, 8, 16384, 16, 16), (384, 8, 4096, 16, 16),

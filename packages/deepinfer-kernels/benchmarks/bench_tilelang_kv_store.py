@@ -10,32 +10,27 @@ import torch
 pytestmark = pytest.mark.gpu
 
 pytest.importorskip("deepinfer_kernels.ops.kv_fp8")
-T = pytest.importorskip("deepinfer_kernels.tilelang.testing")
+T = pytest.importorskip("deepinfer_kernels.testing")
 
 
-@pytest.mark.parametrize("n", [256, 8192, 65536])
-def test_bench_store_kv_fp8_tilelang(benchmark, n):
-    from deepinfer_kernels.ops.kv_fp8 import store_kv_fp8_ref
-    from deepinfer_kernels.tilelang.kv_store import store_kv_fp8_tilelang
+# format -> (reference module, kernel, input width D, record bytes); ids keep the old test names' words
+FORMATS = {"kv_fp8": ("kv_fp8", "store_kv_fp8", 512, 528), "index_k_fp4": ("kv_fp4", "store_index_k_fp4", 128, 68)}
 
+
+@pytest.mark.parametrize("fmt,n", [("kv_fp8", 256), ("kv_fp8", 8192), ("kv_fp8", 65536),
+                                   ("index_k_fp4", 256), ("index_k_fp4", 65536)])
+def test_bench_store_tilelang(benchmark, fmt, n):
+    """One store of n rows [n, D] bf16 into random slots of the pool [slots, record bytes]."""
+    import importlib
+
+    from deepinfer_kernels.tilelang import kv_store
+
+    module, op, d, rec = FORMATS[fmt]
+    ref = getattr(importlib.import_module(f"deepinfer_kernels.ops.{module}"), f"{op}_ref")
+    kernel = getattr(kv_store, f"{op}_tilelang")
     slots = max(4 * n, 100_000)
-    kv = torch.randn(n, 512, device="cuda").to(torch.bfloat16)
-    pool = torch.zeros(slots, 528, dtype=torch.uint8, device="cuda")
+    x = torch.randn(n, d, device="cuda").to(torch.bfloat16)
+    pool = torch.zeros(slots, rec, dtype=torch.uint8, device="cuda")
     slot_map = torch.randperm(slots, device="cuda")[:n]
-    T.record_benchmark(benchmark, lambda: store_kv_fp8_tilelang(kv, pool, slot_map),
-                       bytes_moved=n * (512 * 2 + 528 + 8),
-                       ref_fn=lambda: store_kv_fp8_ref(kv, pool, slot_map), extra={"n": n})
-
-
-@pytest.mark.parametrize("n", [256, 65536])
-def test_bench_store_index_k_fp4_tilelang(benchmark, n):
-    from deepinfer_kernels.ops.kv_fp4 import store_index_k_fp4_ref
-    from deepinfer_kernels.tilelang.kv_store import store_index_k_fp4_tilelang
-
-    slots = max(4 * n, 100_000)
-    k = torch.randn(n, 128, device="cuda").to(torch.bfloat16)
-    pool = torch.zeros(slots, 68, dtype=torch.uint8, device="cuda")
-    slot_map = torch.randperm(slots, device="cuda")[:n]
-    T.record_benchmark(benchmark, lambda: store_index_k_fp4_tilelang(k, pool, slot_map),
-                       bytes_moved=n * (128 * 2 + 68 + 8),
-                       ref_fn=lambda: store_index_k_fp4_ref(k, pool, slot_map), extra={"n": n})
+    T.record_benchmark(benchmark, lambda: kernel(x, pool, slot_map), bytes_moved=n * (d * 2 + rec + 8),
+                       ref_fn=lambda: ref(x, pool, slot_map), extra={"n": n})

@@ -13,7 +13,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 pytest.importorskip("deepinfer_kernels.ops.moe")
-T = pytest.importorskip("deepinfer_kernels.tilelang.testing")
+T = pytest.importorskip("deepinfer_kernels.testing")
 
 H, I, E, K = 1024, 512, 64, 6
 FLASH_H, FLASH_I = 3072, 3840

@@ -94,7 +94,7 @@ def test_fused_topk_blocks_equal_the_chain():
 def test_indexer_topk_blocks_weight_scale_is_the_scaled_float_weights():
     """weight_scale multiplies the (any-dtype, possibly strided) head weights in float32 first."""
     from deepinfer_kernels.ops.indexer import indexer_topk_blocks
-    from deepinfer_kernels.tilelang import testing as TT
+    from deepinfer_kernels import testing as TT
 
     c = TT.make_indexer_case(5, 4, 64, 120, 500, "cpu", seed=4, empty_frac=0.05)
     wide = torch.randn(5, 12).to(torch.bfloat16)

@@ -174,7 +174,7 @@ def test_moe_few_token_kernels_tiles_and_precompile_specs():
     precompile lists its two kernels there and the grouped GEMMs elsewhere."""
     from deepinfer_kernels.tilelang import moe
 
-    up, down = moe._gemv_configs(1024, 512)                    # mini: the swept tiles (session 16)
+    up, down = moe._gemv_configs(1024, 512)                    # mini: the swept tiles (H200, 2026-12-01)
     assert (up["bn"], up["bk"], up["stages"], down["bn"], down["bk"]) == (8, 128, 8, 8, 512)
     up, down = moe._gemv_configs(3072, 3840)                   # flash: 3840 is not a multiple of 512
     assert (up["bk"], down["bk"]) == (128, 256)
@@ -193,7 +193,7 @@ def test_moe_few_token_kernels_tiles_and_precompile_specs():
 
 def test_routed_experts_adds_shared_and_residual_as_torch_does():
     """`residual + (routed + shared)`, each add rounded in x's dtype (the CPU path: the torch adds)."""
-    from deepinfer_kernels.tilelang import testing as T
+    from deepinfer_kernels import testing as T
 
     x, w, ids, w13, w2 = T.make_moe_case(7, 256, 128, 16, 4, "cpu", seed=3)
     g = torch.Generator().manual_seed(4)
@@ -210,7 +210,7 @@ def test_routed_experts_adds_shared_and_residual_as_torch_does():
 def test_routed_experts_calls_before_combine_once_before_the_addends_are_read():
     """`before_combine` (a caller waiting for the stream that computes `shared`) runs once, after the
     expert work and before the adds; the result is the same as without it."""
-    from deepinfer_kernels.tilelang import testing as T
+    from deepinfer_kernels import testing as T
 
     x, w, ids, w13, w2 = T.make_moe_case(5, 256, 128, 16, 4, "cpu", seed=5)
     shared = torch.randn(x.shape, generator=torch.Generator().manual_seed(6)).to(x.dtype)

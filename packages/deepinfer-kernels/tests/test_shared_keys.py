@@ -13,7 +13,7 @@ from deepinfer_kernels.ops.shared_keys import (
     split_shared_keys,
 )
 from deepinfer_kernels.ops.sparse_mla import sparse_mla_attention_ref
-from deepinfer_kernels.tilelang.testing import make_prefill_case, make_sparse_mla_case
+from deepinfer_kernels.testing import make_prefill_case, make_sparse_mla_case
 
 
 def _expected(indices: torch.Tensor, n: int = 2) -> list[list[int]]:

@@ -1,7 +1,7 @@
 """The shared-key list kernel lowers to CUDA with its hash sets and column entries in one shared
 buffer that nothing else overlaps (no GPU needed; runs where TileLang is installed).
 
-Session 17 found TileLang's memory planner laying the column entries over the hash sets when the
+On 2026-12-01 TileLang's memory planner was found laying the column entries over the hash sets when the
 column loop had a single iteration (256-slot sets, 128-column rows): other threads were still
 probing the sets, and the lists came out wrong on the H200."""
 

@@ -54,7 +54,7 @@ def test_prefill_case_paged_layout_matches_the_pool_blocks():
     random-slot case; a row's window is consecutive slots except where it crosses a 128-slot block,
     its far entries are packed in the first 128 / ratio slots of their blocks, and the op (its CPU
     reference here) runs on it."""
-    from deepinfer_kernels.tilelang.testing import make_prefill_case
+    from deepinfer_kernels.testing import make_prefill_case
 
     args = (640, 4, 64, 128, 4, 16, 40_000, "cpu")
     rnd = make_prefill_case(*args, seed=3, prompt_len=512)
@@ -73,7 +73,7 @@ def test_prefill_case_paged_layout_matches_the_pool_blocks():
 def test_engine_decode_case_packed_entries_are_runs():
     """`packed`: each selected block of 16 compressed entries is 16 consecutive slots (one copy for
     the "bulk" kernel); unpacked, they are `ratio` slots apart, each in its last token's slot."""
-    from deepinfer_kernels.tilelang.testing import make_engine_decode_case
+    from deepinfer_kernels.testing import make_engine_decode_case
 
     for packed, step in ((True, 1), (False, 4)):
         case = make_engine_decode_case(3, 4, 64, 128, 2, 16, 4, 40_000, "cpu", seed=2, packed=packed)
@@ -101,7 +101,6 @@ def test_auto_variant_runs_bulk_at_many_heads_only_where_ws_leaves_most_sms_idle
     assert resolve_variant("auto", 64, 512) == "ws"            # no row count: the old rule
     assert resolve_variant("auto", 64, 64, 1, 132) == "ws"     # records not 16-byte sized
     assert resolve_variant("ws", 64, 512, 1, 132) == "ws"      # an explicit variant stays
-    assert resolve_variant("regs", 64, 512, 1, 132) == "bulk"  # regs' fallback is what auto picks
     assert resolve_variant("mma", 16, 512, 132, 132) == "mma"
     assert resolve_variant("mma", 64, 512, 1, 132) == "mma"    # a CTA per 16 heads
     assert resolve_variant("mma", 24, 512, 1, 132) == "bulk"   # and mma's (up to 16 heads or a multiple, D 512)

@@ -1,8 +1,8 @@
-"""The warp-MMA sparse MLA decode kernel (``sparse_mla_mma.py``, experimental): its lowering (one
+"""The warp-MMA sparse MLA decode kernel (``sparse_mla/mma.py``): its lowering (one
 copy of the consumer code, no TileLang bounds guard around the CUDA calls, shared memory within the
 SM90 limit, no spill). No GPU needed; the lowering tests run where TileLang is installed, the spill
 test where nvcc is too. Its results are checked on the GPU in
-``test_tilelang_sparse_mla_experimental.py -k mma``."""
+``test_tilelang_sparse_mla_mma.py``."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ def _lower(split: bool, hw_cvt: bool, teams: bool) -> tuple[str, int]:
     import tilelang
     from tilelang import tvm
 
-    from deepinfer_kernels.tilelang.sparse_mla_builders import NO_AUTO_SYNC
-    from deepinfer_kernels.tilelang.sparse_mla_mma import _build_mma
+    from deepinfer_kernels.tilelang.sparse_mla.common import NO_AUTO_SYNC
+    from deepinfer_kernels.tilelang.sparse_mla.mma import _build_mma
 
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
     with tvm.transform.PassContext(config=NO_AUTO_SYNC), target:
@@ -41,8 +41,7 @@ def lowered(request):
 
 def test_one_consumer_call_and_no_guard(lowered):
     """All eight consumer warps run one inlined copy of ``di_mma_consumer`` (or of the two-team
-    ``di_mma_teams_consumer``; what keeps the code small:
-    ``regs`` carries one per warpgroup), and in a whole-row build TileLang wraps no CUDA call in a
+    ``di_mma_teams_consumer``: what keeps the code small), and in a whole-row build TileLang wraps no CUDA call in a
     row-bounds check: an index into the one-row ``Opart`` that launch passes would make it skip every
     CTA but the first (the kernel then hung, 2026-12-02). A split build indexes ``Opart[sp, r]``, whose
     ``RP`` is the row count: its ``r < RP`` check always holds."""

@@ -20,8 +20,8 @@ def lowered():
     import tilelang
     from tilelang import tvm
 
-    from deepinfer_kernels.tilelang.sparse_mla_builders import NO_AUTO_SYNC
-    from deepinfer_kernels.tilelang.sparse_mla_quads import _build_quads
+    from deepinfer_kernels.tilelang.sparse_mla.common import NO_AUTO_SYNC
+    from deepinfer_kernels.tilelang.sparse_mla.quads import _build_quads
 
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
     with tvm.transform.PassContext(config=NO_AUTO_SYNC), target:
@@ -68,7 +68,7 @@ def test_the_dequantizers_load_a_batch_of_chunks_before_converting(lowered):
     """The producer reads QUAD_LOAD_BATCH 16-byte FP8 chunks into its scratch before it converts
     and stores any: chunk by chunk, each shared load waited behind the previous chunk's stores
     (they may alias), 329.5 vs 318.9 us on `mini`'s prefill rows (H200, 2026-12-01)."""
-    from deepinfer_kernels.tilelang.sparse_mla_quads import QUAD_LOAD_BATCH
+    from deepinfer_kernels.tilelang.sparse_mla.quads import QUAD_LOAD_BATCH
 
     src, _ = lowered
     # the part's 4 scale bytes in one load after the batch's chunks, the chunks in a loop of 16-byte loads

@@ -7,7 +7,7 @@ import torch
 
 pytestmark = pytest.mark.gpu
 
-T = pytest.importorskip("deepinfer_kernels.tilelang.testing")
+T = pytest.importorskip("deepinfer_kernels.testing")
 
 
 def test_sparse_mla_row_result_independent_of_row_count():

@@ -6,7 +6,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 ref = pytest.importorskip("deepinfer_kernels.ops.indexer")
-T = pytest.importorskip("deepinfer_kernels.tilelang.testing")
+T = pytest.importorskip("deepinfer_kernels.testing")
 
 
 @pytest.mark.parametrize("rows,heads,di,n", [(3, 8, 128, 1000), (5, 64, 128, 700), (4, 2, 32, 77), (2, 8, 64, 512)])

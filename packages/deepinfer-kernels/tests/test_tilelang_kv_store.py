@@ -20,6 +20,17 @@ def _inputs(n, d, dtype, seed):
     return x.to(dtype).cuda()
 
 
+def _check_store(ref, kernel, x, slot_map, slots: int, rec: int) -> None:
+    """The kernel's store of x [n, D] into a random pool uint8 [slots, rec] equals the reference's,
+    byte for byte (rows whose slot is -1 left as they were)."""
+    pool = torch.randint(0, 256, (slots, rec), dtype=torch.uint8, device="cuda")
+    want = pool.clone()
+    ref(x, want, slot_map)
+    kernel(x, pool, slot_map)
+    torch.cuda.synchronize()
+    assert torch.equal(pool, want)
+
+
 @pytest.mark.parametrize("d", [512, 64])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
 @pytest.mark.parametrize("slot_dtype", [torch.int64, torch.int32])
@@ -33,12 +44,7 @@ def test_store_kv_fp8_bit_exact(d, dtype, slot_dtype):
     rec = d + d // 32
     slot_map = torch.randperm(slots, device="cuda")[:n].to(slot_dtype)
     slot_map[::7] = -1
-    pool = torch.randint(0, 256, (slots, rec), dtype=torch.uint8, device="cuda")
-    want = pool.clone()
-    kv_fp8.store_kv_fp8_ref(x, want, slot_map)
-    store_kv_fp8_tilelang(x, pool, slot_map)
-    torch.cuda.synchronize()
-    assert torch.equal(pool, want)
+    _check_store(kv_fp8.store_kv_fp8_ref, store_kv_fp8_tilelang, x, slot_map, slots, rec)
     assert torch.equal(quantize_kv_fp8_tilelang(x), kv_fp8.quantize_kv_fp8_ref(x))
 
 
@@ -131,12 +137,7 @@ def test_store_index_k_fp4_bit_exact(d, dtype):
     rec = d // 2 + d // 32
     slot_map = torch.randperm(slots, device="cuda")[:n]
     slot_map[1::5] = -1
-    pool = torch.randint(0, 256, (slots, rec), dtype=torch.uint8, device="cuda")
-    want = pool.clone()
-    kv_fp4.store_index_k_fp4_ref(x, want, slot_map)
-    store_index_k_fp4_tilelang(x, pool, slot_map)
-    torch.cuda.synchronize()
-    assert torch.equal(pool, want)
+    _check_store(kv_fp4.store_index_k_fp4_ref, store_index_k_fp4_tilelang, x, slot_map, slots, rec)
     assert torch.equal(quantize_index_k_fp4_tilelang(x), kv_fp4.quantize_index_k_fp4_ref(x))
 
 

@@ -6,7 +6,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 ref = pytest.importorskip("deepinfer_kernels.ops.moe")
-T = pytest.importorskip("deepinfer_kernels.tilelang.testing")
+T = pytest.importorskip("deepinfer_kernels.testing")
 
 
 def _offsets(counts):

@@ -7,14 +7,13 @@ import torch
 
 pytestmark = pytest.mark.gpu
 
-T = pytest.importorskip("deepinfer_kernels.tilelang.testing")
+T = pytest.importorskip("deepinfer_kernels.testing")
 
 # ids: the device runner selects variants with -k (a bare "ws" would also match "rows"); the
 # tests without a variant parameter run the default ("auto": bulk / ws by shape and row count,
 # ``resolve_variant``) and are named "default".
 VARIANTS = [pytest.param("ws", id="warpspec1"),
             pytest.param("bulk", id="bulkcopy"),
-            pytest.param("pipelined", id="pipelined"),
             pytest.param("mma", id="warpmma")]
 
 
@@ -117,9 +116,9 @@ def test_sparse_mla_one_key_returns_its_dequantized_record_exactly(variant):
     body = torch.randint(0, 256, (slots, d), generator=g, dtype=torch.uint8)
     body[(body & 0x7F) == 0x7F] = 0x3C                    # no e4m3 NaN codes
     if variant == "mma":
-        # one exponent a row (sparse_mla_mma.py): exact while every group scale of the row sits within
+        # one exponent a row (sparse_mla/mma.py): exact while every group scale of the row sits within
         # 2^15 of its largest; each record's scales span 2^15, from 2^-126 up to 2^33 over the records
-        # (test_tilelang_sparse_mla_experimental.py bounds the error past that)
+        # (test_tilelang_sparse_mla_mma.py bounds the error past that)
         base = torch.randint(1, 161 - 15, (slots, 1), generator=g)
         scales = (base + torch.randint(0, 16, (slots, d // 32), generator=g)).to(torch.uint8)
     else:
@@ -222,7 +221,7 @@ def test_bulk_row_groups_equal_the_one_row_kernel_bit_for_bit(rows, heads, width
                                   empty_frac=0.03, empty_rows=(0, 6, rows - 1))
     p = plan(rows, heads, 512, width, 132, 1, "bulk")
     outs = []
-    for kernel in (get_kernel(heads, 512, "bulk", False, p["hb"], p["bps"], True), get_rows_kernel(heads, 512, p["hb"])):
+    for kernel in (get_kernel(heads, 512, "bulk", False, p["hb"], trim=True), get_rows_kernel(heads, 512, p["hb"])):
         out = torch.empty(rows, heads, 512, dtype=torch.bfloat16, device="cuda")
         lse = torch.empty(rows, heads, dtype=torch.float32, device="cuda")
         dummy_o = torch.empty(1, 1, heads, 512, dtype=torch.float32, device="cuda")
@@ -262,8 +261,8 @@ def test_shared_keys_kernel_pipeline_shapes_agree(name):
     from deepinfer_kernels.tilelang._common import compile_cached
     from deepinfer_kernels.tilelang.shared_keys import shared_key_lists_tilelang
     from deepinfer_kernels.tilelang.sparse_mla import LOG2E, get_groups_kernel
-    from deepinfer_kernels.tilelang.sparse_mla_builders import NO_AUTO_SYNC
-    from deepinfer_kernels.tilelang.sparse_mla_groups import PRODUCERS, _build_bulk_groups
+    from deepinfer_kernels.tilelang.sparse_mla.common import NO_AUTO_SYNC
+    from deepinfer_kernels.tilelang.sparse_mla.groups import PRODUCERS, _build_bulk_groups
 
     assert PRODUCERS == 2
     case = SHARED_KEY_CASES[name]()

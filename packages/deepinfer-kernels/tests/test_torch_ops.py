@@ -8,7 +8,8 @@ import torch
 
 from deepinfer_kernels.ops import indexer, kv_fp4, kv_fp8, moe, sparse_mla
 from deepinfer_kernels.platform import CUSTOM_OP_KERNELS
-from deepinfer_kernels.tilelang import LAUNCHERS, testing
+from deepinfer_kernels import testing
+from deepinfer_kernels.tilelang import LAUNCHERS
 from deepinfer_kernels.tilelang.torch_ops import COMPILED_LAUNCHERS
 
 

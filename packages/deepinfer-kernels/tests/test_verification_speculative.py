@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +12,9 @@ from scipy import stats
 
 from deepinfer_kernels.ops.sampling import RngStream, counter_uniform, random_sampling
 from deepinfer_kernels.ops.verification import VERIFIED_END, verify_and_sample
+
+sys.path.insert(0, str(Path(__file__).parent))  # --import-mode=importlib: make the sibling data module importable
+from speculative_cases import P, Q  # noqa: E402
 
 # ---------------------------------------------------------------- helpers
 
@@ -197,24 +202,6 @@ def test_batch_invariance_under_request_permutation():
 
 # ---------------------------------------------------------------- exactness of speculative sampling
 
-# Target p_m and draft q_m for positions m = 1..6 of one request: row k (k = 0..5) predicts
-# position k + 1; drafts x_1..x_5 ~ q_1..q_5 fill rows 1..5. Both distributions contain zeros the
-# other does not share, so accept, reject and residual paths are all exercised.
-P = torch.tensor([
-    [0.30, 0.25, 0.20, 0.15, 0.10, 0.00],
-    [0.05, 0.40, 0.05, 0.20, 0.00, 0.30],
-    [0.25, 0.25, 0.25, 0.25, 0.00, 0.00],
-    [0.10, 0.10, 0.50, 0.10, 0.10, 0.10],
-    [0.00, 0.35, 0.15, 0.30, 0.10, 0.10],
-    [0.60, 0.10, 0.10, 0.10, 0.10, 0.00],
-], dtype=torch.float32)
-Q = torch.tensor([
-    [0.25, 0.25, 0.25, 0.10, 0.05, 0.10],
-    [0.10, 0.30, 0.00, 0.25, 0.05, 0.30],
-    [0.30, 0.20, 0.30, 0.10, 0.10, 0.00],
-    [0.05, 0.15, 0.40, 0.15, 0.15, 0.10],
-    [0.05, 0.30, 0.20, 0.25, 0.10, 0.10],
-], dtype=torch.float32)
 NUM_DRAFTS = 5
 
 

@@ -10,27 +10,18 @@ distributed as p. The negative control lets c_j peek at draft j itself, and the 
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import torch
 from scipy import stats
 
 from deepinfer_kernels.ops.sampling import random_sampling
 from deepinfer_kernels.ops.verification import compute_seqlens_q_by_confidence_rates, verify_and_sample
 
-P = torch.tensor([
-    [0.30, 0.25, 0.20, 0.15, 0.10, 0.00],
-    [0.05, 0.40, 0.05, 0.20, 0.00, 0.30],
-    [0.25, 0.25, 0.25, 0.25, 0.00, 0.00],
-    [0.10, 0.10, 0.50, 0.10, 0.10, 0.10],
-    [0.00, 0.35, 0.15, 0.30, 0.10, 0.10],
-    [0.60, 0.10, 0.10, 0.10, 0.10, 0.00],
-])
-Q = torch.tensor([
-    [0.25, 0.25, 0.25, 0.10, 0.05, 0.10],
-    [0.10, 0.30, 0.00, 0.25, 0.05, 0.30],
-    [0.30, 0.20, 0.30, 0.10, 0.10, 0.00],
-    [0.05, 0.15, 0.40, 0.15, 0.15, 0.10],
-    [0.05, 0.30, 0.20, 0.25, 0.10, 0.10],
-])
+sys.path.insert(0, str(Path(__file__).parent))  # --import-mode=importlib: make the sibling data module importable
+from speculative_cases import P, Q  # noqa: E402
+
 CONF_OF_TOKEN = torch.tensor([0.95, 0.05, 0.9, 0.1, 0.85, 0.2])  # confidence as a function of a token
 NEXTN, START = 5, 1000
 

@@ -39,10 +39,40 @@ def env_flag(name: str, default: bool) -> bool:
     return FLAG_VALUES[env_choice(name, "1" if default else "0", tuple(FLAG_VALUES))]
 
 
+BACKEND_CHOICES = ("", "torch", "tilelang")       # "": per device (``platform.Backend`` values)
+SPARSE_MLA_KERNEL_VARIANTS = ("auto", "ws", "bulk", "mma")
+
+
+def kernel_backend() -> str:
+    """``$DEEPINFER_KERNEL_BACKEND``: "" (each op picks per device), "torch" or "tilelang"."""
+    return env_choice(KERNEL_BACKEND_ENV, "", BACKEND_CHOICES)
+
+
+def kernel_variant() -> str:
+    """The TileLang kernel ``$DEEPINFER_SPARSE_MLA_VARIANT`` asks for ("auto" when unset)."""
+    return env_choice(SPARSE_MLA_VARIANT_ENV, "auto", SPARSE_MLA_KERNEL_VARIANTS)
+
+
+def shared_key_group_rows() -> int:
+    """``$DEEPINFER_SPARSE_MLA_GROUP_ROWS`` ("4" when unset): how many consecutive rows share a key
+    list when shared keys are asked for. 4: quads of 16 heads (the queries fill the wgmma's M of 64,
+    ``tilelang/sparse_mla/quads.py``; 1.3x the pairs on `mini`'s prefill rows, H200 2026-12-01),
+    pairs where a quad does not apply (other head counts, rows wider than 480 columns). 2: pairs
+    only (``tilelang/sparse_mla/groups.py``)."""
+    return int(env_choice(SPARSE_MLA_GROUP_ROWS_ENV, "4", ("2", "4")))
+
+
+def shared_keys_enabled() -> bool:
+    """``$DEEPINFER_SPARSE_MLA_SHARED_KEYS`` ("1" when unset): whether the model asks for shared keys
+    (``sparse_mla_attention(..., shared_keys=True)``) in its prefill chunks. "0" keeps every row on
+    the per-row kernels (the A/B switch of ``tools/gpu_engine_check.sh sharedkeys``)."""
+    return env_flag(SPARSE_MLA_SHARED_KEYS_ENV, True)
+
+
 @dataclass(frozen=True)
 class KernelEnvs:
     kernel_backend: str            # DEEPINFER_KERNEL_BACKEND: "" (per device) | "tilelang" | "torch"
-    sparse_mla_variant: str        # DEEPINFER_SPARSE_MLA_VARIANT: auto | ws | bulk | pipelined | regs | mma
+    sparse_mla_variant: str        # DEEPINFER_SPARSE_MLA_VARIANT: auto | ws | bulk | mma
     sparse_mla_shared_keys: bool   # DEEPINFER_SPARSE_MLA_SHARED_KEYS: prefill row groups share key lists (1)
     sparse_mla_group_rows: int     # DEEPINFER_SPARSE_MLA_GROUP_ROWS: 4 (quads, the default) | 2 (pairs)
     matvec: bool                   # DEEPINFER_MATVEC: one-row projections as matrix-vector kernels (1)
@@ -51,16 +81,8 @@ class KernelEnvs:
 
     @classmethod
     def from_environ(cls) -> KernelEnvs:
-        from deepinfer_kernels.ops.sparse_mla import (
-            kernel_variant,
-            shared_key_group_rows,
-            shared_keys_enabled,
-        )
-        from deepinfer_kernels.platform import forced_backend
-
-        backend = forced_backend()
         return cls(
-            kernel_backend=backend.value if backend is not None else "",
+            kernel_backend=kernel_backend(),
             sparse_mla_variant=kernel_variant(),
             sparse_mla_shared_keys=shared_keys_enabled(),
             sparse_mla_group_rows=shared_key_group_rows(),

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from deepinfer_kernels.envs import BACKEND_CHOICES, kernel_backend  # noqa: F401  (BACKEND_CHOICES: the knob's values)
+
 
 class Backend(enum.Enum):
     TORCH = "torch"        # the <op>_ref torch implementation: CPU path and oracle
@@ -88,15 +90,10 @@ def detect_platform() -> Platform:
     return Platform(PlatformKind.CUDA, name, capability, has_tilelang)
 
 
-# DEEPINFER_KERNEL_BACKEND's values ("": per device). A constant: `forced_backend` runs inside
-# torch.compile'd steps, and torch 2.11's dynamo cannot iterate an Enum class there.
-BACKEND_CHOICES = ("",) + tuple(b.value for b in Backend)
-
-
+# DEEPINFER_KERNEL_BACKEND's values are a constant in envs (BACKEND_CHOICES): `forced_backend`
+# runs inside torch.compile'd steps, and torch 2.11's dynamo cannot iterate an Enum class there.
 def forced_backend() -> Backend | None:
-    from deepinfer_kernels.envs import KERNEL_BACKEND_ENV, env_choice
-
-    value = env_choice(KERNEL_BACKEND_ENV, "", BACKEND_CHOICES)
+    value = kernel_backend()
     return Backend(value) if value else None
 
 

@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer_kernels.layouts import HASH_MOD, HASH_MULT
 from deepinfer_kernels.ops._checks import INDEX_DTYPES, check_same_device, check_tensor
 from deepinfer_kernels.ops.paged_slots import check_lookup_args, paged_slots
 from deepinfer_kernels.platform import tilelang_launcher
-
-HASH_MULT = 1000003
-HASH_MOD = 2**31 - 1
 
 
 def ngram_buckets(windows: torch.Tensor, table_size: int) -> torch.Tensor:

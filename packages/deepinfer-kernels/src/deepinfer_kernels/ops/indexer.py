@@ -32,6 +32,7 @@ from deepinfer_kernels.tilelang.indexer import (  # constants only (no TileLang 
     TILE,
     TILES_PER_CTA,
 )
+from deepinfer_kernels.tilelang.torch_ops import register_cpu_reference
 
 BF16_MAX = torch.finfo(torch.bfloat16).max
 FUSED_CANDIDATES = TILE * TILES_PER_CTA   # candidates per CTA of the fused kernel: its block size divides it
@@ -49,6 +50,11 @@ def indexer_scores_ref(q: torch.Tensor, weights: torch.Tensor, k_pool: torch.Ten
     s = torch.einsum("rhd,rnd->rhn", q.float(), k).relu()                            # [rows, heads, n]
     out = torch.einsum("rhn,rh->rn", s, weights.float())
     return out.masked_fill(~valid, float("-inf"))
+
+
+@register_cpu_reference("indexer_scores")
+def _(q, weights, k_pool, indices):
+    return indexer_scores_ref(q, weights, k_pool, indices).contiguous()
 
 
 def candidate_block_max_ref(logits: torch.Tensor, valid_lens: torch.Tensor,
@@ -90,6 +96,12 @@ def indexer_topk_blocks_ref(q: torch.Tensor, weights: torch.Tensor, k_pool: torc
     -> block ids int32 [rows, topk], -1 padded."""
     scores = indexer_scores_ref(q, weights.float() * weight_scale, k_pool, indices)
     return select_topk_blocks_ref(*candidate_block_max_ref(scores, valid_lens, block_size), topk)
+
+
+@register_cpu_reference("indexer_topk_blocks")
+def _(q, weights, k_pool, indices, valid_lens, block_size, topk, weight_scale=1.0):
+    return indexer_topk_blocks_ref(q, weights, k_pool, indices, valid_lens, block_size, topk,
+                                   weight_scale).contiguous()
 
 
 # ---------------------------------------------------------------- public wrappers

@@ -22,6 +22,7 @@ from deepinfer_kernels.ops._checks import (
 from deepinfer_kernels.ops.kv_fp8 import GROUP, UE8M0_BIAS, ue8m0_exponent
 from deepinfer_kernels.ops.paged_store import store_quantized, store_quantized_rows
 from deepinfer_kernels.platform import select_backend
+from deepinfer_kernels.tilelang.torch_ops import register_cpu_reference
 
 E2M1_MAX = 6.0
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -83,6 +84,11 @@ def dequantize_index_k_fp4_ref(records: torch.Tensor, dim: int) -> torch.Tensor:
 def store_index_k_fp4_ref(k: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """pool[slot_mapping[i]] = quantize(k[i]) for every i with slot_mapping[i] >= 0 (in place)."""
     store_quantized_rows(pool, slot_mapping, k, quantize_index_k_fp4_ref, capturable=False)
+
+
+@register_cpu_reference("store_index_k_fp4")
+def _(k, pool, slot_mapping):
+    store_index_k_fp4_ref(k, pool, slot_mapping)
 
 
 def store_index_k_fp4_capturable(k: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:

@@ -24,6 +24,7 @@ from deepinfer_kernels.ops._checks import (
 )
 from deepinfer_kernels.ops.paged_store import store_quantized, store_quantized_rows
 from deepinfer_kernels.platform import select_backend, tilelang_launcher
+from deepinfer_kernels.tilelang.torch_ops import register_cpu_reference
 
 GROUP = 32            # values per ue8m0 scale
 E4M3_MAX = 448.0
@@ -67,6 +68,11 @@ def dequantize_kv_fp8_ref(records: torch.Tensor, dim: int) -> torch.Tensor:
 def store_kv_fp8_ref(kv: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """pool[slot_mapping[i]] = quantize(kv[i]) for every i with slot_mapping[i] >= 0 (in place)."""
     store_quantized_rows(pool, slot_mapping, kv, quantize_kv_fp8_ref, capturable=False)
+
+
+@register_cpu_reference("store_kv_fp8")
+def _(kv, pool, slot_mapping):
+    store_kv_fp8_ref(kv, pool, slot_mapping)
 
 
 def store_kv_fp8_capturable(kv: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:

@@ -1,7 +1,7 @@
 """Bias-free linear layer ``y = x . W^T``: ``F.linear``, except a single row on SM90.
 
 A batch-1 decode step multiplies one row by each projection's weight; cuBLAS takes 4.5-7.3 us per
-such GEMM on the H200 whatever the weight's size (docs/benchmarks.md, session 15). On SM90, bf16 /
+such GEMM on the H200 whatever the weight's size (H200, 2026-12-01; docs/benchmarks.md). On SM90, bf16 /
 fp16, one row and a weight ``matvec_serves`` go to the TileLang matrix-vector
 kernel (``deepinfer_kernels.tilelang.matvec``; same values up to float32 summation order).
 Everything else, and batch-invariant mode, autograd, ``torch.compile`` and ``DEEPINFER_MATVEC=0``
@@ -10,13 +10,12 @@ Everything else, and batch-invariant mode, autograd, ``torch.compile`` and ``DEE
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
 from deepinfer_kernels.batch_invariant import batch_invariant_enabled
 from deepinfer_kernels.envs import MATVEC_ENV, env_flag
+from deepinfer_kernels.layouts import NormedProjection  # noqa: F401  (rms_norm_linear's result, re-exported)
 from deepinfer_kernels.platform import tilelang_launcher
 from deepinfer_kernels.tilelang.matvec import pick_tiles, serves_out_dtype
 
@@ -33,7 +32,7 @@ def matvec_serves(n: int, k: int, weight_bytes: int) -> bool:
     49.8 us, flash's q_b [32768, 1024] 39.4 vs 46.1, o_proj [3072, 32768] 71.2 vs 86.9, dense gate/up
     [53760, 3072] 100.8 vs 118.6, lm_head [129280, 3072] 197.8 vs 228.8. On the tiles before the
     one-wave rule a K = 1024 CTA streamed its whole K in one step and cuBLAS won (q_b 30.3 vs 24.9 us,
-    session 24's table): those weights now stream 16 steps of 64."""
+    H200, 2026-12-02): those weights now stream 16 steps of 64."""
     tiles = pick_tiles(n, k)
     return tiles is not None and (weight_bytes <= MATVEC_MAX_WEIGHT_BYTES or k // tiles[1] >= MATVEC_LARGE_MIN_STEPS)
 
@@ -64,15 +63,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None 
     if kernel is not None and serves_out_dtype(x.dtype, out_dtype):
         return kernel(x, weight, out_dtype)
     return linear_ref(x, weight, out_dtype)
-
-
-@dataclass
-class NormedProjection:
-    """What `rms_norm_linear` returns: the projection and, where asked, the rows it normalised."""
-
-    y: torch.Tensor                # [..., N] linear(u, weight)
-    s: torch.Tensor | None = None  # [..., K] x + residual in x's dtype (None without a residual)
-    u: torch.Tensor | None = None  # [..., K] rms_norm(s) (None unless return_normed)
 
 
 def rms_norm_linear_ref(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from deepinfer_kernels.batch_invariant import batch_invariant_enabled
+from deepinfer_kernels.layouts import grouped_mm_order, permute_by_expert  # noqa: F401  (re-exported)
 from deepinfer_kernels.ops._checks import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
@@ -47,6 +48,7 @@ from deepinfer_kernels.platform import (
     forced_backend,
     tilelang_launcher,
 )
+from deepinfer_kernels.tilelang.torch_ops import register_cpu_reference
 
 
 def moe_route_ref(router_logits: torch.Tensor, bias: torch.Tensor, top_k: int, norm_topk_prob: bool,
@@ -59,25 +61,6 @@ def moe_route_ref(router_logits: torch.Tensor, bias: torch.Tensor, top_k: int, n
     if norm_topk_prob:
         w = w / w.sum(-1, keepdim=True).clamp(min=1e-20)
     return w * routed_scaling_factor, ids.to(torch.int32)
-
-
-def permute_by_expert(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """ids [T, k] -> (order [T*k] int64: flat (t*k + slot) indices sorted by expert, stable;
-    expert_offsets [E+1] int64)."""
-    flat = ids.reshape(-1).long()
-    order = torch.sort(flat, stable=True).indices
-    counts = torch.bincount(flat, minlength=num_experts)
-    offsets = torch.zeros(num_experts + 1, dtype=torch.long, device=ids.device)
-    offsets[1:] = torch.cumsum(counts, 0)
-    return order, offsets
-
-
-def grouped_mm_order(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """ids [T, k] -> (order [T*k] int64: flat (t*k + slot) indices sorted by expert, stable;
-    ends [E] int32: cumulative rows per expert, `torch._grouped_mm`'s `offs`). Static shapes, no sync."""
-    sorted_ids, order = torch.sort(ids.reshape(-1).long(), stable=True)
-    ends = torch.searchsorted(sorted_ids, torch.arange(num_experts, device=ids.device), right=True, out_int32=True)
-    return order, ends
 
 
 def grouped_expert_gemm_ref(x: torch.Tensor, w: torch.Tensor, expert_offsets: torch.Tensor) -> torch.Tensor:
@@ -107,6 +90,11 @@ def routed_experts_ref(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
     unperm = torch.empty_like(y)
     unperm[order] = y
     return unperm.reshape(t, k, -1).sum(1).to(x.dtype)
+
+
+@register_cpu_reference("routed_experts")
+def _(x, weights, ids, w13, w2):
+    return routed_experts_ref(x, weights, ids, w13, w2).contiguous()
 
 
 GROUPED_GEMM_TILELANG_MAX_ROWS_PER_EXPERT = 64   # grouped_expert_gemm: TileLang up to this average, cuBLAS above

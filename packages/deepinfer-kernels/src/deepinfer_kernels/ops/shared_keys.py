@@ -28,31 +28,17 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer_kernels.layouts import (  # noqa: F401  (the encoding, re-exported)
+    GROUP_SIZES,
+    MAX_SHARED_KEY_SLOT,
+    ROWS_PER_GROUP,
+    max_shared_key_slot,
+    num_groups,
+    row_bits_shift,
+)
 from deepinfer_kernels.ops._checks import INDEX_DTYPES, check_tensor
 from deepinfer_kernels.ops.capture import host_checks
 from deepinfer_kernels.platform import tilelang_launcher
-
-ROWS_PER_GROUP = 2           # the pairs' default
-GROUP_SIZES = (2, 4)
-
-
-def row_bits_shift(group_rows: int = ROWS_PER_GROUP) -> int:
-    """Where an entry's row bits start: ``group_rows`` bits just below the sign bit."""
-    if group_rows not in GROUP_SIZES:
-        raise ValueError(f"group_rows: {group_rows}, expected one of {GROUP_SIZES}")
-    return 31 - group_rows
-
-
-def max_shared_key_slot(group_rows: int = ROWS_PER_GROUP) -> int:
-    return 1 << row_bits_shift(group_rows)
-
-
-MAX_SHARED_KEY_SLOT = max_shared_key_slot()   # pairs': 2^29
-
-
-def num_groups(rows: int, group_rows: int = ROWS_PER_GROUP) -> int:
-    return (rows + group_rows - 1) // group_rows
-
 
 def _has_repeats(rows: torch.Tensor) -> torch.Tensor:
     """rows int64 [G, W] (-1 = empty) -> bool [G]: a valid slot appears twice in the row."""

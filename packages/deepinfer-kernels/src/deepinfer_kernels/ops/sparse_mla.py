@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_kernels.envs import (
-    SPARSE_MLA_GROUP_ROWS_ENV,
+from deepinfer_kernels.envs import (  # noqa: F401  (the knobs' readers, re-exported)
+    SPARSE_MLA_KERNEL_VARIANTS as KERNEL_VARIANTS,
+)
+from deepinfer_kernels.envs import (  # noqa: F401
     SPARSE_MLA_SHARED_KEYS_ENV,
     SPARSE_MLA_VARIANT_ENV,
-    env_choice,
-    env_flag,
+    kernel_variant,
+    shared_key_group_rows,
+    shared_keys_enabled,
 )
 from deepinfer_kernels.ops._checks import (
     FLOAT_DTYPES,
@@ -33,31 +36,10 @@ from deepinfer_kernels.ops._checks import (
 from deepinfer_kernels.ops.capture import host_checks
 from deepinfer_kernels.ops.kv_fp8 import dequantize_kv_fp8_ref, fp8_record_bytes
 from deepinfer_kernels.platform import tilelang_launcher
+from deepinfer_kernels.tilelang.torch_ops import register_cpu_reference
 
 VARIANT_ENV = SPARSE_MLA_VARIANT_ENV
-KERNEL_VARIANTS = ("auto", "ws", "bulk", "pipelined", "regs", "mma")
 SHARED_KEYS_ENV = SPARSE_MLA_SHARED_KEYS_ENV
-
-
-def kernel_variant() -> str:
-    """The TileLang kernel ``$DEEPINFER_SPARSE_MLA_VARIANT`` asks for ("auto" when unset)."""
-    return env_choice(VARIANT_ENV, "auto", KERNEL_VARIANTS)
-
-
-def shared_key_group_rows() -> int:
-    """``$DEEPINFER_SPARSE_MLA_GROUP_ROWS`` ("4" when unset): how many consecutive rows share a key
-    list when shared keys are asked for. 4: quads of 16 heads (the queries fill the wgmma's M of 64,
-    ``tilelang/sparse_mla_quads.py``; 1.3x the pairs on `mini`'s prefill rows, H200 2026-12-01),
-    pairs where a quad does not apply (other head counts, rows wider than 480 columns). 2: pairs
-    only (``tilelang/sparse_mla_groups.py``)."""
-    return int(env_choice(SPARSE_MLA_GROUP_ROWS_ENV, "4", ("2", "4")))
-
-
-def shared_keys_enabled() -> bool:
-    """``$DEEPINFER_SPARSE_MLA_SHARED_KEYS`` ("1" when unset): whether the model asks for shared keys
-    (``sparse_mla_attention(..., shared_keys=True)``) in its prefill chunks. "0" keeps every row on
-    the per-row kernels (the A/B switch of ``tools/gpu_engine_check.sh sharedkeys``)."""
-    return env_flag(SHARED_KEYS_ENV, True)
 
 
 def sparse_mla_attention_ref(q: torch.Tensor, kv_pool: torch.Tensor, indices: torch.Tensor,
@@ -75,6 +57,12 @@ def sparse_mla_attention_ref(q: torch.Tensor, kv_pool: torch.Tensor, indices: to
     p = torch.exp(s - lse.unsqueeze(-1)).nan_to_num(0.0)                       # empty rows -> 0
     out = torch.einsum("rhw,rwd->rhd", p, kv)
     return out.to(q.dtype), lse
+
+
+@register_cpu_reference("sparse_mla_attention")
+def _(q, kv_pool, indices, sm_scale, variant, shared_keys=False):
+    out, lse = sparse_mla_attention_ref(q, kv_pool, indices, sm_scale)
+    return out.contiguous(), lse.contiguous()
 
 
 def sparse_mla_attention(q: torch.Tensor, kv_pool: torch.Tensor, indices: torch.Tensor,

@@ -21,15 +21,15 @@ Eight consumer warps share one query row's 16 heads; warp w owns the latent dims
    2^8, so alpha is mostly 1 and the rescale is skipped) and writes P (f16) and the rescale alpha
    (two buffers too); one barrier a half, whose OR reduction (``bar.red.or``) tells every warp
    whether any head's maximum moved: if none did, PV starts without reading alpha (1.05x at
-   8,192 keys, H200 session 31);
+   8,192 keys, H200, 2026-12-02);
 4. PV, ``mma.m16n8k16`` again: A = P, B = the same registers transposed in registers
    (``movmatrix``). The accumulators hold O in units of 2^(C - 127); a half where C grows rescales
    them by alpha x 2^(C_old - C_new).
 
-One exponent for the row, not one per scale group (session 30's tables: the QK partial per group
+One exponent for the row, not one per scale group (the 2026-12-02 kernel's tables: the QK partial per group
 times its scale in fp32, P times a per-group ratio), takes 32 multiplies and 16 table loads off a
-warp's half and the QK accumulators from 32 registers to 16: 1.08x at 8,192 keys (H200, session
-31). Its cost: a value whose group scale sits more than 2^15 below the row's largest so far is an
+warp's half and the QK accumulators from 32 registers to 16: 1.08x at 8,192 keys (H200,
+2026-12-02). Its cost: a value whose group scale sits more than 2^15 below the row's largest so far is an
 f16 subnormal (fewer bits) and, past 2^24 below (its f16 factor 0), zero -- an absolute error under
 2^-25 of the largest value that scale expresses (448 x 2^(C - 127)); RMS-normalized latents keep
 their group scales within a few powers of two.
@@ -169,7 +169,7 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
       const float x1 = mask.y == 0.f ? sum.y * qs : NEG_INF;
       // The half's maximum of each of the warp's two heads (lanes 0-15 / 16-31): two redux.sync
       // over order-preserving integers, no dependent shuffles (1.04x over four shfl.bfly rounds,
-      // H200 session 30; a vote that skips them while no score passes the lazy threshold: 0.99x)
+      // H200, 2026-12-02; a vote that skips them while no score passes the lazy threshold: 0.99x)
       const int o = di_f2ord(fmaxf(x0, x1));
       const int m_lo = __reduce_max_sync(0xffffffffu, lane < 16 ? o : (int)0x80000000);
       const int m_hi = __reduce_max_sync(0xffffffffu, lane < 16 ? (int)0x80000000 : o);
@@ -201,7 +201,7 @@ __device__ __forceinline__ void di_mma_consumer(const unsigned char* K8, const f
       }
     // ptxas places an instruction by its distance to the end of its basic block; the transposes (used
     // only past the rescale branch below) sank past the barrier, onto PV's critical path. A branch
-    // never taken (beta is a power of two) ends their block here: 1.02x (H200, session 31).
+    // never taken (beta is a power of two) ends their block here: 1.02x (H200, 2026-12-02).
     if (bt < 0.f) __trap();
     qk_store(acc, S_red + (1 - hb) * RED);
     mark(2 + 4 * hb);

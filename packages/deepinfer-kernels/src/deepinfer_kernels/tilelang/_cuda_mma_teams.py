@@ -55,7 +55,7 @@ __device__ __forceinline__ void di_mma_team_convert(unsigned k8, const unsigned*
 }
 // The warp's partial scores of the half: 8 mma per 8-key tile (acc [tile j][C register]), then into
 // red [4 warps][16 heads][SST] at warp u. (Two chains of four mma a tile instead of one of eight were
-// slower: H200, session 35, 179.3 vs 178.0 us at 8,192 keys.)
+// slower: H200, 2026-12-03, 179.3 vs 178.0 us at 8,192 keys.)
 __device__ __forceinline__ void di_mma_team_qk(const unsigned (&qa)[8][4], const unsigned (&kv)[4][8][2],
                                                float (&acc)[4][4]) {
 #pragma unroll
@@ -95,7 +95,7 @@ __device__ __forceinline__ float4 di_mma_team_head_scores(const float* red_lane,
 }
 // 2^x: exp2f, or (FAST) the bare ex2.approx.ftz: exp2f is the same instruction plus a rescale around
 // it for results below 2^-126, which here flush to 0 (P is f16, whose smallest subnormal is 2^-24;
-// an alpha that small zeroes the accumulators either way). H200, session 35: 175.6 vs 178.0 us at
+// an alpha that small zeroes the accumulators either way). H200, 2026-12-03: 175.6 vs 178.0 us at
 // 8,192 keys, 16.9 vs 17.2 on the engine's packed layout, same errors.
 template <bool FAST>
 __device__ __forceinline__ float di_exp2(float x) {
@@ -238,7 +238,7 @@ __device__ __forceinline__ void di_mma_teams_consumer(const unsigned char* K8, c
 #pragma unroll
       for (int e = 0; e < 4; ++e) O[c][x][e] = 0.f;
   // The loop's lane addresses as 32-bit shared addresses, pinned in registers by an empty asm: ptxas
-  // recomputed most of them from the thread index every half (H200, session 36, 8,192 keys, each step
+  // recomputed most of them from the thread index every half (H200, 2026-12-03, 8,192 keys, each step
   // A/B'd in one process: six of them 514 -> 492 instructions a half, 174.0 -> 172.1 us; the other
   // four 492 -> 468, 172.9 -> 170.1 us); pointers again through __cvta_shared_to_generic, which
   // ptxas still turns into shared loads and stores
@@ -267,7 +267,7 @@ __device__ __forceinline__ void di_mma_teams_consumer(const unsigned char* K8, c
   for (int i = 0; i < nblk; ++i) {
     int s = i % NST;
     // the stage index made opaque: ptxas folds i % NST into each table's offset as (i x C) & M otherwise,
-    // three instructions a table instead of one (H200, session 36: 462 instructions a half, 168.1 /
+    // three instructions a table instead of one (H200, 2026-12-03: 462 instructions a half, 168.1 /
     // 168.2 vs 169.9 / 169.7 us at 8,192 keys)
     asm volatile("" : "+r"(s));
     // ---- QK: the lane's bytes (key 8j + g of the half, dims 4t.. of each 16-dim chunk) to f16 times the
@@ -295,9 +295,9 @@ __device__ __forceinline__ void di_mma_teams_consumer(const unsigned char* K8, c
       }
     // ptxas places an instruction by its distance to the end of its basic block and moves movmatrix
     // across barriers: all 64 sank past the next barrier, onto PV's path. A branch never taken (beta is
-    // a power of two) ends their block here (8,192 keys, H200 session 32: 184.8-186.1 us without it in
-    // call 1, 179.8-181.8 with it in call 2; not one process). Before the team barrier instead, beside
-    // QK's mma, they were slower (session 35: 182.4 vs 178.0 us).
+    // a power of two) ends their block here (8,192 keys, H200, 2026-12-03: 184.8-186.1 us without it in
+    // one run, 179.8-181.8 with it in the next; not one process). Before the team barrier instead, beside
+    // QK's mma, they were slower (2026-12-03: 182.4 vs 178.0 us).
     if (bt < 0.f) __trap();
     __syncwarp();                                          // the stage's bytes and tables are no longer read
     if (lane == 0) di_mbar_arrive_s(a_emp + 8 * s);

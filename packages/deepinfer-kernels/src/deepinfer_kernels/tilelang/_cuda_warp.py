@@ -1,5 +1,5 @@
 """Warp-level PTX wrappers shared by the register-operand sparse MLA decode kernels
-(``_cuda_regs.py``, ``_cuda_mma.py``): ``ldmatrix``, ``movmatrix``, ``mma.sync`` m16n8k16 (f16 in,
+(``_cuda_mma.py``): ``ldmatrix``, ``movmatrix``, ``mma.sync`` m16n8k16 (f16 in,
 f32 accumulators), f16 pair arithmetic and conversion (from fp32 and from e4m3), the float <->
 ordered-int map behind ``redux.sync`` maxima, mbarrier waits / arrivals and named barriers from
 CUDA code. Pulled in with ``T.import_source`` before the kernels' own sources."""

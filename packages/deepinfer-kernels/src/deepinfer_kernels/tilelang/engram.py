@@ -7,7 +7,7 @@ equal bit for bit). One thread per row: it reads the row's window of ids through
 
 import torch
 
-from deepinfer_kernels.ops.engram import HASH_MOD, HASH_MULT
+from deepinfer_kernels.layouts import HASH_MOD, HASH_MULT
 from deepinfer_kernels.tilelang._common import PDL, compile_cached, pdl_sync, require, require_cuda
 
 # No `from __future__ import annotations` (TileLang evaluates prim_func annotations).

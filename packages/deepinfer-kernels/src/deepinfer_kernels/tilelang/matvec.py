@@ -13,6 +13,7 @@ Same values as ``F.linear`` up to float32 summation order (rounded to x's dtype 
 
 import torch
 
+from deepinfer_kernels.layouts import NormedProjection
 from deepinfer_kernels.tilelang._common import PDL, compile_cached, pdl_sync, require, require_cuda
 
 # No `from __future__ import annotations` (TileLang evaluates prim_func annotations).
@@ -208,8 +209,6 @@ def rms_norm_matvec_tilelang(x: torch.Tensor, norm_weight: torch.Tensor, eps: fl
     with s = x, or ``x + residual`` rounded to x's dtype -> ``NormedProjection`` (y; s with a
     residual; the normed row u with ``return_normed``). x / residual one row [..., K], norm_weight
     [K] float32 or x's dtype, K a multiple of 32 up to 8192; ``out_dtype`` as in ``matvec_tilelang``."""
-    from deepinfer_kernels.ops.linear import NormedProjection
-
     _check(x, weight)
     _check_out_dtype(x, out_dtype)
     n, k = weight.shape

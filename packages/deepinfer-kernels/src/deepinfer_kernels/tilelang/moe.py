@@ -24,7 +24,7 @@ import torch
 
 from deepinfer_kernels.batch_invariant import batch_invariant_enabled
 from deepinfer_kernels.envs import MOE_GATEUP_WS_ENV, env_flag
-from deepinfer_kernels.ops.moe import grouped_mm_order, permute_by_expert
+from deepinfer_kernels.layouts import grouped_mm_order, permute_by_expert
 from deepinfer_kernels.tilelang._common import compile_cached, require, require_cuda
 from deepinfer_kernels.tilelang.activation import silu_mul_tilelang
 from deepinfer_kernels.tilelang.moe_builders import _build_grouped, _build_grouped_swapped, _build_grouped_ws
@@ -62,7 +62,7 @@ SWAP_MAX_STAGED_BYTES = 64 * 1024   # SWAP_STAGED: the slot's rows of X, whole K
 # 122 us at 1 token: the tensor-core tiles stream wide experts faster.
 GEMV_MAX_TOKENS = 1
 GEMV_MAX_GROUPED_CTAS = 132
-# Tiles from a sweep at `mini`'s experts, 1 token (.devrun/gemv_sweep.py, session 16, graphs, L2
+# Tiles from a sweep at `mini`'s experts, 1 token (H200, 2026-12-01, CUDA graphs, L2
 # flushed): gate/up bn 8 x bk 128, 8 stages 10.07 us against 11.96 for 16 x 256 x 4 (10 tried);
 # down 8 x 512 x 4 stays the fastest of 9 (5.65 us). Both still run at ~1.1-1.3 TB/s: latency-bound.
 GEMV_GATE_UP = dict(bn=8, bk=128, stages=8)

@@ -23,6 +23,31 @@ from deepinfer_kernels.tilelang._common import PDL, pdl_sync
 # No `from __future__ import annotations` (TileLang evaluates prim_func annotations).
 
 
+def grouped_dims(T):
+    """The grouped GEMMs' dynamic sizes: rows of x NX (tokens when gathering), output rows N (the
+    permuted rows), rows of RowIdx NR (N when gathering, else 1), m-slots NSL."""
+    return T.dynamic("NX"), T.dynamic("N"), T.dynamic("NR"), T.dynamic("NSL")
+
+
+def grouped_kernel(T, E: int, K: int, NOUT: int, NW: int, dtype: str, dims, body):
+    """The prim_func of every grouped GEMM (``moe.py`` launches them alike): x [NX, K], weights
+    [E, NW, K] (NW = 2 NOUT with SwiGLU), the tile schedule [3, NSL], the gather rows [NR], out
+    [N, NOUT], around ``body`` (a ``T.macro`` of the same arguments that opens the kernel)."""
+    NX, N, NR, NSL = dims
+
+    @T.prim_func
+    def main(
+        X: T.Tensor((NX, K), dtype),
+        Wt: T.Tensor((E, NW, K), dtype),
+        Slots: T.Tensor((3, NSL), T.int32),
+        RowIdx: T.Tensor((NR,), T.int32),
+        Out: T.Tensor((N, NOUT), dtype),
+    ):
+        body(X, Wt, Slots, RowIdx, Out)
+
+    return main
+
+
 def _store_tile_macro(T, dtype: str, swiglu: bool, transposed: bool, bm: int, bn: int):
     """The epilogue of every grouped GEMM: rows ``row0 + i`` (``i < rows``) of ``Out``, columns
     ``col0 + j``. SwiGLU rounds the gate and up accumulators to ``dtype`` first, as the reference
@@ -59,20 +84,11 @@ def _build_grouped(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int, stages:
     store = _store_tile_macro(T, dtype, swiglu, False, bm, bn)
 
     NW = 2 * NOUT if swiglu else NOUT
-    NX = T.dynamic("NX")                 # rows of x (tokens when gathering)
-    N = T.dynamic("N")                   # rows of the output (= permuted rows)
-    NR = T.dynamic("NR")                 # rows of RowIdx (N when gathering, else 1)
-    NSL = T.dynamic("NSL")               # m-slots
+    NX, N, NR, NSL = dims = grouped_dims(T)
     assert K % bk == 0 and NOUT % bn == 0
 
-    @T.prim_func
-    def main(
-        X: T.Tensor((NX, K), dtype),
-        Wt: T.Tensor((E, NW, K), dtype),
-        Slots: T.Tensor((3, NSL), T.int32),
-        RowIdx: T.Tensor((NR,), T.int32),
-        Out: T.Tensor((N, NOUT), dtype),
-    ):
+    @T.macro
+    def body(X, Wt, Slots, RowIdx, Out):
         with T.Kernel(NSL, NOUT // bn, threads=threads) as (bx, by):
             if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
                 T.evaluate(pdl_sync())
@@ -108,7 +124,7 @@ def _build_grouped(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int, stages:
                 else:
                     store(Out, acc, acc, row0, by * bn, rows)
 
-    return main
+    return grouped_kernel(T, E, K, NOUT, NW, dtype, dims, body)
 
 
 def _build_grouped_swapped(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int, stages: int, threads: int,
@@ -126,20 +142,11 @@ def _build_grouped_swapped(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int,
 
     NW = 2 * NOUT if swiglu else NOUT
     KT = K // bk
-    NX = T.dynamic("NX")
-    N = T.dynamic("N")
-    NR = T.dynamic("NR")
-    NSL = T.dynamic("NSL")
+    NX, N, NR, NSL = dims = grouped_dims(T)
     assert K % bk == 0 and NOUT % bn == 0
 
-    @T.prim_func
-    def main(
-        X: T.Tensor((NX, K), dtype),
-        Wt: T.Tensor((E, NW, K), dtype),
-        Slots: T.Tensor((3, NSL), T.int32),
-        RowIdx: T.Tensor((NR,), T.int32),
-        Out: T.Tensor((N, NOUT), dtype),
-    ):
+    @T.macro
+    def body(X, Wt, Slots, RowIdx, Out):
         with T.Kernel(NSL, NOUT // bn, threads=threads) as (bx, by):
             if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
                 T.evaluate(pdl_sync())
@@ -178,7 +185,7 @@ def _build_grouped_swapped(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int,
                 else:
                     store(Out, acc, acc, row0, by * bn, rows)
 
-    return main
+    return grouped_kernel(T, E, K, NOUT, NW, dtype, dims, body)
 
 
 def _build_grouped_ws(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int, stages: int, swiglu: bool,
@@ -192,22 +199,13 @@ def _build_grouped_ws(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int, stag
     store = _store_tile_macro(T, dtype, swiglu, False, bm, bn)
 
     NW = 2 * NOUT if swiglu else NOUT
-    NX = T.dynamic("NX")
-    N = T.dynamic("N")
-    NR = T.dynamic("NR")
-    NSL = T.dynamic("NSL")
+    NX, N, NR, NSL = dims = grouped_dims(T)
     KT = K // bk
     CPT = bm * bk // 8 // 128            # 16-byte chunks of the A tile per producer thread
     assert K % bk == 0 and NOUT % bn == 0 and KT % stages == 0 and bm == 128
 
-    @T.prim_func
-    def main(
-        X: T.Tensor((NX, K), dtype),
-        Wt: T.Tensor((E, NW, K), dtype),
-        Slots: T.Tensor((3, NSL), T.int32),
-        RowIdx: T.Tensor((NR,), T.int32),
-        Out: T.Tensor((N, NOUT), dtype),
-    ):
+    @T.macro
+    def body(X, Wt, Slots, RowIdx, Out):
         with T.Kernel(NSL, NOUT // bn, threads=384) as (bx, by):
             if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
                 T.evaluate(pdl_sync())
@@ -265,4 +263,4 @@ def _build_grouped_ws(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int, stag
                                                predicate=i < rows)
                             T.cp_async_barrier_noinc(full[s])
 
-    return main
+    return grouped_kernel(T, E, K, NOUT, NW, dtype, dims, body)

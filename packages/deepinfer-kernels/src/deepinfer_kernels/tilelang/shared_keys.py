@@ -11,7 +11,7 @@ entries. ~3 columns per thread at the engine's widths: a few microseconds for a 
 
 import torch
 
-from deepinfer_kernels.ops.shared_keys import ROWS_PER_GROUP, num_groups, row_bits_shift
+from deepinfer_kernels.layouts import ROWS_PER_GROUP, num_groups, row_bits_shift
 from deepinfer_kernels.tilelang._common import PDL, compile_cached, pdl_sync, require, require_cuda
 
 # No `from __future__ import annotations` (TileLang evaluates prim_func annotations).

@@ -68,7 +68,7 @@ def l2_flusher(mode: str = "write") -> Callable[[], object]:
     """A call that leaves nothing of the timed call's data in L2: "write" overwrites a 256 MB buffer
     (L2 is left full of the buffer's dirty lines, and the next kernel's misses write them back to
     HBM), "read" reads one (L2 is left full of clean lines, as a decode step's weight reads leave
-    it). ``tools/l2_flush_probe.py`` times kernels after each."""
+    it). ``packages/deepinfer-kernels/diag/l2_flush_probe.py`` times kernels after each."""
     if mode not in ("write", "read"):
         raise ValueError(f"flush mode {mode!r}: 'write' or 'read'")
     buf = torch.zeros(64 * 1024 * 1024, dtype=torch.float32, device="cuda")   # 256 MB, over the 50 MB L2
@@ -89,7 +89,7 @@ def cuda_time_us(fn: Callable[[], object], *, reps: int = 50, warmup: int = 5, f
     alone; median_us = (median replay of the first - median replay of the second) / copies, so
     neither the flush nor the graph's launch latency (~5-10 us, paid once per decode step in the
     engine, not per kernel) is counted. ``replay_median_us``: one call per graph replay, launch
-    latency included (what these benchmarks reported before 2026-11-30's eighth session). Raises
+    latency included (what these benchmarks reported until 2026-11-30). Raises
     if ``fn`` cannot be captured (host syncs)."""
     do_flush = l2_flusher("write" if flush_l2 is True else flush_l2) if flush_l2 else (lambda: None)
     for _ in range(warmup):

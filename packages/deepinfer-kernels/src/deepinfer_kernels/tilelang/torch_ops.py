@@ -7,8 +7,9 @@ wrappers while dynamo traces and the plain launchers otherwise (a custom-op call
 microseconds of dispatch in eager mode).
 
 The default implementation is the TileLang launcher (CUDA); the CPU implementation is the torch
-reference, so the registration and the compiled-graph plumbing (mutated pool views included) are
-tested on the CPU.
+reference, registered by the op's module in ``deepinfer_kernels.ops`` (``register_cpu_reference``:
+ops import the kernels, never the reverse), so the registration and the compiled-graph plumbing
+(mutated pool views included) are tested on the CPU.
 """
 
 from __future__ import annotations
@@ -18,25 +19,11 @@ import torch
 from deepinfer_kernels.tilelang import get_launcher
 
 
-def _ref(op_name: str):
-    from deepinfer_kernels.ops import indexer, kv_fp4, kv_fp8, moe, sparse_mla
-
-    module = {"sparse_mla_attention": sparse_mla, "store_kv_fp8": kv_fp8, "store_index_k_fp4": kv_fp4,
-              "indexer_scores": indexer, "indexer_topk_blocks": indexer, "routed_experts": moe}[op_name]
-    return getattr(module, op_name + "_ref")
-
-
 @torch.library.custom_op("deepinfer::sparse_mla_attention", mutates_args=())
 def sparse_mla_attention(q: torch.Tensor, kv_pool: torch.Tensor, indices: torch.Tensor, sm_scale: float,
                          variant: str, shared_keys: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     out, lse = get_launcher("sparse_mla_attention")(q, kv_pool, indices, sm_scale, variant=variant,
                                                     shared_keys=shared_keys)
-    return out.contiguous(), lse.contiguous()
-
-
-@sparse_mla_attention.register_kernel("cpu")
-def _(q, kv_pool, indices, sm_scale, variant, shared_keys=False):
-    out, lse = _ref("sparse_mla_attention")(q, kv_pool, indices, sm_scale)
     return out.contiguous(), lse.contiguous()
 
 
@@ -50,11 +37,6 @@ def store_kv_fp8(kv: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tenso
     get_launcher("store_kv_fp8")(kv, pool, slot_mapping)
 
 
-@store_kv_fp8.register_kernel("cpu")
-def _(kv, pool, slot_mapping):
-    _ref("store_kv_fp8")(kv, pool, slot_mapping)
-
-
 @store_kv_fp8.register_fake
 def _(kv, pool, slot_mapping):
     return None
@@ -63,11 +45,6 @@ def _(kv, pool, slot_mapping):
 @torch.library.custom_op("deepinfer::store_index_k_fp4", mutates_args=("pool",))
 def store_index_k_fp4(k: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     get_launcher("store_index_k_fp4")(k, pool, slot_mapping)
-
-
-@store_index_k_fp4.register_kernel("cpu")
-def _(k, pool, slot_mapping):
-    _ref("store_index_k_fp4")(k, pool, slot_mapping)
 
 
 @store_index_k_fp4.register_fake
@@ -79,11 +56,6 @@ def _(k, pool, slot_mapping):
 def indexer_scores(q: torch.Tensor, weights: torch.Tensor, k_pool: torch.Tensor,
                    indices: torch.Tensor) -> torch.Tensor:
     return get_launcher("indexer_scores")(q, weights, k_pool, indices).contiguous()
-
-
-@indexer_scores.register_kernel("cpu")
-def _(q, weights, k_pool, indices):
-    return _ref("indexer_scores")(q, weights, k_pool, indices).contiguous()
 
 
 @indexer_scores.register_fake
@@ -98,12 +70,6 @@ def indexer_topk_blocks(q: torch.Tensor, weights: torch.Tensor, k_pool: torch.Te
                                                weight_scale).contiguous()
 
 
-@indexer_topk_blocks.register_kernel("cpu")
-def _(q, weights, k_pool, indices, valid_lens, block_size, topk, weight_scale=1.0):
-    return _ref("indexer_topk_blocks")(q, weights, k_pool, indices, valid_lens, block_size, topk,
-                                       weight_scale).contiguous()
-
-
 @indexer_topk_blocks.register_fake
 def _(q, weights, k_pool, indices, valid_lens, block_size, topk, weight_scale=1.0):
     return q.new_empty((q.shape[0], topk), dtype=torch.int32)
@@ -115,11 +81,6 @@ def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w1
     return get_launcher("routed_experts")(x, weights, ids, w13, w2).contiguous()
 
 
-@routed_experts.register_kernel("cpu")
-def _(x, weights, ids, w13, w2):
-    return _ref("routed_experts")(x, weights, ids, w13, w2).contiguous()
-
-
 @routed_experts.register_fake
 def _(x, weights, ids, w13, w2):
     return torch.empty_like(x)
@@ -127,6 +88,17 @@ def _(x, weights, ids, w13, w2):
 
 def _sparse_mla_launcher(q, kv_pool, indices, sm_scale, variant="auto", shared_keys=False):
     return sparse_mla_attention(q, kv_pool, indices, float(sm_scale), variant, bool(shared_keys))
+
+
+CUSTOM_OPS = {"sparse_mla_attention": sparse_mla_attention, "store_kv_fp8": store_kv_fp8,
+              "store_index_k_fp4": store_index_k_fp4, "indexer_scores": indexer_scores,
+              "indexer_topk_blocks": indexer_topk_blocks, "routed_experts": routed_experts}
+
+
+def register_cpu_reference(op_name: str):
+    """Decorator: ``fn`` (the custom op's signature, calling the torch reference) is the op's CPU
+    implementation."""
+    return CUSTOM_OPS[op_name].register_kernel("cpu")
 
 
 # reference op name -> a callable with the launcher's signature that goes through the custom op
