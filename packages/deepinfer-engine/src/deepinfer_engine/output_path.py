@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from deepinfer_engine import request_failure
 from deepinfer_engine.model_runner import StepResult
 from deepinfer_engine.outputs import GenerationOutput, StreamDelta
 from deepinfer_engine.request_state import FINISH_REASON_ERROR, RequestState
@@ -70,7 +71,10 @@ class OutputPath:
         self.stats.num_accepted_tokens += accepted
         finished: list[GenerationOutput] = []
         for rid in order:
-            out = self._advance_output(self._requests[rid], first_new[rid], ledger_finish.get(rid))
+            try:
+                out = self._advance_output(self._requests[rid], first_new[rid], ledger_finish.get(rid))
+            except Exception as err:  # noqa: BLE001 - one request's failure is its own output
+                out = request_failure.fail_request(self, rid, f"output processing failed: {request_failure.describe(err)}")
             if out is not None:
                 finished.append(out)
         return finished
