@@ -50,7 +50,9 @@ def discard_request(engine: LLMEngine, request_id: int) -> None:
 
 
 def fail_request(engine: LLMEngine, request_id: int, message: str) -> GenerationOutput:
-    """Finish one live request with `finish_reason == "error"` and remove its state."""
+    """Finish one live request with `finish_reason == "error"` (error "request: <message>") and
+    remove its state."""
+    message = f"request: {message}"
     state = engine._requests.get(request_id)
     discard_request(engine, request_id)
     if state is None:
