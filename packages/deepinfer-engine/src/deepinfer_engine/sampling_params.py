@@ -134,6 +134,8 @@ class SamplingParams:
                                       f"must be a bool, got {_short(self.include_stop_str_in_output)}")
         if not isinstance(self.stop_at_function_end, bool):
             raise InvalidRequestError("stop_at_function_end", f"must be a bool, got {_short(self.stop_at_function_end)}")
+        if self.stop_at_function_end and self.min_tokens:   # the rule reads every character; min_tokens skips some
+            raise InvalidRequestError("stop_at_function_end", f"needs min_tokens=0, got min_tokens={self.min_tokens}")
         if self.structured_output is not None:
             if not isinstance(self.structured_output, StructuredOutput):
                 raise InvalidRequestError("structured_output", "expected a StructuredOutput, got "
