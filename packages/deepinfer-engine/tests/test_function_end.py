@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from deepinfer_engine.function_end import FunctionEndRule, drop_unfinished_line, opens_block
+from deepinfer_engine.function_end import FunctionEndRule, drop_to_complete_lines, drop_unfinished_line, opens_block
 from deepinfer_engine.stop_strings import StopStringMatcher
 
 
@@ -57,3 +57,9 @@ def test_helpers():
     assert opens_block("import os\n\ndef fibonacci(n):") and opens_block("class Stack:") and opens_block("  async def f(x):  ")
     assert not opens_block("import os") and not opens_block("x = {'a': 1}")
     assert drop_unfinished_line("\n    a = 1\n    b = fo") == "\n    a = 1\n"
+
+
+def test_cut_by_max_tokens_keeps_the_lines_that_parse():
+    text = "\n    if x:\n        return 1\n    if x is None:\n        y = fo"
+    assert drop_to_complete_lines("def f(x):", text) == ("\n    if x:\n        return 1\n", 2)
+    assert drop_to_complete_lines("def f(x):", '\n    """Doc\n\n    more') == ('\n    """Doc\n\n', 1)

@@ -8,7 +8,8 @@ status 2; tracebacks are for bugs.
 Code prompts: when the prompt's last line opens a `def` / `class` block, `generate` stops where
 that block ends (`--function-end auto`, the default: SamplingParams.stop_at_function_end, the
 default model's evaluation rule) and, when `--max-tokens` cuts the block short, drops the
-unfinished last line (said on stderr), so that the printed program is the function alone.
+unfinished lines at its end (an unfinished statement, a block header without its body; said on
+stderr), so that the printed program is the function alone.
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ def _error(message) -> int:
 def _generate(args) -> int:
     from deepinfer_engine import LLM, SamplingParams
     from deepinfer_engine.errors import InvalidRequestError
-    from deepinfer_engine.function_end import drop_unfinished_line, opens_block
+    from deepinfer_engine.function_end import drop_to_complete_lines, opens_block
     from deepinfer_engine.structured_output import StructuredOutput
 
     function_end = args.function_end == "on" or (
@@ -146,7 +147,8 @@ def _generate(args) -> int:
         prompt = llm.tokenizer.decode(args.prompt_token_ids, skip_special_tokens=False)
     text, note = out.text, ""
     if text is not None and function_end and out.finish_reason == "length":
-        text, note = drop_unfinished_line(text), ", the unfinished last line dropped"
+        text, dropped = drop_to_complete_lines(prompt or "", text)
+        note = f", cut by --max-tokens: the last {dropped} unfinished line(s) dropped" if dropped else ""
     if args.prompt is None:
         print("prompt token ids:", args.prompt_token_ids)
     if text is not None:

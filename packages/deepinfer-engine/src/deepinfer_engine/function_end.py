@@ -46,6 +46,23 @@ def drop_unfinished_line(text: str) -> str:
     return text[: cut + 1] if cut >= 0 else text
 
 
+def drop_to_complete_lines(prompt: str, text: str) -> tuple[str, int]:
+    """A completion cut by max_tokens, shortened to the longest prefix of whole lines after which
+    `prompt + text` parses (an unfinished statement or a block header left without its body is
+    dropped), or else `drop_unfinished_line(text)`; returns (text, lines dropped)."""
+    import ast
+
+    lines = text.split("\n")
+    for n in range(len(lines) - 1, 0, -1):   # keep lines[:n], each with its newline
+        kept = "\n".join(lines[:n]) + "\n"
+        try:
+            ast.parse(prompt + kept)
+        except (SyntaxError, ValueError):
+            continue
+        return kept, len(lines) - n
+    return drop_unfinished_line(text), 1 if "\n" in text else 0
+
+
 class FunctionEndRule:
     """The block-end detector of one request: `find` is fed the text a window at a time (the
     StopStringMatcher protocol: `text[checked_upto:]` is new), `holdback` says what may still be cut."""
