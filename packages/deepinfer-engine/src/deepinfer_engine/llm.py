@@ -8,9 +8,10 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from deepinfer_engine.config import EngineConfig
-from deepinfer_engine.errors import InvalidRequestError
+from deepinfer_engine.errors import RequestError
 from deepinfer_engine.llm_engine import LLMEngine
 from deepinfer_engine.outputs import GenerationOutput, StreamDelta
+from deepinfer_engine.request_failure import discard_request, fail_request
 from deepinfer_engine.request_state import FINISH_REASON_ERROR
 from deepinfer_engine.sampling_params import SamplingParams
 
@@ -51,18 +52,27 @@ class LLM:
 
         results: list[GenerationOutput | None] = [None] * len(items)
         slot_of: dict[int, int] = {}
-        for i, ((text, ids), p) in enumerate(zip(items, params)):
-            try:
-                slot_of[self.engine.add_request(text, ids, p)] = i
-            except InvalidRequestError as err:
-                results[i] = GenerationOutput(request_id=-1, prompt=text, prompt_token_ids=ids or [],
-                                              finish_reason=FINISH_REASON_ERROR, error=str(err))
-        bar = tqdm(total=len(slot_of), desc="generate", unit="req", disable=not use_tqdm or len(slot_of) < 2)
-        while self.engine.has_unfinished():
-            for out in self.engine.step():
-                results[slot_of[out.request_id]] = out
-                bar.update(1)
-        bar.close()
+        try:
+            for i, ((text, ids), p) in enumerate(zip(items, params)):
+                try:
+                    slot_of[self.engine.add_request(text, ids, p)] = i
+                except RequestError as err:
+                    results[i] = _rejected(text, ids, err)
+            bar = tqdm(total=len(slot_of), desc="generate", unit="req", disable=not use_tqdm or len(slot_of) < 2)
+            pending = set(slot_of)
+            while self.engine.has_unfinished():
+                for out in self.engine.step():
+                    if out.request_id in pending:   # (another caller's request is not ours to return)
+                        pending.discard(out.request_id)
+                        results[slot_of[out.request_id]] = out
+                        bar.update(1)
+            bar.close()
+            for rid in pending:   # never expected: the engine has nothing left but owes an output
+                results[slot_of[rid]] = fail_request(self.engine, rid, "the engine stopped without finishing it")
+        finally:   # interrupted (KeyboardInterrupt, ...): this call's requests leave the engine
+            for rid, i in slot_of.items():
+                if results[i] is None:
+                    discard_request(self.engine, rid)
         return results  # type: ignore[return-value]
 
     def generate_stream(
@@ -86,10 +96,8 @@ class LLM:
             for i, ((text, ids), p) in enumerate(zip(items, params)):
                 try:
                     index_of[engine.add_request(text, ids, p)] = i
-                except InvalidRequestError as err:
-                    out = GenerationOutput(request_id=-1, prompt=text, prompt_token_ids=ids or [],
-                                           finish_reason=FINISH_REASON_ERROR, error=str(err))
-                    rejected.append(StreamDelta(i, -1, "", [], True, out))
+                except RequestError as err:
+                    rejected.append(StreamDelta(i, -1, "", [], True, _rejected(text, ids, err)))
             engine.set_stream_indices(index_of)
             yield from rejected
             yield from engine.pop_stream_deltas()
@@ -98,6 +106,13 @@ class LLM:
                 yield from engine.pop_stream_deltas()
         finally:
             engine.stop_streaming()
+
+
+def _rejected(text, ids, err: RequestError) -> GenerationOutput:
+    """The output of a request that was never queued."""
+    prompt_ids = list(ids) if isinstance(ids, list) else []
+    return GenerationOutput(request_id=-1, prompt=text if isinstance(text, str) else None,
+                            prompt_token_ids=prompt_ids, finish_reason=FINISH_REASON_ERROR, error=str(err))
 
 
 def _requests(caller: str, prompts, sampling_params, prompt_token_ids

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from deepinfer_engine import request_failure
 from deepinfer_engine.config import EngineConfig
 from deepinfer_engine.envs import Envs
 from deepinfer_engine.errors import InvalidRequestError
@@ -40,7 +41,7 @@ from deepinfer_engine.runner_step import DeferredStep, DeviceStepState, Launched
 from deepinfer_engine.sampler import SamplingBatch, SamplingHost
 from deepinfer_engine.sampling_params import UINT64_MAX, SamplingParams
 from deepinfer_engine.stats import EngineStats
-from deepinfer_engine.stop_strings import StopStringMatcher
+from deepinfer_engine.stop_strings import make_stop_matcher
 from deepinfer_engine.verify_budget import VerifyBudgetPolicy
 from deepinfer_sched import (
     RequestOutputPool,
@@ -162,7 +163,7 @@ class LLMEngine:
             if not prompt_token_ids:
                 raise InvalidRequestError("prompt_token_ids", "must contain at least 1 token")
             for i, t in enumerate(prompt_token_ids):
-                if not isinstance(t, (int, np.integer)) or not (0 <= int(t) < self.vocab_size):
+                if not isinstance(t, (int, np.integer)) or isinstance(t, bool) or not (0 <= int(t) < self.vocab_size):
                     raise InvalidRequestError(
                         "prompt_token_ids", f"token id {t!r} at index {i} is outside the vocabulary [0, {self.vocab_size})")
             prompt_token_ids = [int(t) for t in prompt_token_ids]
@@ -176,10 +177,14 @@ class LLMEngine:
 
     def add_request(self, prompt: str | None = None, prompt_token_ids: list[int] | None = None,
                     params: SamplingParams | None = None) -> int:
-        """Validate and queue a request; returns its id. A request with structured output is held on
-        the Python side until its grammar compiles (off the engine loop) and only then enters the
-        scheduler; a grammar that fails to compile or times out finishes that request alone with
-        finish_reason "error"."""
+        """Validate and queue a request. A request with structured output is held on the Python side
+        until its grammar compiles (off the engine loop) and only then enters the scheduler; a grammar
+        that fails to compile or times out finishes that request alone with finish_reason "error".
+        Raises InvalidRequestError (bad input) or RequestFailedError; either leaves no state behind."""
+        return request_failure.guarded_add(self, self._add_request, prompt, prompt_token_ids, params)
+
+    def _add_request(self, prompt: str | None, prompt_token_ids: list[int] | None,
+                     params: SamplingParams | None) -> int:
         params = params or SamplingParams()
         token_ids = self.validate_request(prompt, prompt_token_ids, params)
         request_id = self._next_request_id
@@ -189,7 +194,7 @@ class LLMEngine:
         state = RequestState(request_id, params, seed, out)
         if self.tokenizer is not None:
             state.detokenizer = self.output_processor.new_detokenizer()
-            state.stops = StopStringMatcher(params.stop) if params.stop else None
+            state.stops = make_stop_matcher(params, prompt, token_ids, self.tokenizer)
         if params.structured_output is not None:
             self._structured_output()   # the grammar manager, made on the first grammar request
         self.output_processor.add_request(state, token_ids)
@@ -253,7 +258,12 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ the loop
     def step(self) -> list[GenerationOutput]:
-        """Run one step; returns the requests that finished in it.
+        """Run one step; returns the requests that finished in it. A step that raises fails the
+        requests it ran (finish_reason "error") and the engine keeps serving (request_failure.py)."""
+        return request_failure.guarded_step(self, self._step)
+
+    def _step(self) -> list[GenerationOutput]:
+        """One step, unguarded.
 
         Without ZOS: schedule(N) -> launch(N) -> collect(N) -> outputs(N).
         With ZOS: schedule(N+1) -> launch(N+1) (inputs fixed up on the device from N) ->

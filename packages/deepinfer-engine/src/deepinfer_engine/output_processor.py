@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from deepinfer_engine import request_failure
 from deepinfer_engine.outputs import GenerationOutput, StreamDelta
 from deepinfer_engine.request_state import FINISH_REASON_ERROR, RequestState
 from deepinfer_engine.runner_step import StepResult
@@ -189,7 +190,10 @@ class OutputProcessor:
         self.stats.num_accepted_tokens += accepted
         finished: list[GenerationOutput] = []
         for rid in order:
-            out = self._advance_output(self.requests[rid], first_new[rid], ledger_finish.get(rid))
+            try:
+                out = self._advance_output(self.requests[rid], first_new[rid], ledger_finish.get(rid))
+            except Exception as err:  # noqa: BLE001 - one request's failure is its own output
+                out = request_failure.fail_request(self, rid, f"output processing failed: {request_failure.describe(err)}")
             if out is not None:
                 finished.append(out)
         return finished

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from deepinfer_engine.errors import InvalidRequestError
+
 
 class TextTokenizer:
     def __init__(self, tokenizer: Tokenizer, eos_token_ids: list[int], bos_token_id: int | None):
@@ -27,7 +29,19 @@ class TextTokenizer:
         return self._tok.get_vocab_size()
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+        """Token ids of `text`; InvalidRequestError("prompt", ...) for text that is not valid Unicode
+        (a lone surrogate such as '\\ud800' has no UTF-8 form) or that the tokenizer refuses."""
+        if not isinstance(text, str):
+            raise InvalidRequestError("prompt", f"must be a str, got {type(text).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise InvalidRequestError("prompt", f"is not valid Unicode: {text[err.start]!r} at index {err.start} "
+                                      "(a lone surrogate) has no UTF-8 form") from None
+        try:
+            return self._tok.encode(text, add_special_tokens=False).ids
+        except Exception as err:  # noqa: BLE001 - the tokenizer's own refusal, reported per request
+            raise InvalidRequestError("prompt", f"could not be tokenized: {type(err).__name__}: {err}") from None
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(token_ids, skip_special_tokens=skip_special_tokens)

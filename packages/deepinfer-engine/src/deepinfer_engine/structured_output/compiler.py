@@ -15,12 +15,14 @@ so runaway compilations queue instead of multiplying threads.
 from __future__ import annotations
 
 import collections
+import json
 import re
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from deepinfer_engine.structured_output.native_stderr import capture_native_stderr
 from deepinfer_engine.structured_output.spec import StructuredOutput
 from deepinfer_engine.structured_output.xgrammar_compat import import_xgrammar
 
@@ -41,6 +43,11 @@ _STRICT_STRING_CHARS = r'[^\0-\x1f\"\\\r\n]'
 
 def strict_json_strings(ebnf: str) -> str:
     return ebnf.replace(_LOOSE_STRING_CHARS, _STRICT_STRING_CHARS)
+
+
+# xgrammar's notice that it compiles oneOf as anyOf: exact for the oneOf schema_check lets through
+# (branches exclusive by type or by a tagged property), which xgrammar's own test cannot prove.
+_ONE_OF_AS_ANY_OF = re.compile(r"oneOf .*falling back to anyOf")
 
 
 class GrammarCompileError(Exception):
@@ -179,8 +186,14 @@ class GrammarCompilerService:
         if spec.any_whitespace and spec.max_whitespace_cnt is not None:
             ws["max_whitespace_cnt"] = spec.max_whitespace_cnt
         if spec.kind in ("json_schema", "json_object"):
-            schema = spec.value if spec.kind == "json_schema" else '{"type": "object"}'
-            grammar = self._xgr.Grammar.from_json_schema(schema, strict_mode=spec.kind == "json_schema", **ws)
+            schema = json.dumps(spec.checked_schema()) if spec.kind == "json_schema" else '{"type": "object"}'
+            with capture_native_stderr() as captured:
+                grammar = self._xgr.Grammar.from_json_schema(schema, strict_mode=spec.kind == "json_schema", **ws)
+            warnings = [_LOG_PREFIX.sub("", ln).strip() for ln in captured.text.splitlines()
+                        if "Warning" in ln and not _ONE_OF_AS_ANY_OF.search(ln)]
+            if warnings:   # a keyword the backend dropped: refuse rather than emit unchecked output
+                raise GrammarCompileError(f"json_schema: the grammar backend cannot enforce it: "
+                                          f"{warnings[0].removeprefix('Warning: ')}")
             return c.compile_grammar(strict_json_strings(str(grammar)))
         if spec.kind == "regex":
             return c.compile_regex(spec.value)

@@ -33,6 +33,7 @@ from deepinfer_engine.structured_output.compiler import (
 from deepinfer_engine.structured_output.mask_provider import MaskProvider, VocabMasks
 from deepinfer_engine.structured_output.matcher import RequestGrammar, fill_rows_batch
 from deepinfer_engine.structured_output.spec import StructuredOutput
+from deepinfer_engine.structured_output.unique_keys import KeyGuard, KeyGuardTokens
 from deepinfer_engine.structured_output.xgrammar_compat import import_xgrammar
 from deepinfer_kernels.ops.sampling import NO_VOCAB_MASK
 from deepinfer_sched import StepKind
@@ -50,6 +51,7 @@ class StructuredOutputManager(MaskProvider):
         info = xgr.TokenizerInfo(token_bytes, xgr.VocabType.RAW, vocab_size=vocab_size,
                                  stop_token_ids=list(eos_token_ids))
         self.vocab_size = vocab_size
+        self.key_guard_tokens = KeyGuardTokens(token_bytes)   # json_object: no repeated keys
         self.width = mask_width(vocab_size)
         self.eos_token_ids = list(eos_token_ids)
         self.max_rollback = nextn + 2
@@ -82,7 +84,8 @@ class StructuredOutputManager(MaskProvider):
                     continue
                 del self.tickets[rid]
                 try:
-                    self.grammars[rid] = RequestGrammar(ticket.result(now), self.max_rollback, self.eos_token_ids)
+                    guard = KeyGuard(self.key_guard_tokens) if ticket.spec.kind == "json_object" else None
+                    self.grammars[rid] = RequestGrammar(ticket.result(now), self.max_rollback, self.eos_token_ids, guard)
                     ready.append(rid)
                     self.compile_log.append((now - ticket.submitted, False))
                 except GrammarCompileError as err:

@@ -30,9 +30,10 @@ class GrammarStateError(RuntimeError):
 
 
 class RequestGrammar:
-    def __init__(self, compiled_grammar, max_rollback: int, eos_token_ids: list[int]):
+    def __init__(self, compiled_grammar, max_rollback: int, eos_token_ids: list[int], key_guard=None):
         xgr = import_xgrammar()
         self.matcher = xgr.GrammarMatcher(compiled_grammar)
+        self.key_guard = key_guard    # unique_keys.KeyGuard (json_object: no repeated keys) | None
         self.max_rollback = max_rollback
         self.eos_token_ids = list(eos_token_ids)
         self.pending: list[int] = []  # drafts walked by the last fill_rows, not yet committed
@@ -63,10 +64,14 @@ class RequestGrammar:
             raise GrammarStateError(f"rollback of {back} tokens exceeds the bound {self.max_rollback}")
         if back:
             self.matcher.rollback(back)
+            if self.key_guard is not None:
+                self.key_guard.rollback(back)
         self.pending = []
         for t in emitted[common:]:
             if self.matcher.is_terminated() or not self.matcher.accept_token(int(t)):
                 raise GrammarStateError(f"token {t} is not accepted by the grammar after {self.num_committed + common} tokens")
+            if self.key_guard is not None:
+                self.key_guard.push(int(t))
             common += 1
         self.num_committed += len(emitted)
 
@@ -76,6 +81,13 @@ _batch_matcher = None   # xgrammar's multi-threaded batch filler, made on first 
 
 def _fill_batch(grammars: list[RequestGrammar], bitmask: torch.Tensor, rows: list[int]) -> None:
     """Row rows[i] of bitmask = the next-token mask of grammars[i] (one call for the live ones)."""
+    _fill_batch_grammar(grammars, bitmask, rows)
+    for g, r in zip(grammars, rows):
+        if g.key_guard is not None and not g.matcher.is_terminated():
+            g.key_guard.restrict(bitmask, r)
+
+
+def _fill_batch_grammar(grammars: list[RequestGrammar], bitmask: torch.Tensor, rows: list[int]) -> None:
     global _batch_matcher
     live = []
     for g, r in zip(grammars, rows, strict=True):
@@ -107,6 +119,8 @@ def fill_rows_batch(grammars: list[RequestGrammar], bitmask: torch.Tensor, first
         walking = [i for i in walking if grammars[i].matcher.accept_token(int(drafts[i][j]))]
         for i in walking:
             grammars[i].pending.append(int(drafts[i][j]))
+            if grammars[i].key_guard is not None:
+                grammars[i].key_guard.push(int(drafts[i][j]))
             last[i] = first_rows[i] + j + 1
         _fill_batch([grammars[i] for i in walking], bitmask, [last[i] for i in walking])
     for i in range(len(grammars)):   # after a grammar-rejected draft: unused rows repeat the last mask

@@ -22,6 +22,7 @@ from deepinfer_engine.errors import InvalidRequestError
 Kind = Literal["json_schema", "regex", "grammar", "json_object"]
 KINDS: tuple[str, ...] = ("json_schema", "regex", "grammar", "json_object")
 FIELD = "structured_output"
+MAX_CAP = 4096   # the largest max_string_length / max_integer_digits
 
 
 @dataclass(frozen=True)
@@ -30,12 +31,21 @@ class StructuredOutput:
     value: str | None = None        # JSON schema text (canonical), regex, or EBNF; None for json_object
     any_whitespace: bool = False
     max_whitespace_cnt: int | None = 4
+    max_string_length: int | None = None    # json_schema: maxLength for strings the schema leaves unbounded
+    max_integer_digits: int | None = None   # json_schema: +-(10**d - 1) bounds for unbounded integers / numbers
 
     # ------------------------------------------------------------------ constructors
     @classmethod
-    def json_schema(cls, schema: dict | str, *, any_whitespace: bool = False,
-                    max_whitespace_cnt: int | None = 4) -> StructuredOutput:
-        return cls("json_schema", _schema_text(schema), any_whitespace, max_whitespace_cnt)
+    def json_schema(cls, schema: dict | str | bool, *, any_whitespace: bool = False,
+                    max_whitespace_cnt: int | None = 4, max_string_length: int | None = None,
+                    max_integer_digits: int | None = None) -> StructuredOutput:
+        """A JSON schema the output must validate against. Keywords the grammar backend cannot
+        enforce are refused at validation, naming the keyword (schema_check.py).
+        `max_string_length` / `max_integer_digits` cap what the schema leaves unbounded (a string
+        without maxLength / pattern / enum; an integer or number without minimum / maximum), so a
+        weak model cannot spend max_tokens on one value; output under a cap still validates."""
+        return cls("json_schema", _schema_text(schema), any_whitespace, max_whitespace_cnt,
+                   max_string_length, max_integer_digits)
 
     @classmethod
     def regex(cls, pattern: str) -> StructuredOutput:
@@ -60,17 +70,35 @@ class StructuredOutput:
         elif not isinstance(self.value, str) or not self.value:
             raise InvalidRequestError(FIELD, f"{self.kind} must be a non-empty string, got {self.value!r}")
         if self.kind == "json_schema":
-            _schema_text(self.value)
+            self.checked_schema()
+        for name in ("max_string_length", "max_integer_digits"):
+            cap = getattr(self, name)
+            if cap is not None and (self.kind != "json_schema" or not isinstance(cap, int) or isinstance(cap, bool)
+                                    or not (1 <= cap <= MAX_CAP)):
+                raise InvalidRequestError(FIELD, f"{name} must be None or an integer in [1, {MAX_CAP}] "
+                                          f"(json_schema only), got {cap!r}")
         if not isinstance(self.any_whitespace, bool):
             raise InvalidRequestError(FIELD, f"any_whitespace must be a bool, got {self.any_whitespace!r}")
         w = self.max_whitespace_cnt
         if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 1):
             raise InvalidRequestError(FIELD, f"max_whitespace_cnt must be None or an integer >= 1, got {w!r}")
 
+    def checked_schema(self) -> Any:
+        """The json_schema as the grammar will enforce it (allOf merged, caps applied); raises
+        InvalidRequestError naming a keyword the grammar backend cannot enforce."""
+        from deepinfer_engine.structured_output.schema_check import SchemaNotEnforceable, apply_caps, check_schema
+        schema = json.loads(_schema_text(self.value))
+        try:
+            checked = check_schema(schema)
+        except SchemaNotEnforceable as err:
+            raise InvalidRequestError(FIELD, f"json_schema: {err}") from None
+        return apply_caps(checked, self.max_string_length, self.max_integer_digits)
+
     @property
     def cache_key(self) -> tuple:
         ws = (self.any_whitespace, self.max_whitespace_cnt if self.any_whitespace else None)
-        return (self.kind, self.value, ws if self.kind in ("json_schema", "json_object") else None)
+        return (self.kind, self.value, ws if self.kind in ("json_schema", "json_object") else None,
+                self.max_string_length, self.max_integer_digits)
 
     def describe(self) -> str:
         v = self.value if self.value is None or len(self.value) <= 60 else self.value[:57] + "..."
@@ -85,8 +113,10 @@ def _schema_text(schema: Any) -> str:
             schema = json.loads(schema)
         except json.JSONDecodeError as err:
             raise InvalidRequestError(FIELD, f"json_schema is not valid JSON: {err}") from None
-    if isinstance(schema, bool):
-        schema = {} if schema else {"not": {}}
+    if schema is False:
+        raise InvalidRequestError(FIELD, "json_schema: the schema false accepts no value")
+    if schema is True:
+        schema = {}
     if not isinstance(schema, dict):
         raise InvalidRequestError(FIELD, f"json_schema must be a dict or a JSON object string, got {type(schema).__name__}")
     try:
