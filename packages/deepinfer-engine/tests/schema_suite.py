@@ -58,8 +58,7 @@ ENFORCED: list[dict] = [
                {"type": "object", "properties": {"kind": {"const": "square"}, "side": SMALL},
                 "required": ["kind", "side"], "additionalProperties": False}]},
     {"allOf": [{"type": "object", "properties": {"a": SMALL}, "required": ["a"]},
-               {"type": "object", "properties": {"b": {"type": "boolean"}}, "required": ["b"]}],
-     "additionalProperties": False},
+               {"type": "object", "properties": {"b": {"type": "boolean"}}, "required": ["b"]}]},
     {"allOf": [{"type": "object", "properties": {"id": SMALL}, "required": ["id"], "additionalProperties": False}]},
     # enums at the top level, strings with length only
     {"enum": ["alpha", "beta", 3, False]},
@@ -71,6 +70,8 @@ REFUSED: list[tuple[dict | bool, str]] = [
     ({"allOf": [{"type": "object", "properties": {"a": {"type": "integer", "maximum": 3}}},
                 {"type": "object", "properties": {"a": {"type": "integer", "minimum": 1}}}]}, "allOf"),
     ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "allOf"),
+    ({"allOf": [{"type": "object", "properties": {"a": SMALL}}], "properties": {"b": SMALL},
+      "additionalProperties": False}, "allOf"),   # additionalProperties does not see the branch's "a"
     ({"type": "string", "pattern": "^[a-z]+$", "minLength": 2, "maxLength": 4}, "pattern"),
     ({"type": "object", "properties": {"s": {"type": "string", "pattern": "^a+$", "maxLength": 3}}}, "pattern"),
     ({"not": {"type": "string"}}, "not"),

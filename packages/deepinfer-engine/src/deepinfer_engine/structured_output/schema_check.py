@@ -8,8 +8,8 @@ the schema and either makes it enforceable or refuses it with `SchemaNotEnforcea
 keyword and where it is (a JSON pointer):
 
 - `allOf` with several branches is merged into one schema when the branches do not overlap
-  (distinct keywords; `properties` with distinct names; `required` unioned; equal `type`s);
-  otherwise refused;
+  (distinct keywords; `properties` with distinct names; `required` unioned; equal `type`s) and
+  no `additionalProperties` / `items` would change meaning by the merge; otherwise refused;
 - `oneOf` is kept when its branches are exclusive by construction (distinct `type`s, or one
   property whose `const` / single `enum` differs in every branch: a tagged union); otherwise
   refused (xgrammar could emit a value matching two branches);
@@ -35,6 +35,8 @@ UNENFORCED = ("not", "if", "then", "else", "uniqueItems", "contains", "minContai
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
 _SUBSCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
 _SUBSCHEMA_ONE = ("items", "additionalProperties")
+_STRUCTURAL = ("properties", "additionalProperties", "items", "prefixItems")   # what allOf merging combines
+_LOCAL = ("additionalProperties", "items")   # keywords that read their own schema's properties / prefixItems
 
 
 class SchemaNotEnforceable(ValueError):
@@ -83,6 +85,13 @@ def _merge_all_of(node: dict, where: str) -> dict:
     if not isinstance(branches, list) or not branches:
         return node
     merged = {k: v for k, v in node.items() if k != "allOf"}
+    sources = [merged] + [b for b in branches if isinstance(b, dict) and b]
+    structural = [src for src in sources if any(k in src for k in _STRUCTURAL)]
+    if len(structural) > 1 and any(k in src for src in structural for k in _LOCAL):
+        # additionalProperties / items see only their own schema's properties / prefixItems:
+        # beside allOf (or in one branch of several) they mean something a merge would change.
+        raise SchemaNotEnforceable("allOf", where, "additionalProperties / items beside the branches' own "
+                                   "properties / prefixItems cannot be merged; write the object in one schema")
     for i, branch in enumerate(branches):
         if branch is True or branch == {}:
             continue
