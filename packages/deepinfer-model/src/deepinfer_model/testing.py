@@ -38,9 +38,10 @@ class Seq:
     num_computed: int = 0
 
     def slot(self, position: int, block_size: int, ratio: int = 1) -> int:
-        """The pool slot of a token position; ratio r: the packed slot of the compressed entry of
-        ratio r closing there (`engine/indexing.py`)."""
-        return self.blocks[position // block_size] * block_size + (position % block_size) // ratio
+        """The pool slot of a token position; ratio r: the plane slot of the compressed entry of
+        ratio r closing there (`paged/indexing.py`: bs / r records per block)."""
+        per_block = block_size // ratio
+        return self.blocks[position // block_size] * per_block + (position % block_size) // ratio
 
 
 class Driver:

@@ -6,7 +6,7 @@ Per processed row (position t, slot s):
 2. rows with `t % r == r - 1` complete entry `j = t // r`: gather the stage rows of positions
    `t - r + 1 .. t` through the block table, `Compressor.combine` (the same function the
    reference uses), write the FP8 latent to the source's kv plane and the FP4 index key to its
-   index plane at the entry's packed slot (`indexing.entry_slots_of`: a block's entries are
+   index plane at the entry's plane slot (`indexing.entry_slots_of`: a block's bs / r entries are
    consecutive records).
 
 `static=True` (decode, capturable): no boolean indexing and no host sync; every row gathers
@@ -70,5 +70,5 @@ def update_compressed_source(model, src: int, terms: torch.Tensor, positions: to
                                 closing_pos.unsqueeze(1), cache.block_size, r).squeeze(1)
     if dslots.numel() == 0:
         return
-    store_kv_fp8(latent, cache.kv[layout.comp_planes[src]], dslots)          # the source's planes: slots
-    store_index_k_fp4(ik, cache.index_k[layout.index_planes[src]], dslots)   # index them directly
+    store_kv_fp8(latent, cache.comp_plane(src), dslots)         # the source's planes: slots
+    store_index_k_fp4(ik, cache.index_plane(src), dslots)       # index them directly

@@ -40,6 +40,7 @@ from deepinfer_kernels.ops.indexer import indexer_topk_blocks
 from deepinfer_kernels.ops.paged_slots import far_entry_slots, num_far_entries, window_slots
 from deepinfer_kernels.ops.sparse_mla import shared_keys_enabled, sparse_mla_attention
 from deepinfer_model.paged.compressed import update_compressed_source
+from deepinfer_model.paged.indexing import far_entry_positions
 from deepinfer_model.paged.prefill_plan import LOGIT_ROW_OUTSIDE_REPLAY, short_last_chunk_error
 from deepinfer_model.paged.streams import DecodeStreams
 from deepinfer_model.metadata import ForwardMetadata, ForwardOutput, MetadataError
@@ -115,8 +116,10 @@ class _Rows:
             if max_far == 0:
                 self._memo[key] = (torch.zeros_like(self.positions), None, None, 0)
             else:   # one launch on SM90 (counts, int64 and int32 slots)
-                n_far, ent, ent32 = far_entry_slots(meta.block_tables, self.req, self.positions, width, ratio,
-                                                    max_far, meta.block_size)
+                # the count as the op's positions: it lists entries j < count at their plane slots
+                n_far, ent, ent32 = far_entry_slots(meta.block_tables, self.req,
+                                                    far_entry_positions(self.positions, width, ratio), 1, 1,
+                                                    max_far, meta.block_size // ratio)
                 self._memo[key] = (n_far, ent, ent32, max_far)
         n_far, ent, _, width_far = self._memo[key]
         return n_far, ent, width_far
@@ -204,11 +207,11 @@ def far_selection(model, layer, q_lat, index_weights, rows: _Rows, meta: Forward
     indexer = layer.self_attn.indexer
     # the source's index plane, addressed by the entries' slots as they are; the head weights are
     # `indexer.head_weights(index_weights)`, scaled by the op as it reads them (no launch here)
-    k_plane = cache.index_k[cache.layout.index_planes[src]]
+    k_plane = cache.index_plane(src)
     blocks = indexer_topk_blocks(indexer.query_heads(q_lat), index_weights, k_plane,
                                  rows.far_entry_slots_int32(r, requested), n_far, cfg.index_block_size,
                                  cfg.index_topk, weight_scale=indexer.head_weight_scale)   # int32 [N, topk]
-    return FarSelection(blocks, n_far, ent_slots, cache.layout.comp_planes[src] * cache.num_slots)
+    return FarSelection(blocks, n_far, ent_slots, cache.plane_base[cache.layout.comp_planes[src]])
 
 
 def _closing_rows(meta: ForwardMetadata) -> dict[int, torch.Tensor] | None:
@@ -221,7 +224,6 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
     cfg = model.config
     layer = model.model.layers[l]
     attn = layer.self_attn
-    ns = cache.num_slots
     if layer.engram is not None:   # the Engram add and the input norm: one launch
         streams.join_part("rows", "engram")
         x, u = layer.input_layernorm.add_forward(x, layer.engram.gated(x, rows.engram_memory(layer.engram, l)))
@@ -230,7 +232,7 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
         fused = attn.fused_input_normed(x, layer.input_layernorm)
     streams.join_part("rows", "rope")                # the RoPE tables (decode: computed beside the GEMM)
     rope = rows.rope(attn.rope_dim, attn.theta)
-    plane = cache.layout.window_planes[l]
+    plane = cache.window_plane(l)
     if attn.compressor is not None and not layer.is_consumer:
         # later steps read the entries (streams.py): at decode the compressor runs beside the layer
         with streams.on("compress", reads=(fused,)):
@@ -253,17 +255,18 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
                 far = far_selection(model, layer, q_lat, attn.fused_index_weights(fused), rows, meta, cache, max_far)
         q = attn.queries(q_lat, rope)
     # the latent's RoPE (columns no side stream reads) and store: the layer's own plane, slots index it
-    attn.store_latent(fused, cache.kv[plane], rows.slots, rope)
+    attn.store_latent(fused, plane, rows.slots, rope)
     streams.join("query", outputs=(q,))
     streams.join("indexer", outputs=(None if far is None else far.blocks,))
     streams.join_part("rows", "window")   # the window slots
     # a prefill chunk's rows are consecutive positions: row pairs may attend their shared key list once
     shared = meta.is_prefill and shared_keys_enabled()
     if far is None:   # window only: attend within the layer's plane
-        o, _ = sparse_mla_attention(q, cache.kv[plane], rows.window_slots_int32(meta, cfg.sliding_window),
+        o, _ = sparse_mla_attention(q, plane, rows.window_slots_int32(meta, cfg.sliding_window),
                                     attn.sm_scale, shared_keys=shared)
     else:             # window + far entries live in two planes: flat rows of the whole pool
-        idx = attention_indices(rows.window_slots(meta, cfg.sliding_window), plane * ns, far.blocks, far.n_far,
+        idx = attention_indices(rows.window_slots(meta, cfg.sliding_window),
+                                cache.plane_base[cache.layout.window_planes[l]], far.blocks, far.n_far,
                                 far.entry_slots, far.base, cfg.index_block_size)
         o, _ = sparse_mla_attention(q, cache.kv_flat, idx, attn.sm_scale, shared_keys=shared)
     post = layer.post_attention_layernorm
