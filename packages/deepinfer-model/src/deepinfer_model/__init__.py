@@ -16,7 +16,7 @@ from deepinfer_model.checkpoint import CheckpointError, load_checkpoint, save_ch
 from deepinfer_model.config import ConfigError, V41Config
 from deepinfer_model.metadata import DraftMetadata, DraftOutput, ForwardMetadata, ForwardOutput, MetadataError
 from deepinfer_model.model import V41ForCausalLM
-from deepinfer_model.paged_cache import CacheLayout, PagedKVCache, allocate_kv_cache
+from deepinfer_model.paged_cache import CacheLayout, PagedKVCache, WindowRing, allocate_kv_cache
 from deepinfer_model.presets import PRESETS, get_preset
 from deepinfer_model.topology import LayerKind, Topology
 
@@ -24,6 +24,6 @@ __version__ = "0.1.6"
 __all__ = [
     "CacheLayout", "CheckpointError", "KVFootprint", "ConfigError", "DraftMetadata", "DraftOutput", "ForwardMetadata",
     "ForwardOutput", "LayerKind", "MetadataError", "PRESETS", "PagedKVCache", "ParamCounts", "Topology",
-    "V41Config", "V41ForCausalLM", "allocate_kv_cache", "get_preset", "kv_bytes_per_token", "kv_record_bytes",
+    "V41Config", "V41ForCausalLM", "WindowRing", "allocate_kv_cache", "get_preset", "kv_bytes_per_token", "kv_record_bytes",
     "load_checkpoint", "max_context_tokens", "paged_kv_footprint", "param_counts", "spec_kv_footprint", "save_checkpoint", "swa_state_bytes_per_sequence", "__version__",
 ]

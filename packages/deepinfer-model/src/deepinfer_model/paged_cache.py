@@ -34,6 +34,31 @@ from deepinfer_kernels.ops.kv_fp8 import fp8_record_bytes
 
 
 @dataclass(frozen=True)
+class WindowRing:
+    """Window planes and compressor stages as per-request rings (paged/ring.py): `num_seqs` state
+    slots (1..num_seqs; slot 0 = padding requests) of `ring_len` window rows (W + nextn + 1) and
+    `stage_len` stage rows (max_ratio + nextn), plus `max_step_rows` scratch rows (a step's rows)."""
+    num_seqs: int
+    ring_len: int
+    stage_len: int
+    max_step_rows: int
+
+    @classmethod
+    def for_config(cls, cfg, num_seqs: int, max_step_rows: int) -> WindowRing:
+        ratios = [cfg.compress_ratios[s] for s in cfg.topology.compressed_sources]
+        return cls(num_seqs=num_seqs, ring_len=cfg.sliding_window + cfg.nextn + 1,
+                   stage_len=max(ratios, default=1) + cfg.nextn, max_step_rows=max_step_rows)
+
+    @property
+    def window_rows(self) -> int:       # rows of one window plane
+        return (self.num_seqs + 1) * self.ring_len + self.max_step_rows
+
+    @property
+    def stage_rows(self) -> int:        # rows of one stage plane
+        return (self.num_seqs + 1) * self.stage_len + self.max_step_rows
+
+
+@dataclass(frozen=True)
 class CacheLayout:
     window_planes: tuple[int, ...]     # backbone layer -> kv plane of its window KV
     comp_planes: dict[int, int]        # compressed source layer -> kv plane of its entries
@@ -45,6 +70,7 @@ class CacheLayout:
     index_record_bytes: int            # Di/2 + Di/32
     stage_width: int                   # D + Di + 1
     max_ratio: int
+    ring: WindowRing | None = None     # None: window planes and stages keep every position (slots)
 
     @property
     def num_kv_planes(self) -> int:
@@ -64,7 +90,7 @@ class CacheLayout:
         return len(self.stage_planes)
 
     @classmethod
-    def from_config(cls, cfg) -> CacheLayout:
+    def from_config(cls, cfg, ring: WindowRing | None = None) -> CacheLayout:
         topo = cfg.topology
         n = cfg.num_hidden_layers
         sources = topo.compressed_sources
@@ -77,11 +103,12 @@ class CacheLayout:
             ratios={s: int(cfg.compress_ratios[s]) for s in sources},
             record_bytes=fp8_record_bytes(cfg.head_dim), index_record_bytes=fp4_record_bytes(cfg.index_head_dim),
             stage_width=cfg.head_dim + cfg.index_head_dim + 1,
-            max_ratio=max([cfg.compress_ratios[s] for s in sources], default=1))
+            max_ratio=max([cfg.compress_ratios[s] for s in sources], default=1), ring=ring)
 
     def plane_rows(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         """Rows of each kv plane, in plane order: num_slots per token plane, bs / r per block per source."""
-        by_plane = {p: num_blocks * block_size for p in self.window_planes + self.dflash_planes}
+        token_rows = num_blocks * block_size if self.ring is None else self.ring.window_rows
+        by_plane = {p: token_rows for p in self.window_planes + self.dflash_planes}
         by_plane.update({p: num_blocks * (block_size // self.ratios[s]) for s, p in self.comp_planes.items()})
         return tuple(by_plane[p] for p in range(self.num_kv_planes))
 
@@ -90,10 +117,25 @@ class CacheLayout:
         by_plane = {p: num_blocks * (block_size // self.ratios[s]) for s, p in self.index_planes.items()}
         return tuple(by_plane[p] for p in range(self.num_index_planes))
 
+    def stage_rows(self, num_blocks: int, block_size: int) -> int:
+        """Rows of each comp_stage plane: one per slot, or the rings' (`WindowRing.stage_rows`)."""
+        return num_blocks * block_size if self.ring is None else self.ring.stage_rows
+
     def bytes_per_block(self, block_size: int, stage_dtype: torch.dtype = torch.bfloat16) -> int:
+        """Bytes that grow with the pool's blocks (with rings: compressed + index planes, Engram ids)."""
         stage = self.num_stage_planes * self.stage_width * torch.empty((), dtype=stage_dtype).element_size()
-        return (sum(self.plane_rows(1, block_size)) * self.record_bytes
-                + sum(self.index_rows(1, block_size)) * self.index_record_bytes + block_size * (stage + 4))
+        comp = sum(block_size // self.ratios[s] for s in self.comp_planes) * self.record_bytes
+        index = sum(self.index_rows(1, block_size)) * self.index_record_bytes
+        if self.ring is None:
+            return self.num_token_planes * block_size * self.record_bytes + comp + index + block_size * (stage + 4)
+        return comp + index + block_size * 4
+
+    def fixed_bytes(self, stage_dtype: torch.dtype = torch.bfloat16) -> int:
+        """Bytes independent of the pool's blocks: the rings and their scratch (0 without rings)."""
+        if self.ring is None:
+            return 0
+        stage = self.num_stage_planes * self.stage_width * torch.empty((), dtype=stage_dtype).element_size()
+        return self.num_token_planes * self.ring.window_rows * self.record_bytes + self.ring.stage_rows * stage
 
 
 def _bases(rows: tuple[int, ...]) -> tuple[int, ...]:
@@ -111,7 +153,7 @@ class PagedKVCache:
     num_blocks: int
     kv: torch.Tensor          # uint8 [num_kv_rows, D + D/32]: planes back to back (plane_base)
     index_k: torch.Tensor     # uint8 [num_index_rows, Di/2 + Di/32]: planes back to back (index_base)
-    comp_stage: torch.Tensor  # float [num_stage_planes, num_slots, D + Di + 1]
+    comp_stage: torch.Tensor  # float [num_stage_planes, num_slots (rings: stage_rows), D + Di + 1]
     engram_ids: torch.Tensor  # int32 [num_slots]
 
     @property
@@ -162,9 +204,10 @@ class PagedKVCache:
 
 
 def allocate_kv_cache(cfg, num_blocks: int, block_size: int, device: torch.device | str = "cpu",
-                      stage_dtype: torch.dtype = torch.float32) -> PagedKVCache:
-    """Zero-filled paged caches for `num_blocks` blocks of `block_size` tokens."""
-    layout = CacheLayout.from_config(cfg)
+                      stage_dtype: torch.dtype = torch.float32, ring: WindowRing | None = None) -> PagedKVCache:
+    """Zero-filled paged caches for `num_blocks` blocks of `block_size` tokens; `ring`: window
+    planes and stages as per-request rings (the metadata then carries `state_slots`)."""
+    layout = CacheLayout.from_config(cfg, ring)
     for s in cfg.topology.compressed_sources:
         r = cfg.compress_ratios[s]
         if block_size % r:
@@ -176,5 +219,6 @@ def allocate_kv_cache(cfg, num_blocks: int, block_size: int, device: torch.devic
                        device=device),
         index_k=torch.zeros(sum(layout.index_rows(num_blocks, block_size)), layout.index_record_bytes,
                             dtype=torch.uint8, device=device),
-        comp_stage=torch.zeros(layout.num_stage_planes, slots, layout.stage_width, dtype=stage_dtype, device=device),
+        comp_stage=torch.zeros(layout.num_stage_planes, layout.stage_rows(num_blocks, block_size), layout.stage_width,
+                               dtype=stage_dtype, device=device),
         engram_ids=torch.full((slots,), -1, dtype=torch.int32, device=device))

@@ -44,8 +44,3 @@ def far_entry_positions(positions: torch.Tensor, width: int, ratio: int) -> torc
     `far_entry_slots(tables, req, ., width=1, ratio=1, max_far, block_size // ratio)`: that op then
     lists entries j < count at plane slot `tables[j // (bs / r)] * (bs / r) + j % (bs / r)`."""
     return (positions - (width - 1)).clamp(min=0) // ratio
-
-
-def to_flat(slots: torch.Tensor, plane: int, num_slots: int) -> torch.Tensor:
-    """slots [...] (-1 = empty) -> flat pool rows int64 of `plane`."""
-    return torch.where(slots >= 0, slots + plane * num_slots, -1)
