@@ -92,6 +92,7 @@ void bind_sequence(nb::module_& m) {
       .def_prop_ro("num_inflight_steps", [](const Sequence& s) { return s.cache.num_inflight_steps; })
       .def_prop_ro("num_committed_tokens", [](const Sequence& s) { return s.cache.num_committed_tokens(); })
       .def_prop_ro("info_slot", [](const Sequence& s) { return s.mtp.info_slot; })
+      .def_ro("state_slot", &Sequence::state_slot)
       .def_prop_ro("last_output_token", [](const Sequence& s) { return s.mtp.last_output_token; })
       .def_prop_ro("prev_confidence", [](const Sequence& s) { return s.mtp.prev_confidence; })
       .def_ro("block_table", &Sequence::block_table)
@@ -135,6 +136,7 @@ void bind_scheduler_output(nb::module_& m) {
   DI_VIEW(context_lens);
   DI_VIEW(prompt_lens);
   DI_VIEW(mtp_slots);
+  DI_VIEW(state_slots);
   DI_VIEW(remap);
   DI_VIEW(num_uncommitted_rows);
   DI_VIEW(positions);
@@ -258,6 +260,7 @@ void bind_scheduler(nb::module_& m) {
       .DI_LOCKED("num_free_blocks", s.block_manager().num_free_blocks())
       .DI_LOCKED("num_cached_blocks", s.block_manager().num_cached_blocks())
       .DI_LOCKED("num_used_mtp_slots", s.num_used_mtp_slots())
+      .DI_LOCKED("num_used_state_slots", s.num_used_state_slots())
 #undef DI_LOCKED
       .def("block_ref_count",
            [](const Scheduler& s, int32_t block) {

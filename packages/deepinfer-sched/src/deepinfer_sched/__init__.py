@@ -17,6 +17,7 @@ from ._core import (
     SamplerRuntimeEstimator,
     SchedulerOutput,
     SequenceStatus,
+    StateSlotPool,
     StepKind,
     prepare_zos_inputs,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "SchedulerOutput",
     "Sequence",
     "SequenceStatus",
+    "StateSlotPool",
     "StepKind",
     "decide_step_kind",
     "prefill_attempt_point",

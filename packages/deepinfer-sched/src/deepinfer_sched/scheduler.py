@@ -129,6 +129,10 @@ class Scheduler:
     def num_used_mtp_slots(self) -> int:
         return self._core.num_used_mtp_slots()
 
+    def num_used_state_slots(self) -> int:
+        """State slots held (one per running sequence: its window rings and compressor stage)."""
+        return self._core.num_used_state_slots()
+
     def block_ref_count(self, block_id: int) -> int:
         return self._core.block_ref_count(block_id)
 
