@@ -158,7 +158,10 @@ bool Scheduler::schedule_prefill(SchedulerOutput& out) {
   while (!waiting_.empty() && budget > 0 && int32_t(running_.size()) < config_.max_num_seqs) {
     SeqPtr seq = waiting_.front();
     int32_t max_hit_blocks = (seq->prefill_len - final_chunk_tokens(seq->prefill_len)) / bs;
-    PrefixHit hit = blocks_.match_prefix(seq->token_ids.data(), max_hit_blocks);
+    // match every full block, so a hit shortened by the YOCO cap is told apart from a miss
+    PrefixHit hit = blocks_.match_prefix(seq->token_ids.data(), seq->prefill_len / bs);
+    const int32_t matched_blocks = int32_t(hit.blocks.size());
+    if (matched_blocks > max_hit_blocks) hit = blocks_.match_prefix(seq->token_ids.data(), max_hit_blocks);
     if (!blocks_.can_allocate(hit, seq->prefill_len)) break;
     int32_t hit_tokens = hit.num_tokens(bs);
     seq->cache.num_tokens = seq->cache.previous_num_tokens = hit_tokens;  // check before acting
@@ -170,6 +173,9 @@ bool Scheduler::schedule_prefill(SchedulerOutput& out) {
     blocks_.allocate(seq->block_table, hit, seq->prefill_len);
     seq->num_hashed_blocks = int32_t(hit.blocks.size());
     seq->last_block_hash = hit.last_hash;
+    seq->num_cached_tokens = hit_tokens;
+    seq->prefix_miss = classify_prefix_hit(blocks_.prefix_caching(), matched_blocks, max_hit_blocks);
+    prefix_stats_.record(seq->prefix_miss, seq->prefill_len, hit_tokens);
     waiting_.pop_front();
     seq->status = SequenceStatus::RUNNING;
     running_.push_back(seq);

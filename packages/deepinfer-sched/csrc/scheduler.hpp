@@ -68,6 +68,7 @@ class Scheduler {
   int32_t num_used_state_slots() const { return state_slots_.num_used(); }
   const SchedulerConfig& config() const { return config_; }
   const BlockManager& block_manager() const { return blocks_; }
+  const PrefixCacheStats& prefix_cache_stats() const { return prefix_stats_; }
   // Copy of a live (waiting or running) sequence's state, or nullptr.
   std::shared_ptr<Sequence> snapshot(int64_t request_id) const;
   std::mutex& mutex() const { return mu_; }
@@ -97,6 +98,7 @@ class Scheduler {
   std::vector<SeqPtr> pending_aborted_;
   std::vector<int32_t> free_slots_;           // MTP info slots 1..max_num_seqs
   StateSlotPool state_slots_;                 // state slots 1..max_num_seqs
+  PrefixCacheStats prefix_stats_;
   int64_t next_step_id_ = 0;
   int64_t next_arrival_ = 0;
   mutable std::mutex mu_;

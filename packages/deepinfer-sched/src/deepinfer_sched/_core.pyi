@@ -198,6 +198,12 @@ class Sequence:
     def state_slot(self) -> int: ...
 
     @property
+    def num_cached_tokens(self) -> int: ...
+
+    @property
+    def prefix_miss(self) -> PrefixMiss: ...
+
+    @property
     def last_output_token(self) -> int: ...
 
     @property
@@ -423,6 +429,30 @@ class RequestOutputPool:
 
 def prepare_zos_inputs(prev_request_ids: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)], request_ids: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> Annotated[NDArray[numpy.int32], dict(shape=(None,))]: ...
 
+class PrefixMiss(enum.IntEnum):
+    NONE = 0
+
+    DISABLED = 1
+
+    YOCO_KEEP = 2
+
+    NOT_CACHED = 3
+
+    PARTIAL = 4
+
+class PrefixCacheStats:
+    @property
+    def num_admissions(self) -> int: ...
+
+    @property
+    def num_prompt_tokens(self) -> int: ...
+
+    @property
+    def num_cached_tokens(self) -> int: ...
+
+    @property
+    def num_by_reason(self) -> dict: ...
+
 class StateSlotPool:
     def __init__(self, num_slots: int) -> None: ...
 
@@ -513,6 +543,8 @@ class Scheduler:
     def num_used_mtp_slots(self) -> int: ...
 
     def num_used_state_slots(self) -> int: ...
+
+    def prefix_cache_stats(self) -> PrefixCacheStats: ...
 
     def block_ref_count(self, block_id: int) -> int: ...
 
