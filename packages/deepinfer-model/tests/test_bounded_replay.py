@@ -53,7 +53,9 @@ def test_divergence_from_exact_is_reported_and_bounded():
 
 
 def _snapshot(cache):
-    return {name: getattr(cache, name).clone() for name in ("kv", "index_k", "comp_stage", "engram_ids")}
+    snap = {name: getattr(cache, name).clone() for name in ("index_k", "comp_stage", "engram_ids")}
+    snap["kv"] = [cache.kv_plane(p).clone() for p in range(cache.layout.num_kv_planes)]   # plane by plane
+    return snap
 
 
 def test_replay_writes_only_consumer_window_planes():
@@ -75,7 +77,7 @@ def test_replay_writes_only_consumer_window_planes():
     consumer_planes = {lay.window_planes[l] for l in topo.consumer_layers}
     for name in ("index_k", "comp_stage", "engram_ids"):
         assert torch.equal(enc_only[name], with_replay[name]), name
-    for plane in range(with_replay["kv"].shape[0]):
+    for plane in range(len(with_replay["kv"])):
         same = torch.equal(enc_only["kv"][plane], with_replay["kv"][plane])
         assert same == (plane not in consumer_planes), f"kv plane {plane}"
     # ... and within the consumer planes only the replay slots (last W prompt positions) changed.

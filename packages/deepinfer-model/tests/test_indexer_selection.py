@@ -30,7 +30,7 @@ def test_far_selection_in_the_engine_path():
     drv = Driver(model, num_blocks=16, block_size=8)
     meta, _ = drv.prefill([seq], [120])
     layer = model.model.layers[2]            # ratio 4, reads source layer 1's entries
-    r, lay, ns = layer.ratio, drv.cache.layout, drv.cache.num_slots
+    r, base = layer.ratio, drv.cache.plane_base[drv.cache.layout.comp_planes[1]]
     g = torch.Generator().manual_seed(1)
     u = torch.randn(120, cfg.hidden_size, generator=g)
     q_lat = torch.randn(120, cfg.q_lora_rank, generator=g)
@@ -42,14 +42,14 @@ def test_far_selection_in_the_engine_path():
     checked = 0
     for row in range(120):
         n_far = max(0, row - w + 1) // r
-        got_entries = sorted({(int(i) - lay.comp_planes[1] * ns) for i in far[row] if i >= 0})
+        got_entries = sorted({(int(i) - base) for i in far[row] if i >= 0})
         if n_far == 0:
             assert not got_entries
             continue
         scores = []
         for j in range(n_far):
             if j not in keys:
-                rec = drv.cache.index_k[lay.index_planes[1], slot(j * r + r - 1)].unsqueeze(0)
+                rec = drv.cache.index_plane(1)[slot(j * r + r - 1)].unsqueeze(0)
                 keys[j] = dequantize_index_k_fp4(rec, cfg.index_head_dim)[0]
             scores.append(sum(float(wts[row, h]) * max(0.0, float(q_idx[row, h] @ keys[j]))
                               for h in range(cfg.index_n_heads)))

@@ -50,14 +50,13 @@ def test_engine_prefill_writes_the_full_stack_decoder_kv():
     meta, out = drv.prefill([seq], [35])
     assert out.full_rows.numel() == 0 and out.logits.shape[0] == 0
     full = model.reference_forward(torch.tensor(tokens), mode="exact", kv_quant=True)
-    lay = drv.cache.layout
     for src in topo.consumer_sources:
         r = cfg.compress_ratios[src]
         lat_ref, ik_ref = full.entries[src]
         pos = torch.arange(lat_ref.shape[0]) * r + r - 1
         slots = torch.tensor([seq.slot(p, 8, r) for p in pos.tolist()])
-        lat = dequantize_kv_fp8(drv.cache.kv[lay.comp_planes[src], slots], cfg.head_dim)
-        ik = dequantize_index_k_fp4(drv.cache.index_k[lay.index_planes[src], slots], cfg.index_head_dim)
+        lat = dequantize_kv_fp8(drv.cache.comp_plane(src)[slots], cfg.head_dim)
+        ik = dequantize_index_k_fp4(drv.cache.index_plane(src)[slots], cfg.index_head_dim)
         same = (lat == lat_ref).float().mean().item()
         print(f"\nconsumer source {src}: {lat_ref.shape[0]} entries, {same:.2%} of FP8 values bit-identical")
         assert same > 0.99

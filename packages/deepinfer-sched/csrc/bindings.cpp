@@ -38,6 +38,22 @@ void bind_enums(nb::module_& m) {
       .value("LENGTH", FinishReason::LENGTH)
       .value("ABORT", FinishReason::ABORT)
       .value("PROMPT_LENGTH_EXCEEDED", FinishReason::PROMPT_LENGTH_EXCEEDED);
+  nb::enum_<PrefixMiss>(m, "PrefixMiss", nb::is_arithmetic())
+      .value("NONE", PrefixMiss::NONE)
+      .value("DISABLED", PrefixMiss::DISABLED)
+      .value("YOCO_KEEP", PrefixMiss::YOCO_KEEP)
+      .value("NOT_CACHED", PrefixMiss::NOT_CACHED)
+      .value("PARTIAL", PrefixMiss::PARTIAL);
+  nb::class_<PrefixCacheStats>(m, "PrefixCacheStats")
+      .def_ro("num_admissions", &PrefixCacheStats::num_admissions)
+      .def_ro("num_prompt_tokens", &PrefixCacheStats::num_prompt_tokens)
+      .def_ro("num_cached_tokens", &PrefixCacheStats::num_cached_tokens)
+      .def_prop_ro("num_by_reason", [](const PrefixCacheStats& p) {
+        nb::dict d;  // PrefixMiss name -> admissions
+        const char* names[kNumPrefixMiss] = {"NONE", "DISABLED", "YOCO_KEEP", "NOT_CACHED", "PARTIAL"};
+        for (int i = 0; i < kNumPrefixMiss; ++i) d[names[i]] = p.num_by_reason[i];
+        return d;
+      });
 }
 
 void bind_configs(nb::module_& m) {
@@ -92,6 +108,9 @@ void bind_sequence(nb::module_& m) {
       .def_prop_ro("num_inflight_steps", [](const Sequence& s) { return s.cache.num_inflight_steps; })
       .def_prop_ro("num_committed_tokens", [](const Sequence& s) { return s.cache.num_committed_tokens(); })
       .def_prop_ro("info_slot", [](const Sequence& s) { return s.mtp.info_slot; })
+      .def_ro("state_slot", &Sequence::state_slot)
+      .def_ro("num_cached_tokens", &Sequence::num_cached_tokens)
+      .def_ro("prefix_miss", &Sequence::prefix_miss)
       .def_prop_ro("last_output_token", [](const Sequence& s) { return s.mtp.last_output_token; })
       .def_prop_ro("prev_confidence", [](const Sequence& s) { return s.mtp.prev_confidence; })
       .def_ro("block_table", &Sequence::block_table)
@@ -135,6 +154,7 @@ void bind_scheduler_output(nb::module_& m) {
   DI_VIEW(context_lens);
   DI_VIEW(prompt_lens);
   DI_VIEW(mtp_slots);
+  DI_VIEW(state_slots);
   DI_VIEW(remap);
   DI_VIEW(num_uncommitted_rows);
   DI_VIEW(positions);
@@ -258,6 +278,8 @@ void bind_scheduler(nb::module_& m) {
       .DI_LOCKED("num_free_blocks", s.block_manager().num_free_blocks())
       .DI_LOCKED("num_cached_blocks", s.block_manager().num_cached_blocks())
       .DI_LOCKED("num_used_mtp_slots", s.num_used_mtp_slots())
+      .DI_LOCKED("num_used_state_slots", s.num_used_state_slots())
+      .DI_LOCKED("prefix_cache_stats", s.prefix_cache_stats())
 #undef DI_LOCKED
       .def("block_ref_count",
            [](const Scheduler& s, int32_t block) {

@@ -4,6 +4,7 @@
 
 #include "bindings.hpp"
 #include "runtime_estimators.hpp"
+#include "state_slots.hpp"
 #include "step_vote.hpp"
 #include "zos.hpp"
 
@@ -32,6 +33,16 @@ void bind_misc(nb::module_& m) {
       .def("slope_ms", &ForwardRuntimeEstimator::slope_ms)
       .def("estimate_ms", &ForwardRuntimeEstimator::estimate_ms, "graph_size"_a, "baseline_ms"_a)
       .def_prop_ro("num_samples", &ForwardRuntimeEstimator::num_samples);
+
+  nb::class_<StateSlotPool>(m, "StateSlotPool")
+      .def(nb::init<int32_t>(), "num_slots"_a)
+      .def("can_take", &StateSlotPool::can_take)
+      .def("take", &StateSlotPool::take)
+      .def("release", &StateSlotPool::release, "slot"_a)
+      .def("in_use", &StateSlotPool::in_use, "slot"_a)
+      .def_prop_ro("num_slots", &StateSlotPool::num_slots)
+      .def_prop_ro("num_used", &StateSlotPool::num_used)
+      .def_prop_ro("num_free", &StateSlotPool::num_free);
 
   nb::enum_<AttemptPoint>(m, "AttemptPoint", nb::is_arithmetic())
       .value("NONE", AttemptPoint::NONE)

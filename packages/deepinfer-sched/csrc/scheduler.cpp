@@ -7,7 +7,8 @@ namespace deepinfer {
 
 Scheduler::Scheduler(SchedulerConfig config)
     : config_((config.validate(), std::move(config))),
-      blocks_(config_.num_blocks, config_.block_size, config_.enable_prefix_caching) {
+      blocks_(config_.num_blocks, config_.block_size, config_.enable_prefix_caching),
+      state_slots_(config_.max_num_seqs) {
   if (config_.nextn > 0) {
     free_slots_.reserve(config_.max_num_seqs);
     for (int32_t s = config_.max_num_seqs; s >= 1; --s) free_slots_.push_back(s);  // slot 0 = padding
@@ -104,12 +105,18 @@ void Scheduler::release_mtp_slot(Sequence& seq) {
 void Scheduler::release_resources(Sequence& seq) {
   blocks_.free(seq.block_table);
   release_mtp_slot(seq);
+  if (seq.state_slot != 0) {
+    state_slots_.release(seq.state_slot);
+    seq.state_slot = 0;
+  }
 }
 
 void Scheduler::check_slot_invariant(const char* where) const {
   int32_t expected = config_.nextn > 0 ? int32_t(running_.size()) : 0;
   DI_LEDGER_CHECK(num_used_mtp_slots() == expected, where, ": used MTP info slots (", num_used_mtp_slots(),
                   ") != running sequences (", running_.size(), ")");
+  DI_LEDGER_CHECK(num_used_state_slots() == int32_t(running_.size()), where, ": used state slots (",
+                  num_used_state_slots(), ") != running sequences (", running_.size(), ")");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -151,7 +158,10 @@ bool Scheduler::schedule_prefill(SchedulerOutput& out) {
   while (!waiting_.empty() && budget > 0 && int32_t(running_.size()) < config_.max_num_seqs) {
     SeqPtr seq = waiting_.front();
     int32_t max_hit_blocks = (seq->prefill_len - final_chunk_tokens(seq->prefill_len)) / bs;
-    PrefixHit hit = blocks_.match_prefix(seq->token_ids.data(), max_hit_blocks);
+    // match every full block, so a hit shortened by the YOCO cap is told apart from a miss
+    PrefixHit hit = blocks_.match_prefix(seq->token_ids.data(), seq->prefill_len / bs);
+    const int32_t matched_blocks = int32_t(hit.blocks.size());
+    if (matched_blocks > max_hit_blocks) hit = blocks_.match_prefix(seq->token_ids.data(), max_hit_blocks);
     if (!blocks_.can_allocate(hit, seq->prefill_len)) break;
     int32_t hit_tokens = hit.num_tokens(bs);
     seq->cache.num_tokens = seq->cache.previous_num_tokens = hit_tokens;  // check before acting
@@ -163,10 +173,15 @@ bool Scheduler::schedule_prefill(SchedulerOutput& out) {
     blocks_.allocate(seq->block_table, hit, seq->prefill_len);
     seq->num_hashed_blocks = int32_t(hit.blocks.size());
     seq->last_block_hash = hit.last_hash;
+    seq->num_cached_tokens = hit_tokens;
+    seq->prefix_miss = classify_prefix_hit(blocks_.prefix_caching(), matched_blocks, max_hit_blocks);
+    prefix_stats_.record(seq->prefix_miss, seq->prefill_len, hit_tokens);
     waiting_.pop_front();
     seq->status = SequenceStatus::RUNNING;
     running_.push_back(seq);
     allocate_mtp_slot(*seq);
+    DI_LEDGER_CHECK(seq->state_slot == 0, "request ", seq->request_id, ": admitted holding state slot ", seq->state_slot);
+    seq->state_slot = state_slots_.take();  // running < max_num_seqs: one is free
     add_rows(out, seq, chunk, seq->cache.num_tokens + chunk == seq->prefill_len, false);
     budget -= chunk;
   }
@@ -235,6 +250,7 @@ void Scheduler::add_rows(SchedulerOutput& out, const SeqPtr& seq_ptr, int32_t ro
   out.prompt_lens.push_back(seq.prompt_len);
   out.is_last_chunk.push_back(is_last_chunk ? 1 : 0);
   out.mtp_slots.push_back(seq.mtp.info_slot);
+  out.state_slots.push_back(seq.state_slot);
   out.remap.push_back(seq.last_scheduled_step == out.step_id - 1 ? seq.last_scheduled_index : -1);
   out.num_uncommitted_rows.push_back(seq.cache.num_uncommitted_rows);
   out.seqs.push_back(seq_ptr);
@@ -283,7 +299,7 @@ void Scheduler::reserve(SchedulerOutput& out) const {
   const size_t rows = std::min<size_t>(size_t(config_.max_num_batched_tokens), reqs * size_t(config_.nextn + 1) +
                                                                                  size_t(config_.max_num_batched_tokens));
   for (auto* v : {&out.seqlens_q, &out.first_token_pos, &out.num_computed_tokens, &out.context_lens, &out.prompt_lens,
-                  &out.mtp_slots, &out.remap, &out.num_uncommitted_rows, &out.epochs})
+                  &out.mtp_slots, &out.state_slots, &out.remap, &out.num_uncommitted_rows, &out.epochs})
     v->reserve(reqs);
   out.request_ids.reserve(reqs);
   out.is_last_chunk.reserve(reqs);

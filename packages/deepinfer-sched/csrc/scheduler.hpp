@@ -9,8 +9,9 @@
 //   2. Otherwise decode every running sequence whose prefill is done, last admitted first
 //      (LCFS), with 1 + drafts rows each under the row budget. When blocks run out, preempt the
 //      unscheduled running sequence with the shortest output (it recomputes later).
-// A running sequence owns one MTP info slot (>= 1) while nextn > 0:
-//   used slots == running sequences, checked after every schedule() and process_outputs().
+// A running sequence owns one MTP info slot (>= 1) while nextn > 0, and one state slot (>= 1,
+// its window rings and compressor stage: state_slots.hpp) always:
+//   used slots == running sequences (each kind), checked after every schedule() and process_outputs().
 #pragma once
 
 #include <cstddef>
@@ -26,6 +27,7 @@
 #include "config.hpp"
 #include "scheduler_output.hpp"
 #include "sequence.hpp"
+#include "state_slots.hpp"
 
 namespace deepinfer {
 
@@ -63,8 +65,10 @@ class Scheduler {
   int32_t num_waiting() const { return int32_t(waiting_.size()); }
   int32_t num_running() const { return int32_t(running_.size()); }
   int32_t num_used_mtp_slots() const { return config_.nextn > 0 ? config_.max_num_seqs - int32_t(free_slots_.size()) : 0; }
+  int32_t num_used_state_slots() const { return state_slots_.num_used(); }
   const SchedulerConfig& config() const { return config_; }
   const BlockManager& block_manager() const { return blocks_; }
+  const PrefixCacheStats& prefix_cache_stats() const { return prefix_stats_; }
   // Copy of a live (waiting or running) sequence's state, or nullptr.
   std::shared_ptr<Sequence> snapshot(int64_t request_id) const;
   std::mutex& mutex() const { return mu_; }
@@ -93,6 +97,8 @@ class Scheduler {
   std::vector<SeqPtr> pending_ignored_;
   std::vector<SeqPtr> pending_aborted_;
   std::vector<int32_t> free_slots_;           // MTP info slots 1..max_num_seqs
+  StateSlotPool state_slots_;                 // state slots 1..max_num_seqs
+  PrefixCacheStats prefix_stats_;
   int64_t next_step_id_ = 0;
   int64_t next_arrival_ = 0;
   mutable std::mutex mu_;

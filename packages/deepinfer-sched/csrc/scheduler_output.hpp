@@ -35,6 +35,7 @@ struct SchedulerOutput {
   std::vector<int32_t> prompt_lens;
   std::vector<uint8_t> is_last_chunk;        // prefill: chunk ends the prefill (samples); decode: 1
   std::vector<int32_t> mtp_slots;            // MTP info slot (>= 1), 0 = none (nextn == 0)
+  std::vector<int32_t> state_slots;          // state slot (>= 1): the request's window rings and stage
   std::vector<int32_t> remap;                // index in the previous step's request_ids, -1 if absent
   std::vector<int32_t> num_uncommitted_rows; // rows of earlier unprocessed steps counted in
                                              // num_computed_tokens (ZOS: upper-bound slack)

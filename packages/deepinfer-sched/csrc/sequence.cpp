@@ -46,6 +46,8 @@ void Sequence::reset_for_recompute() {
                   ": reset_for_recompute with ", block_table.size(), " blocks still held");
   DI_LEDGER_CHECK(mtp.info_slot == 0, "request ", request_id,
                   ": reset_for_recompute with MTP info slot ", mtp.info_slot, " still held");
+  DI_LEDGER_CHECK(state_slot == 0, "request ", request_id, ": reset_for_recompute with state slot ", state_slot,
+                  " still held");
   status = SequenceStatus::WAITING;
   prefill_len = num_tokens_total();
   epoch += 1;

@@ -36,6 +36,7 @@
 
 #include "common.hpp"
 #include "config.hpp"
+#include "prefix_stats.hpp"
 
 namespace deepinfer {
 
@@ -87,6 +88,9 @@ class Sequence {
   MtpState mtp;
 
   std::vector<int32_t> block_table;  // block ids covering positions [0, num_tokens)
+  int32_t state_slot = 0;            // state slot (window rings, stage) while running; 0 = none
+  int32_t num_cached_tokens = 0;     // prompt tokens the prefix cache served at the latest admission
+  PrefixMiss prefix_miss = PrefixMiss::NONE;  // why that hit fell short (prefix_stats.hpp)
   int32_t num_hashed_blocks = 0;     // leading blocks registered in the prefix cache
   uint64_t last_block_hash = 0;      // hash chain value of block num_hashed_blocks - 1
 

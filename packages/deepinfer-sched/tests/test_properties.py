@@ -3,8 +3,10 @@
 Every step (LedgerHarness) checks the four ledger checkpoints of seed 000 — row layout, accepted
 prefix contiguous with -1 terminator, pushed <= accepted + 1 and strictly less only on a stop
 (against a stop-rule oracle), used MTP slots == running — plus emitted tokens == appended tokens,
-block reference counts == holders, no block leak, the ZOS position correction; at the end every
-request finished exactly once and all blocks and slots returned.
+block reference counts == holders, no block leak, the ZOS position correction, and the state kind:
+used state slots == running, each held by one running sequence (none by a waiting or preempted
+one), in 1..max_num_seqs; at the end every request finished exactly once and all blocks and both
+kinds of slots returned (streams abort and preempt: small pools).
 """
 
 import numpy as np

@@ -120,3 +120,86 @@ def param_counts(cfg) -> ParamCounts:
     total += dspark
     return ParamCounts(total=total, backbone=total - engram - dspark, engram=engram, dspark=dspark,
                        embedding=embedding, active_prefill=act_pre, active_decode=act_dec)
+
+
+# ---------------------------------------------------------------------------------------------
+# KV footprint of a cache layout: bytes per token of context + fixed bytes per running sequence
+#
+#   bytes(context T, S sequences) = T * per_token + S * per_sequence
+#
+# SPEC's layout (§1 KV record, §5 SWA slot): a token adds only its compressed entries (FP8 record
+# and FP4 index key of every compressed source, at 1/r of the tokens); the window is a ring of
+# W + backtracking positions per sequence and layer, the compressor stage a ring of the last
+# incomplete entry's token terms. `paged_kv_footprint` is the engine path's layout as allocated
+# (paged_cache.py): every plane keeps every position.
+
+H200_HBM_BYTES = 143_771 * 2**20   # one H200 as nvidia-smi reports it (141 GB)
+
+
+@dataclass(frozen=True)
+class KVFootprint:
+    per_token: dict[str, float]    # kind -> bytes each token of context adds
+    per_sequence: dict[str, int]   # kind -> fixed bytes each running sequence holds
+
+    @property
+    def bytes_per_token(self) -> float:
+        return sum(self.per_token.values())
+
+    @property
+    def bytes_per_sequence(self) -> int:
+        return sum(self.per_sequence.values())
+
+    def bytes_for(self, num_tokens: int, num_seqs: int = 1) -> float:
+        return num_tokens * self.bytes_per_token + num_seqs * self.bytes_per_sequence
+
+
+def _stage_width(cfg) -> int:
+    """Compressor token terms per position: latent c (D) + index key ik (Di) + gate g (1)."""
+    return cfg.head_dim + cfg.index_head_dim + 1
+
+
+def spec_kv_footprint(cfg, backtracking_tokens: int | None = None, stage_bytes: int = 4) -> KVFootprint:
+    """SPEC's layout at `cfg`'s widths. Per token: compressed FP8 entries and FP4 index keys of each
+    source at 1/r (flash: 596 + 2 x 596 / 4 = 894 B, SPEC "~890"). Per sequence: a window ring of
+    W + backtracking (nextn + 1) records for every backbone and DFlash layer, and a stage ring of
+    r - 1 + backtracking token terms (float, `stage_bytes` each) for every source with r > 1."""
+    back = cfg.nextn + 1 if backtracking_tokens is None else backtracking_tokens
+    topo, rec, idx = cfg.topology, kv_record_bytes(cfg), index_record_bytes(cfg)
+    sources = topo.compressed_sources
+    ring = cfg.sliding_window + back
+    staged = [s for s in sources if cfg.compress_ratios[s] > 1]
+    return KVFootprint(
+        per_token={"compressed": sum(rec / cfg.compress_ratios[s] for s in sources),
+                   "index_k": sum(idx / cfg.compress_ratios[s] for s in sources)},
+        per_sequence={"window": (cfg.num_hidden_layers + cfg.nextn) * ring * rec,
+                      "comp_stage": sum((cfg.compress_ratios[s] - 1 + back) * _stage_width(cfg) * stage_bytes
+                                        for s in staged)})
+
+
+def paged_kv_footprint(cfg, stage_bytes: int = 4) -> KVFootprint:
+    """The engine path's paged layout (paged_cache.py) as allocated: per token a window record of
+    every backbone and DFlash layer, the compressed and index planes at 1/r, the float compressor
+    stage, the Engram id; nothing per sequence. (Before the compressed planes took 1/r, they and the
+    index planes kept every position: flash 30,680 B/token with a float32 stage, 28,116 with bf16.)"""
+    topo, rec, idx = cfg.topology, kv_record_bytes(cfg), index_record_bytes(cfg)
+    sources = topo.compressed_sources
+    staged = [s for s in sources if cfg.compress_ratios[s] > 1]
+    return KVFootprint(
+        per_token={"window": (cfg.num_hidden_layers + cfg.nextn) * rec,
+                   "compressed": sum(rec / cfg.compress_ratios[s] for s in sources),
+                   "index_k": sum(idx / cfg.compress_ratios[s] for s in sources),
+                   "comp_stage": len(staged) * _stage_width(cfg) * stage_bytes, "engram_ids": 4},
+        per_sequence={})
+
+
+def weight_bytes(cfg, bytes_per_param: int = 2) -> int:
+    """Parameter bytes (bf16 by default), every parameter resident."""
+    return param_counts(cfg).total * bytes_per_param
+
+
+def max_context_tokens(cfg, footprint: KVFootprint, hbm_bytes: int = H200_HBM_BYTES,
+                       memory_utilization: float = 0.90, reserved_bytes: int = 0) -> int:
+    """Longest context of one sequence whose KV fits: (utilization x HBM - weights - reserved
+    (activations) - one sequence's fixed bytes) / bytes per token; 0 when the weights do not fit."""
+    left = int(hbm_bytes * memory_utilization) - weight_bytes(cfg) - reserved_bytes - footprint.bytes_per_sequence
+    return max(0, int(left // footprint.bytes_per_token))

@@ -60,6 +60,8 @@ class ForwardMetadata:
                                             #   (graph buffers); None = derived from seqlens_q (4 launches)
     logits_every_row: bool = False          # logit_rows is arange(total_q) (a decode step: the runner,
                                             #   graph buffers): the logits read the rows in place, no gather
+    state_slots: torch.Tensor | None = None  # [req_cnt] int32 each request's ring state slot (>= 1; 0 =
+                                             #   padding): needed by caches with rings (paged/ring.py)
 
     @property
     def context_bound(self) -> int:
@@ -122,6 +124,8 @@ class ForwardMetadata:
                                 f"{bound} (max_context_len / block_tables width * block_size)")
         if self.slot_mapping.numel() and int(self.slot_mapping.min()) < -1:
             raise MetadataError("slot_mapping: slots are >= 0, or -1 (do not write)")
+        if self.state_slots is not None and (self.state_slots.shape != (n,) or (n and int(self.state_slots.min()) < 0)):
+            raise MetadataError(f"state_slots: must be [{n}] and >= 0 (0 = padding request)")
 
     def to(self, device: torch.device | str) -> ForwardMetadata:
         """A copy with every tensor on `device`."""
@@ -135,7 +139,7 @@ class ForwardMetadata:
         `num_rows + 1`) requests, on the device, without a sync. The padding contract:
 
         - requests `req_cnt .. num_reqs - 2`: no rows (`seqlens_q = 0`, `context_lens = 0`,
-          `first_token_pos = total_q`), block table all -1;
+          `first_token_pos = total_q`), block table all -1, state slot 0;
         - request `num_reqs - 1` (the padding request) holds rows `total_q .. num_rows - 1`:
           `seqlens_q = context_lens = num_rows - total_q`, `first_token_pos = total_q`,
           positions `0 .. num_rows - total_q - 1`, `input_ids = 0`, `slot_mapping = -1`,
@@ -173,13 +177,14 @@ class ForwardMetadata:
             engram_ids=None if self.engram_ids is None else cat(self.engram_ids, -1, pad_rows),
             max_context_len=self.context_bound,
             row_req=None if self.row_req is None else cat(self.row_req, nr - 1, pad_rows),
-            logits_every_row=self.logits_every_row)
+            logits_every_row=self.logits_every_row,
+            state_slots=None if self.state_slots is None else cat(self.state_slots, 0, extra))
 
     @classmethod
     def build(cls, rows_token_ids: list[list[int]], num_computed: list[int], block_tables: list[list[int]],
               block_size: int, is_prefill: bool, is_last_chunk: list[bool] | None = None,
               logits: str = "last", return_dspark_features: bool = False,
-              device: torch.device | str = "cpu") -> ForwardMetadata:
+              device: torch.device | str = "cpu", state_slots: list[int] | None = None) -> ForwardMetadata:
         """Host-side builder (tests, runner): per request its rows' tokens, tokens already cached,
         and block table. `logits`: "last" (last row of each last-chunk request), "all", "none"."""
         n = len(rows_token_ids)
@@ -214,7 +219,7 @@ class ForwardMetadata:
             block_tables=i32(tables).reshape(n, width), slot_mapping=i64(slots), block_size=block_size,
             is_prefill=is_prefill, is_last_chunk=torch.tensor(last, dtype=torch.bool, device=device),
             logit_rows=i64(lrows), return_dspark_features=return_dspark_features,
-            logits_every_row=logits == "all")
+            logits_every_row=logits == "all", state_slots=None if state_slots is None else i32(state_slots))
 
 
 @dataclass
@@ -232,6 +237,7 @@ class DraftMetadata:
     block_size: int
     valid: torch.Tensor | None = None  # [req_cnt] bool; False = padding request (reads nothing,
                                        #   finite garbage out); None = all valid
+    state_slots: torch.Tensor | None = None  # [req_cnt] int32 ring state slots (caches with rings)
 
     def pad(self, num_reqs: int) -> DraftMetadata:
         """Pad to `num_reqs` requests (graph bucket): padding requests get position 0, main
@@ -247,7 +253,8 @@ class DraftMetadata:
         valid = torch.ones(r, dtype=torch.bool, device=dev) if self.valid is None else self.valid
         return DraftMetadata(positions=cat(self.positions, 0), main_token_ids=cat(self.main_token_ids, 0),
                              block_tables=cat(self.block_tables, -1), block_size=self.block_size,
-                             valid=cat(valid, False))
+                             valid=cat(valid, False),
+                             state_slots=None if self.state_slots is None else cat(self.state_slots, 0))
 
 
 @dataclass

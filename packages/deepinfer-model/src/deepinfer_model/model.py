@@ -25,7 +25,7 @@ from deepinfer_model.modules.fused_projection import refresh_fused_projections
 from deepinfer_model.modules.layer import DecoderLayer
 from deepinfer_model.modules.linear import Linear
 from deepinfer_model.modules.norm import RMSNorm
-from deepinfer_model.paged_cache import CacheLayout, PagedKVCache, allocate_kv_cache
+from deepinfer_model.paged_cache import CacheLayout, PagedKVCache, WindowRing, allocate_kv_cache
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
@@ -156,10 +156,11 @@ class V41ForCausalLM(nn.Module):
         """Bytes one block of `block_size` tokens takes over all paged caches (pool sizing)."""
         return self.cache_layout().bytes_per_block(block_size, self.dtype)
 
-    def allocate_kv_cache(self, num_blocks: int, block_size: int,
-                          device: torch.device | str | None = None) -> PagedKVCache:
+    def allocate_kv_cache(self, num_blocks: int, block_size: int, device: torch.device | str | None = None,
+                          ring: WindowRing | None = None) -> PagedKVCache:
+        """`ring`: window planes and compressor stages as per-request rings (paged/ring.py)."""
         return allocate_kv_cache(self.config, num_blocks, block_size, device or self.device,
-                                 stage_dtype=torch.float32 if self.dtype == torch.float32 else self.dtype)
+                                 stage_dtype=torch.float32 if self.dtype == torch.float32 else self.dtype, ring=ring)
 
     # ------------------------------------------------------------------ forward paths
     @torch.no_grad()

@@ -10,7 +10,7 @@ import torch
 
 from deepinfer_model.metadata import DraftMetadata, ForwardMetadata
 from deepinfer_model.model import V41ForCausalLM
-from deepinfer_model.paged_cache import PagedKVCache
+from deepinfer_model.paged_cache import PagedKVCache, WindowRing
 from deepinfer_model.presets import tiny
 
 
@@ -36,27 +36,35 @@ class Seq:
     prompt_len: int
     blocks: list[int] = field(default_factory=list)
     num_computed: int = 0
+    state_slot: int = 0                  # ring state slot (caches with rings; 0 = not yet given)
 
     def slot(self, position: int, block_size: int, ratio: int = 1) -> int:
-        """The pool slot of a token position; ratio r: the packed slot of the compressed entry of
-        ratio r closing there (`engine/indexing.py`)."""
-        return self.blocks[position // block_size] * block_size + (position % block_size) // ratio
+        """The pool slot of a token position; ratio r: the plane slot of the compressed entry of
+        ratio r closing there (`paged/indexing.py`: bs / r records per block)."""
+        per_block = block_size // ratio
+        return self.blocks[position // block_size] * per_block + (position % block_size) // ratio
 
 
 class Driver:
     """Allocates blocks, builds ForwardMetadata for prefill chunks / decode steps, runs the model."""
 
-    def __init__(self, model, num_blocks=64, block_size=8, shuffle_seed=0):
+    def __init__(self, model, num_blocks=64, block_size=8, shuffle_seed=0, ring: WindowRing | None = None):
         self.model = model
         self.device = model.device
         self.block_size = block_size
-        self.cache = model.allocate_kv_cache(num_blocks, block_size)
+        self.cache = model.allocate_kv_cache(num_blocks, block_size, ring=ring)
         g = torch.Generator().manual_seed(shuffle_seed)
         self.free = torch.randperm(num_blocks, generator=g).tolist()   # scattered block ids
+        self.free_states = [] if ring is None else torch.randperm(ring.num_seqs, generator=g).add(1).tolist()
 
     def ensure(self, seq: Seq, upto: int) -> None:
         while len(seq.blocks) * self.block_size < upto:
             seq.blocks.append(self.free.pop())
+        if self.cache.layout.ring is not None and seq.state_slot == 0:
+            seq.state_slot = self.free_states.pop()
+
+    def _states(self, seqs: list[Seq]) -> list[int] | None:
+        return None if self.cache.layout.ring is None else [s.state_slot for s in seqs]
 
     def prefill_meta(self, seqs: list[Seq], chunk_lens: list[int], features=False) -> ForwardMetadata:
         """Metadata of one prefill step: the next `chunk_lens[i]` prompt tokens of each sequence
@@ -67,7 +75,8 @@ class Driver:
             rows.append(s.tokens[s.num_computed: s.num_computed + n])
             last.append(s.num_computed + n == s.prompt_len)
         meta = ForwardMetadata.build(rows, [s.num_computed for s in seqs], [s.blocks for s in seqs],
-                                     self.block_size, True, last, "last", features, device=self.device)
+                                     self.block_size, True, last, "last", features, device=self.device,
+                                     state_slots=self._states(seqs))
         meta.validate()
         return meta
 
@@ -90,7 +99,8 @@ class Driver:
         if max_blocks is not None:
             tables = [list(t) + [-1] * (max_blocks - len(t)) for t in tables]
         meta = ForwardMetadata.build(rows, [len(s.tokens) - 1 for s in seqs], tables,
-                                     self.block_size, False, None, "all", features, device=self.device)
+                                     self.block_size, False, None, "all", features, device=self.device,
+                                     state_slots=self._states(seqs))
         meta.validate()
         return meta
 
@@ -104,4 +114,6 @@ class Driver:
         tables = torch.tensor([s.blocks + [-1] * (width - len(s.blocks)) for s in seqs], dtype=torch.int32)
         return DraftMetadata(positions=torch.tensor([len(s.tokens) - 1 for s in seqs], device=self.device),
                              main_token_ids=torch.tensor(main_tokens, device=self.device),
-                             block_tables=tables.to(self.device), block_size=self.block_size)
+                             block_tables=tables.to(self.device), block_size=self.block_size,
+                             state_slots=None if self.cache.layout.ring is None else
+                             torch.tensor(self._states(seqs), dtype=torch.int32, device=self.device))

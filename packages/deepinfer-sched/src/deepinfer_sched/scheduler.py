@@ -129,6 +129,15 @@ class Scheduler:
     def num_used_mtp_slots(self) -> int:
         return self._core.num_used_mtp_slots()
 
+    def prefix_cache_stats(self) -> _core.PrefixCacheStats:
+        """Admissions, prompt tokens, tokens served from the prefix cache, admissions per
+        `PrefixMiss` reason (a copy)."""
+        return self._core.prefix_cache_stats()
+
+    def num_used_state_slots(self) -> int:
+        """State slots held (one per running sequence: its window rings and compressor stage)."""
+        return self._core.num_used_state_slots()
+
     def block_ref_count(self, block_id: int) -> int:
         return self._core.block_ref_count(block_id)
 

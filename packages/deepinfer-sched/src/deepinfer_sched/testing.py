@@ -211,6 +211,12 @@ class LedgerHarness:
             assert np.all(slots >= 1) and len(np.unique(slots)) == len(slots)
         else:
             assert s.num_used_mtp_slots() == 0
+        assert s.num_used_state_slots() == s.num_running(), "used state slots != running"
+        states = out.state_slots
+        assert np.all(states >= 1) and len(np.unique(states)) == len(states), "state slots shared or 0"
+        assert np.all(states <= s.config.max_num_seqs)
+        held = [q.state_slot for rid in self.requests if (q := s.get_sequence(int(rid))) is not None and q.state_slot]
+        assert len(held) == len(set(held)) == s.num_running(), "a state slot held twice, or by a waiting sequence"
         for rid in out.request_ids:
             assert not self.finished(int(rid)), f"request {rid} scheduled after its final output"
         return out
@@ -324,6 +330,7 @@ class LedgerHarness:
         assert not s.has_unfinished() and self.in_flight is None
         assert s.num_free_blocks() == s.config.num_blocks, "blocks did not all return"
         assert s.num_used_mtp_slots() == 0 and s.num_running() == 0 and s.num_waiting() == 0
+        assert s.num_used_state_slots() == 0, "state slots did not all return"
         assert self.pool.num_in_use == 0
         for rid, rec in self.requests.items():
             assert len(rec.finish_reasons) == 1, f"request {rid} finished {len(rec.finish_reasons)} times"

@@ -20,8 +20,9 @@ import torch
 from deepinfer_kernels.ops.kv_fp8 import store_kv_fp8
 from deepinfer_kernels.ops.sparse_mla import sparse_mla_attention
 from deepinfer_kernels.ops.swa_index import window_positions
-from deepinfer_model.paged.indexing import slots_of, to_flat
-from deepinfer_model.metadata import DraftMetadata, DraftOutput, ForwardMetadata, ForwardOutput
+from deepinfer_model.paged.indexing import slots_of
+from deepinfer_model.paged.ring import RingRows
+from deepinfer_model.metadata import DraftMetadata, DraftOutput, ForwardMetadata, ForwardOutput, MetadataError
 from deepinfer_model.modules.rope import rope_table
 
 
@@ -34,6 +35,10 @@ def write_main_keys(model, meta: ForwardMetadata, out: ForwardOutput, cache) -> 
     rope = rope_table(pos, model.config.qk_rope_head_dim, model.config.rope_theta)   # shared by the layers
     latents = ds.main_keys_all(out.dspark_features, rope)                                 # [K, N, D]
     k = latents.shape[0]
+    ring = cache.layout.ring
+    if ring is not None:   # rings: the full rows among their request's last ring_len positions
+        slots = RingRows(meta, meta.row_to_req, meta.positions.long(), ring.num_seqs + 1).subset(
+            out.full_rows).ring_targets(ring.ring_len)
     rows = _plane_rows(slots, cache, k)                                                 # [K, N]
     store_kv_fp8(latents.reshape(-1, latents.shape[-1]), cache.kv_flat, rows.reshape(-1))   # one store, all layers
 
@@ -43,8 +48,9 @@ def _plane_rows(slots: torch.Tensor, cache, num_layers: int) -> torch.Tensor:
     planes = cache.layout.dflash_planes
     if planes != tuple(range(planes[0], planes[0] + num_layers)):
         raise ValueError(f"DFlash planes {planes} are not consecutive")
-    first = to_flat(slots, planes[0], cache.num_slots)                                  # layer 0's rows
-    offset = (torch.arange(num_layers, device=slots.device) * cache.num_slots).reshape((num_layers,) + (1,) * slots.dim())
+    rows = cache.plane_rows[planes[0]]                                                # equal for every DFlash plane
+    first = torch.where(slots >= 0, slots + cache.plane_base[planes[0]], -1)           # layer 0's rows
+    offset = (torch.arange(num_layers, device=slots.device) * rows).reshape((num_layers,) + (1,) * slots.dim())
     return torch.where(first >= 0, first + offset, -1)
 
 
@@ -70,7 +76,15 @@ def draft_forward(model, meta: DraftMetadata, cache, uniforms: torch.Tensor | No
     req = torch.arange(n_req, device=p.device).repeat_interleave(n)
     main_pos = window_positions(bpos, torch.zeros_like(bpos), w)                     # [R*n, W]
     main_pos = torch.where(main_pos <= p[req].unsqueeze(1), main_pos, torch.full_like(main_pos, -1))
-    main_slots = slots_of(tables, req, main_pos, meta.block_size)
+    ring = cache.layout.ring
+    if ring is None:
+        main_slots = slots_of(tables, req, main_pos, meta.block_size)
+    else:   # every main key read (positions <= p) is in the ring (paged/ring.py)
+        if meta.state_slots is None:
+            raise MetadataError("state_slots: a cache with rings needs each request's state slot")
+        state = meta.state_slots.long()[req].unsqueeze(1)
+        reads = main_pos >= 0 if meta.valid is None else (main_pos >= 0) & meta.valid[req].unsqueeze(1)
+        main_slots = torch.where(reads, state * ring.ring_len + main_pos.clamp(min=0) % ring.ring_len, -1)
     j = torch.arange(n, device=p.device)
     bmask = (j.unsqueeze(0) <= j.unsqueeze(1)) & (j.unsqueeze(0) > j.unsqueeze(1) - w)   # [n(q), n(k)]
     h = ds.block_inputs(mains, model.model.embed_tokens).reshape(n_req * n, -1)

@@ -40,6 +40,8 @@ from deepinfer_kernels.ops.indexer import indexer_topk_blocks
 from deepinfer_kernels.ops.paged_slots import far_entry_slots, num_far_entries, window_slots
 from deepinfer_kernels.ops.sparse_mla import shared_keys_enabled, sparse_mla_attention
 from deepinfer_model.paged.compressed import update_compressed_source
+from deepinfer_model.paged.indexing import far_entry_positions
+from deepinfer_model.paged.ring import RingRows, copy_to_ring
 from deepinfer_model.paged.prefill_plan import LOGIT_ROW_OUTSIDE_REPLAY, short_last_chunk_error
 from deepinfer_model.paged.streams import DecodeStreams
 from deepinfer_model.metadata import ForwardMetadata, ForwardOutput, MetadataError
@@ -55,14 +57,15 @@ class _Rows:
     ratio) is computed once per forward and shared by every layer: it is the same for all of
     them, and on the GPU each of its ~15 elementwise ops is a kernel launch per layer."""
 
-    def __init__(self, positions, req, slots, lo, windows):
+    def __init__(self, positions, req, slots, lo, windows, ring: RingRows | None = None):
         self.positions, self.req, self.slots, self.lo, self.windows = positions, req, slots, lo, windows
+        self.ring = ring   # the rows' ring facts when the cache has rings (paged/ring.py)
         self._memo: dict = {}
 
     def subset(self, idx, lo=None):
         w = None if self.windows is None else self.windows[idx]
         return _Rows(self.positions[idx], self.req[idx], self.slots[idx],
-                     self.lo[idx] if lo is None else lo, w)
+                     self.lo[idx] if lo is None else lo, w, None if self.ring is None else self.ring.subset(idx))
 
     def rope(self, dim: int, theta: float) -> RopeTable:
         """The rows' RoPE table (cos / sin of their positions), shared by every layer."""
@@ -99,10 +102,18 @@ class _Rows:
         return self._window(meta, width)[1]
 
     def _window(self, meta: ForwardMetadata, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if "window" not in self._memo and self.ring is not None:   # ring and scratch rows (paged/ring.py)
+            self._memo["window"] = self.ring.window_rows(self.lo, width, self.ring_len)
         if "window" not in self._memo:   # one launch on SM90 (both dtypes)
             self._memo["window"] = window_slots(meta.block_tables, self.req, self.positions, self.lo, width,
                                                 meta.block_size)
         return self._memo["window"]
+
+    ring_len = 0   # window ring length (set with `ring`)
+
+    def store_slots(self) -> torch.Tensor:
+        """[N] where a window layer stores the rows' records: their slots, or their scratch rows."""
+        return self.slots if self.ring is None else self.ring.scratch_rows(self.ring_len)
 
     def far_entry_slots(self, meta: ForwardMetadata, width: int, ratio: int,
                         max_far: int | None) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -115,8 +126,10 @@ class _Rows:
             if max_far == 0:
                 self._memo[key] = (torch.zeros_like(self.positions), None, None, 0)
             else:   # one launch on SM90 (counts, int64 and int32 slots)
-                n_far, ent, ent32 = far_entry_slots(meta.block_tables, self.req, self.positions, width, ratio,
-                                                    max_far, meta.block_size)
+                # the count as the op's positions: it lists entries j < count at their plane slots
+                n_far, ent, ent32 = far_entry_slots(meta.block_tables, self.req,
+                                                    far_entry_positions(self.positions, width, ratio), 1, 1,
+                                                    max_far, meta.block_size // ratio)
                 self._memo[key] = (n_far, ent, ent32, max_far)
         n_far, ent, _, width_far = self._memo[key]
         return n_far, ent, width_far
@@ -204,11 +217,11 @@ def far_selection(model, layer, q_lat, index_weights, rows: _Rows, meta: Forward
     indexer = layer.self_attn.indexer
     # the source's index plane, addressed by the entries' slots as they are; the head weights are
     # `indexer.head_weights(index_weights)`, scaled by the op as it reads them (no launch here)
-    k_plane = cache.index_k[cache.layout.index_planes[src]]
+    k_plane = cache.index_plane(src)
     blocks = indexer_topk_blocks(indexer.query_heads(q_lat), index_weights, k_plane,
                                  rows.far_entry_slots_int32(r, requested), n_far, cfg.index_block_size,
                                  cfg.index_topk, weight_scale=indexer.head_weight_scale)   # int32 [N, topk]
-    return FarSelection(blocks, n_far, ent_slots, cache.layout.comp_planes[src] * cache.num_slots)
+    return FarSelection(blocks, n_far, ent_slots, cache.plane_base[cache.layout.comp_planes[src]])
 
 
 def _closing_rows(meta: ForwardMetadata) -> dict[int, torch.Tensor] | None:
@@ -221,7 +234,6 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
     cfg = model.config
     layer = model.model.layers[l]
     attn = layer.self_attn
-    ns = cache.num_slots
     if layer.engram is not None:   # the Engram add and the input norm: one launch
         streams.join_part("rows", "engram")
         x, u = layer.input_layernorm.add_forward(x, layer.engram.gated(x, rows.engram_memory(layer.engram, l)))
@@ -230,7 +242,7 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
         fused = attn.fused_input_normed(x, layer.input_layernorm)
     streams.join_part("rows", "rope")                # the RoPE tables (decode: computed beside the GEMM)
     rope = rows.rope(attn.rope_dim, attn.theta)
-    plane = cache.layout.window_planes[l]
+    plane = cache.window_plane(l)
     if attn.compressor is not None and not layer.is_consumer:
         # later steps read the entries (streams.py): at decode the compressor runs beside the layer
         with streams.on("compress", reads=(fused,)):
@@ -238,7 +250,7 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
                                      rows.slots, meta.block_tables, cache, static=not meta.is_prefill,
                                      entry_rope=functools.partial(rows.entry_rope, dim=attn.rope_dim,
                                                                   theta=attn.theta),
-                                     closing_rows=_closing_rows(meta))
+                                     closing_rows=_closing_rows(meta), ring=rows.ring)
     far = None
     if layer.ratio > 0:    # the indexer reads the far-entry slots
         streams.join("rows")
@@ -253,19 +265,22 @@ def run_layer(model, l: int, x: torch.Tensor, rows: _Rows, meta: ForwardMetadata
                 far = far_selection(model, layer, q_lat, attn.fused_index_weights(fused), rows, meta, cache, max_far)
         q = attn.queries(q_lat, rope)
     # the latent's RoPE (columns no side stream reads) and store: the layer's own plane, slots index it
-    attn.store_latent(fused, cache.kv[plane], rows.slots, rope)
+    attn.store_latent(fused, plane, rows.store_slots(), rope)
     streams.join("query", outputs=(q,))
     streams.join("indexer", outputs=(None if far is None else far.blocks,))
     streams.join_part("rows", "window")   # the window slots
     # a prefill chunk's rows are consecutive positions: row pairs may attend their shared key list once
     shared = meta.is_prefill and shared_keys_enabled()
     if far is None:   # window only: attend within the layer's plane
-        o, _ = sparse_mla_attention(q, cache.kv[plane], rows.window_slots_int32(meta, cfg.sliding_window),
+        o, _ = sparse_mla_attention(q, plane, rows.window_slots_int32(meta, cfg.sliding_window),
                                     attn.sm_scale, shared_keys=shared)
     else:             # window + far entries live in two planes: flat rows of the whole pool
-        idx = attention_indices(rows.window_slots(meta, cfg.sliding_window), plane * ns, far.blocks, far.n_far,
+        idx = attention_indices(rows.window_slots(meta, cfg.sliding_window),
+                                cache.plane_base[cache.layout.window_planes[l]], far.blocks, far.n_far,
                                 far.entry_slots, far.base, cfg.index_block_size)
         o, _ = sparse_mla_attention(q, cache.kv_flat, idx, attn.sm_scale, shared_keys=shared)
+    if rows.ring is not None:   # every read of the layer is done: this step's records into the rings
+        copy_to_ring(plane, rows.ring, rows.ring_len)
     post = layer.post_attention_layernorm
     if isinstance(layer.mlp, MoE) and layer.mlp.input_projection is not None and not torch.is_grad_enabled():
         # the add, the norm and the MoE input projection: one launch at batch 1 on SM90; the residual
@@ -321,8 +336,13 @@ def paged_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
     # reads them): none of it waits on the main stream's chain to the first GEMM.
     # In the order the layers read them, each part marked: a layer waits only for the part it
     # reads (the window slots before the first attention, not the whole stream).
+    ring = cache.layout.ring
+    if ring is not None and meta.total_q > ring.max_step_rows:
+        raise MetadataError(f"total_q={meta.total_q}: the cache's ring scratch holds {ring.max_step_rows} rows")
     with streams.on("rows"):
-        rows = _Rows(positions, req, slots, torch.zeros_like(positions), None)
+        rows = _Rows(positions, req, slots, torch.zeros_like(positions), None,
+                     None if ring is None else RingRows(meta, req, positions, ring.num_seqs + 1))
+        rows.ring_len = 0 if ring is None else ring.ring_len
         if decode:
             rows.precompute_rope(model)
             streams.mark("rows", "rope")
@@ -367,9 +387,10 @@ def paged_forward(model, meta: ForwardMetadata, cache) -> ForwardOutput:
                 update_compressed_source(model, src, terms, positions, req, slots, meta.block_tables, cache,
                                          static=decode, entry_rope=functools.partial(
                                              rows.entry_rope, dim=cfg.qk_rope_head_dim, theta=cfg.rope_theta),
-                                         closing_rows=_closing_rows(meta))
+                                         closing_rows=_closing_rows(meta), ring=rows.ring)
         x = take(x)
         frows = rows if decode else rows.subset(full_rows, lo[full_rows])
+        frows.ring_len = rows.ring_len
         for l in (topo.consumer_layers if full_rows.numel() else ()):  # no last chunk: encoder side only
             x = run_layer(model, l, x, frows, meta, cache, streams)
             if l in targets:

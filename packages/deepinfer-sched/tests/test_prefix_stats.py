@@ -1,0 +1,48 @@
+"""Prefix-cache accounting: cached tokens per request (at admission) and admissions counted by
+the reason a hit fell short of the policy's best (PrefixMiss)."""
+
+import numpy as np
+
+from deepinfer_sched import VERIFIED_END, PrefixMiss, RequestParams, Scheduler, SchedulerConfig
+
+PROMPT = list(range(3, 3 + 22))   # 22 tokens = 5 full blocks of 4 + 2
+
+
+def make(**kw):
+    base = dict(block_size=4, num_blocks=64, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=48,
+                nextn=0, min_final_chunk_tokens=6, eos_token_ids=[2])
+    base.update(kw)
+    return Scheduler(SchedulerConfig(**base))
+
+
+def run_one(s, rid, prompt):
+    s.add_request(rid, prompt, RequestParams(max_tokens=1))
+    out = s.schedule()
+    seq = s.get_sequence(rid)
+    cached, reason = seq.num_cached_tokens, seq.prefix_miss
+    assert int(out.num_computed_tokens[0]) == cached
+    s.process_outputs(out, np.full(out.req_cnt, 9, np.int32), np.full(out.total_q, VERIFIED_END, np.int32))
+    return cached, reason
+
+
+def test_reasons_and_counters():
+    s = make()
+    assert run_one(s, 1, PROMPT) == (0, PrefixMiss.NOT_CACHED)        # cold
+    # the same prompt: 5 blocks match, the kept tail (6 tokens) caps the hit at (22 - 6) // 4 = 4 blocks
+    assert run_one(s, 2, PROMPT) == (16, PrefixMiss.YOCO_KEEP)
+    # 4 tokens more: the cap is (26 - 6) // 4 = 5 blocks, 5 match: the best the policy allows
+    assert run_one(s, 3, PROMPT + [40, 41, 42, 43]) == (20, PrefixMiss.NONE)
+    # block 2 differs: 2 blocks hit, then a miss
+    assert run_one(s, 4, PROMPT[:8] + [50] * 14) == (8, PrefixMiss.PARTIAL)
+    st = s.prefix_cache_stats()
+    assert st.num_admissions == 4 and st.num_prompt_tokens == 22 + 22 + 26 + 22
+    assert st.num_cached_tokens == 16 + 20 + 8
+    assert st.num_by_reason == {"NONE": 1, "DISABLED": 0, "YOCO_KEEP": 1, "NOT_CACHED": 1, "PARTIAL": 1}
+
+
+def test_disabled_cache_counts_every_admission_as_disabled():
+    s = make(enable_prefix_caching=False)
+    for rid in range(3):
+        assert run_one(s, rid, PROMPT) == (0, PrefixMiss.DISABLED)
+    st = s.prefix_cache_stats()
+    assert st.num_by_reason["DISABLED"] == 3 and st.num_cached_tokens == 0 and st.num_prompt_tokens == 66
