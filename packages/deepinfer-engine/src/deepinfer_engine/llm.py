@@ -68,11 +68,11 @@ class LLM:
                         bar.update(1)
             bar.close()
             for rid in pending:   # never expected: the engine has nothing left but owes an output
-                results[slot_of[rid]] = fail_request(self.engine, rid, "the engine stopped without finishing it")
+                results[slot_of[rid]] = fail_request(self.engine.output_processor, rid, "the engine stopped without finishing it")
         finally:   # interrupted (KeyboardInterrupt, ...): this call's requests leave the engine
             for rid, i in slot_of.items():
                 if results[i] is None:
-                    discard_request(self.engine, rid)
+                    discard_request(self.engine.output_processor, rid)
         return results  # type: ignore[return-value]
 
     def generate_stream(
