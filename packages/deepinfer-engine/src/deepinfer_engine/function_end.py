@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from deepinfer_engine.stop_strings import StopMatch
+from deepinfer_engine.stop_match import StopMatch
 
 WINDOW = 256   # characters a line's leading whitespace may span and still be decided
 _BLOCK_HEADER = re.compile(r"^\s*(?:async\s+def|def|class)\s+\w+.*:\s*(?:#.*)?$")

@@ -11,7 +11,6 @@ from deepinfer_engine.config import EngineConfig
 from deepinfer_engine.errors import RequestError
 from deepinfer_engine.llm_engine import LLMEngine
 from deepinfer_engine.outputs import GenerationOutput, StreamDelta
-from deepinfer_engine.request_failure import discard_request, fail_request
 from deepinfer_engine.request_state import FINISH_REASON_ERROR
 from deepinfer_engine.sampling_params import SamplingParams
 
@@ -68,11 +67,11 @@ class LLM:
                         bar.update(1)
             bar.close()
             for rid in pending:   # never expected: the engine has nothing left but owes an output
-                results[slot_of[rid]] = fail_request(self.engine.output_processor, rid, "the engine stopped without finishing it")
+                results[slot_of[rid]] = self.engine.fail_request(rid, "the engine stopped without finishing it")
         finally:   # interrupted (KeyboardInterrupt, ...): this call's requests leave the engine
             for rid, i in slot_of.items():
                 if results[i] is None:
-                    discard_request(self.engine.output_processor, rid)
+                    self.engine.discard_request(rid)
         return results  # type: ignore[return-value]
 
     def generate_stream(

@@ -208,6 +208,14 @@ class LLMEngine:
             return True
         return self.scheduler.abort_request(request_id)
 
+    def discard_request(self, request_id: int) -> None:
+        """Remove every piece of state a request has, wherever it got to, without an output. Idempotent."""
+        self.output_processor.discard_request(request_id)
+
+    def fail_request(self, request_id: int, message: str) -> GenerationOutput:
+        """Finish a live request now with `finish_reason == "error"` and remove its state."""
+        return self.output_processor.fail_request(request_id, message)
+
     def has_unfinished(self) -> bool:
         """Something is left to run: scheduled requests, a step in flight, or requests whose grammar compiles."""
         return self.scheduler.has_unfinished() or self._inflight is not None or self.output_processor.has_held

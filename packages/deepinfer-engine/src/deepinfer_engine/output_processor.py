@@ -142,6 +142,39 @@ class OutputProcessor:
         grammars = self.structured.grammars if self.structured is not None else ()
         return bool(grammars) and any(int(r) in grammars for r in request_ids)
 
+    # ------------------------------------------------------------------ failures (request_failure.py)
+    def discard_request(self, request_id: int) -> None:
+        """Remove every piece of state a request has, wherever it got to. Idempotent."""
+        self.requests.pop(request_id, None)
+        self._held.pop(request_id, None)
+        if self.penalties is not None:
+            self.penalties.release(request_id)
+        if self.structured is not None:
+            self.structured.drop(request_id)
+        try:
+            if self.scheduler.abort_request(request_id):
+                self._finished_here.add(request_id)   # its "abort" echo next step is dropped
+        except Exception:  # noqa: BLE001 - never admitted: nothing to abort
+            pass
+
+    def fail_request(self, request_id: int, message: str) -> GenerationOutput:
+        """Finish one live request with `finish_reason == "error"` (error "request: <message>") and
+        remove its state."""
+        message = f"request: {message}"
+        state = self.requests.get(request_id)
+        self.discard_request(request_id)
+        if state is None:
+            return GenerationOutput(request_id, None, [], finish_reason=FINISH_REASON_ERROR, error=message)
+        out = state.output
+        out.finish_reason, out.error = FINISH_REASON_ERROR, message
+        if state.detokenizer is not None:
+            try:
+                out.text = state.final_text()
+            except Exception:  # noqa: BLE001 - the text is a courtesy; the error is the output
+                out.text = None
+        self._emit_delta(state, finished=True)
+        return out
+
     # ------------------------------------------------------------------ one step's outputs
     def consume(self, request_ids: np.ndarray, res: StepResult, cols: dict[str, np.ndarray]) -> list[GenerationOutput]:
         """Pooled RequestOutputs -> per-request outputs. Token-level facts come from the ledger; the
@@ -193,7 +226,7 @@ class OutputProcessor:
             try:
                 out = self._advance_output(self.requests[rid], first_new[rid], ledger_finish.get(rid))
             except Exception as err:  # noqa: BLE001 - one request's failure is its own output
-                out = request_failure.fail_request(self, rid, f"output processing failed: {request_failure.describe(err)}")
+                out = self.fail_request(rid, f"output processing failed: {request_failure.describe(err)}")
             if out is not None:
                 finished.append(out)
         return finished

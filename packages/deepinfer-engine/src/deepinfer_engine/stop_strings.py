@@ -12,14 +12,10 @@ the start of a stop string.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from deepinfer_engine.function_end import WINDOW, FunctionEndRule
+from deepinfer_engine.stop_match import StopMatch
 
-
-@dataclass(frozen=True)
-class StopMatch:
-    stop: str     # the stop string that matched
-    start: int    # character offset of its first character in the text
-    end: int      # start + len(stop)
+__all__ = ["StopMatch", "StopStringMatcher", "make_stop_matcher"]
 
 
 class StopStringMatcher:
@@ -27,7 +23,6 @@ class StopStringMatcher:
     opens (`FunctionEndRule`, SamplingParams.stop_at_function_end): whichever ends first wins."""
 
     def __init__(self, stops: list[str], function_end=None):
-        from deepinfer_engine.function_end import WINDOW
         self.stops = [s for s in stops if s]
         self.function_end = function_end      # FunctionEndRule | None
         self.max_len = max([len(s) for s in self.stops] + ([WINDOW + 2] if function_end is not None else []),
@@ -79,7 +74,6 @@ def make_stop_matcher(params, prompt: str | None, prompt_token_ids: list[int], t
     """The text-level stop matcher of a request (None when it has no text-level stop)."""
     rule = None
     if params.stop_at_function_end:
-        from deepinfer_engine.function_end import FunctionEndRule
         text = prompt if prompt is not None else tokenizer.decode(prompt_token_ids)
         rule = FunctionEndRule.for_prompt(text)
     if not params.stop and rule is None:

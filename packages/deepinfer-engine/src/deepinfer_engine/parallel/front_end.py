@@ -106,6 +106,23 @@ class DataParallelEngine:
     def has_unfinished(self) -> bool:
         return bool(self._rank_of)
 
+    def discard_request(self, request_id: int) -> None:
+        """Forget a request (LLM.generate cleaning up after an interruption); ranks still running
+        abort it. Idempotent."""
+        rank = self._rank_of.pop(request_id, None)
+        if rank is None:
+            return
+        self._outstanding[rank] -= 1
+        for queued in self._pending.values():
+            queued[:] = [item for item in queued if item[0] != request_id]
+        if not self._closed:
+            self._broadcast(("abort", [request_id]))
+
+    def fail_request(self, request_id: int, message: str) -> GenerationOutput:
+        """Finish a request with `finish_reason == "error"` (error "request: <message>")."""
+        self.discard_request(request_id)
+        return GenerationOutput(request_id, None, [], finish_reason="error", error=f"request: {message}")
+
     def step(self) -> list[GenerationOutput]:
         """Send the queued requests, then return the outputs that finished since (waits for some)."""
         if self._pending:
