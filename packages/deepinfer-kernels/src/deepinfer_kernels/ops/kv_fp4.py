@@ -79,6 +79,6 @@ INDEX_K_FP4 = RecordFormat("index_k_fp4", "k", fp4_record_bytes, quantize_index_
                            dequantize_index_k_fp4_ref)
 quantize_index_k_fp4 = INDEX_K_FP4.quantize       # k [n, D] -> uint8 [n, D/2 + D/32]
 dequantize_index_k_fp4 = INDEX_K_FP4.dequantize   # (records uint8 [n, D/2 + D/32], D) -> float32 [n, D]
-store_index_k_fp4 = INDEX_K_FP4.store             # (k [n, D], pool uint8 [slots, D/2 + D/32], slot_mapping [n])
+store_index_k_fp4 = INDEX_K_FP4.store             # (k [n, D], pool [slots, D/2 + D/32], slot_mapping [n])
 store_index_k_fp4_ref = INDEX_K_FP4.store_ref
 register_cpu_reference("store_index_k_fp4")(store_index_k_fp4_ref)

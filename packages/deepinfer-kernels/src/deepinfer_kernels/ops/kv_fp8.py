@@ -68,7 +68,7 @@ def dequantize_kv_fp8_ref(records: torch.Tensor, dim: int) -> torch.Tensor:
 KV_FP8 = RecordFormat("kv_fp8", "kv", fp8_record_bytes, quantize_kv_fp8_ref, dequantize_kv_fp8_ref)
 quantize_kv_fp8 = KV_FP8.quantize        # kv [n, D] -> uint8 [n, D + D/32]
 dequantize_kv_fp8 = KV_FP8.dequantize    # (records uint8 [n, D + D/32], D) -> float32 [n, D]
-store_kv_fp8 = KV_FP8.store              # (kv [n, D], pool uint8 [slots, D + D/32], slot_mapping [n]); -1 = skip
+store_kv_fp8 = KV_FP8.store              # (kv [n, D], pool [slots, D + D/32], slot_mapping [n]); -1 = skip
 store_kv_fp8_ref = KV_FP8.store_ref
 register_cpu_reference("store_kv_fp8")(store_kv_fp8_ref)
 

@@ -164,8 +164,9 @@ class ExpertParallelComm:
             return self._all_to_all(rnd, x, ids, weights)
         return self._gathered_round(rnd.layer_pos, n, rnd.counts[self.rank], x, ids, weights, rnd.counts)
 
-    def _gathered_round(self, layer_pos: int, n: int, mine: int, x: torch.Tensor | None, ids: torch.Tensor | None,
-                        weights: torch.Tensor | None, counts: Sequence[int] | None) -> torch.Tensor:
+    def _gathered_round(self, layer_pos: int, n: int, mine: int, x: torch.Tensor | None,
+                        ids: torch.Tensor | None, weights: torch.Tensor | None,
+                        counts: Sequence[int] | None) -> torch.Tensor:
         """One all-gather round at ``n`` rows a rank: this rank's ``mine`` rows padded to ``n``, every
         rank's rows and routes gathered, the local experts' partial sums reduce-scattered back.
         ``counts``: the real rows of each rank (the rest are masked out); None: the padding rows

@@ -152,8 +152,10 @@ def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline:
                               T.access_ptr(alpha_sm[0, 0], "rw"), T.access_ptr(qsm[0], "rw"),
                               T.access_ptr(fin_sm[0], "rw"), T.access_ptr(ready[0], "rw"),
                               T.access_ptr(empty[0], "rw"), T.access_ptr(Q[r, h0, 0], "r"),
-                              T.access_ptr(Opart[sp, r, h0, 0], "w") if split else T.access_ptr(Out[r, h0, 0], "w"),
-                              T.access_ptr(Lpart[sp, r, h0], "w") if split else T.access_ptr(Lse[r, h0], "w"),
+                              (T.access_ptr(Opart[sp, r, h0, 0], "w") if split
+                               else T.access_ptr(Out[r, h0, 0], "w")),
+                              (T.access_ptr(Lpart[sp, r, h0], "w") if split
+                               else T.access_ptr(Lse[r, h0], "w")),
                               scale, tx, T.access_ptr(Opart[0, 0, 0, 0], "w"), r, W, bps)
             else:
                 T.set_max_nreg(MMA_PRODUCER_REGS, 0)
