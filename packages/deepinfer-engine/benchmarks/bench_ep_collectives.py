@@ -18,20 +18,12 @@ import os
 import torch
 import torch.distributed as dist
 
+from deepinfer_kernels.tilelang.timing import cuda_time_us
 
-def _time(fn, iters: int) -> float:
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
+
+def _time_ms(fn, iters: int) -> float:
+    """Median device time of ``fn()`` in milliseconds (CUDA events, L2 left as it is)."""
+    return cuda_time_us(fn, reps=iters, flush_l2=False)["median_us"] * 1e-3
 
 
 def main() -> None:
@@ -62,7 +54,7 @@ def main() -> None:
             dist.all_to_all_single(recv, send)      # dispatch
             dist.all_to_all_single(send, recv)      # combine
 
-        t_agrs, t_a2a = _time(ag_rs, args.iters), _time(a2a, args.iters)
+        t_agrs, t_a2a = _time_ms(ag_rs, args.iters), _time_ms(a2a, args.iters)
         a2a_bytes = 2 * pairs * h * 2 * (ep - 1) / ep   # bytes leaving each rank, both directions of the pair
         if rank == 0:
             print(json.dumps({"ep": ep, "rows_per_rank": rows, "hidden": h, "top_k": k,

@@ -16,7 +16,6 @@ on CUDA, 1,534 and 1,013 against H200 device steps of 3.36 and 2.41 ms (2.2-2.4 
 
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
 import sys
@@ -26,6 +25,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from deepinfer_kernels.tilelang import LAUNCHERS
 from deepinfer_model.paged.streams import current_chain
+
+from _cli import model_run_parser
 
 NOT_LAUNCHES = {"view", "_unsafe_view", "t", "expand", "slice", "select", "unsqueeze", "squeeze", "reshape",
                 "permute", "transpose", "as_strided", "alias", "detach", "unbind", "split", "split_with_sizes",
@@ -250,10 +251,7 @@ def count(model: str | None, nextn: int, batch: int, greedy: bool = True, sequen
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="default", help="'default' or preset:<name>")
-    ap.add_argument("--nextn", type=int, default=5)
-    ap.add_argument("--batch", type=int, default=1)
+    ap = model_run_parser(__doc__, model="default", nextn=5)
     ap.add_argument("--top", type=int, default=0, help="also list the most frequent ops of each phase")
     ap.add_argument("--by-function", type=int, default=0, metavar="N",
                     help="also list the N functions of the model / kernels / engine code issuing the most launches")

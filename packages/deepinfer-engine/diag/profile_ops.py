@@ -20,13 +20,14 @@ synchronizes with the device (each sync lets the GPU run dry while the host catc
 
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
 import time
 import traceback
 import warnings
 from dataclasses import dataclass, field
+
+from _cli import model_run_parser
 
 
 @dataclass
@@ -91,10 +92,7 @@ def _marker_name(torch) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="preset:mini", help="'default' or preset:<name> or a checkpoint dir")
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--nextn", type=int, default=0)
+    ap = model_run_parser(__doc__)
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--phase", choices=("decode", "prefill"), default="decode",
                     help="prefill: one step that prefills --batch prompts at once (after a warm-up prefill)")

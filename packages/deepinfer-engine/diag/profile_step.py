@@ -10,7 +10,6 @@ Decode steps are profiled eagerly (no CUDA graphs, no ZOS) so that every kernel 
 
 from __future__ import annotations
 
-import argparse
 import collections
 import time
 
@@ -18,18 +17,17 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from _cli import model_run_parser
+
 
 def main() -> None:
     from deepinfer_engine import LLM, SamplingParams
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="preset:mini", help="'default' or preset:<name> or a checkpoint dir")
+    ap = model_run_parser(__doc__, batch=64)
     ap.add_argument("--mode", choices=("prefill", "decode"), default="prefill")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    ap.add_argument("--nextn", type=int, default=0)
     ap.add_argument("--top", type=int, default=40)
     args = ap.parse_args()
 

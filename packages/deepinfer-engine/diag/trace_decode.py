@@ -15,13 +15,14 @@ the step time and idle fraction from tools/benchmark.py, and this trace for what
 
 from __future__ import annotations
 
-import argparse
 import collections
 import gzip
 import json
 import statistics
 import tempfile
 from pathlib import Path
+
+from _cli import model_run_parser
 
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
@@ -87,12 +88,9 @@ def main() -> None:
 
     from deepinfer_engine import LLM, SamplingParams
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="preset:mini", help="'default' or preset:<name> or a checkpoint dir")
-    ap.add_argument("--batch", type=int, default=1)
+    ap = model_run_parser(__doc__)
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--tokens", type=int, default=64, help="decode steps traced (after one untraced round)")
-    ap.add_argument("--nextn", type=int, default=0)
     ap.add_argument("--save", type=Path, help="write the slimmed events here (.json.gz)")
     ap.add_argument("--top", type=int, default=25, help="kernel groups listed (by name, grid and block)")
     args = ap.parse_args()

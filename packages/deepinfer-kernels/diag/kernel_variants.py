@@ -82,20 +82,9 @@ def load_variant(edits: list[ModuleEdit], label: str) -> types.ModuleType:
 
 def median_us(fn, runs: int = 20) -> float:
     """Median device time of ``fn()`` in microseconds (CUDA events, after 3 warm-up calls)."""
-    import torch
+    from deepinfer_kernels.tilelang.timing import cuda_time_us
 
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(runs):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return sorted(times)[runs // 2]
+    return cuda_time_us(fn, reps=runs, warmup=3, flush_l2=False)["median_us"]
 
 
 def compile_variant(prim_func):

@@ -12,8 +12,8 @@ from deepinfer_kernels.ops.capture import (
     write_rows_capturable,
     write_rows_ref,
 )
-from deepinfer_kernels.ops.kv_fp4 import store_index_k_fp4_capturable, store_index_k_fp4_ref
-from deepinfer_kernels.ops.kv_fp8 import store_kv_fp8_capturable, store_kv_fp8_ref
+from deepinfer_kernels.ops.kv_fp4 import INDEX_K_FP4
+from deepinfer_kernels.ops.kv_fp8 import KV_FP8
 
 CASES = {
     "mixed": [4, -1, 7, -1, 0],
@@ -44,13 +44,13 @@ def test_capturable_stores_equal_reference(case):
     kv = torch.randn(slots.numel(), 64, generator=g)
     pool = torch.randint(0, 255, (10, 66), dtype=torch.uint8, generator=g)
     want, got = pool.clone(), pool.clone()
-    store_kv_fp8_ref(kv, want, slots)
-    store_kv_fp8_capturable(kv, got, slots)
+    KV_FP8.store_ref(kv, want, slots)
+    KV_FP8.store_capturable(kv, got, slots)
     assert torch.equal(got, want)
     pool4 = torch.randint(0, 255, (10, 34), dtype=torch.uint8, generator=g)
     want, got = pool4.clone(), pool4.clone()
-    store_index_k_fp4_ref(kv, want, slots)
-    store_index_k_fp4_capturable(kv, got, slots)
+    INDEX_K_FP4.store_ref(kv, want, slots)
+    INDEX_K_FP4.store_capturable(kv, got, slots)
     assert torch.equal(got, want)
 
 

@@ -14,14 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_kernels.ops._checks import (
-    FLOAT_DTYPES,
-    check_dim,
-    check_tensor,
-)
 from deepinfer_kernels.ops.kv_fp8 import GROUP, UE8M0_BIAS, ue8m0_exponent
-from deepinfer_kernels.ops.paged_store import store_quantized, store_quantized_rows
-from deepinfer_kernels.platform import select_backend
+from deepinfer_kernels.ops.paged_store import RecordFormat
 from deepinfer_kernels.tilelang.torch_ops import register_cpu_reference
 
 E2M1_MAX = 6.0
@@ -81,40 +75,10 @@ def dequantize_index_k_fp4_ref(records: torch.Tensor, dim: int) -> torch.Tensor:
     return (vals.reshape(n, dim // GROUP, GROUP) * torch.exp2(e.float()).unsqueeze(-1)).reshape(n, dim)
 
 
-def store_index_k_fp4_ref(k: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """pool[slot_mapping[i]] = quantize(k[i]) for every i with slot_mapping[i] >= 0 (in place)."""
-    store_quantized_rows(pool, slot_mapping, k, quantize_index_k_fp4_ref, capturable=False)
-
-
-@register_cpu_reference("store_index_k_fp4")
-def _(k, pool, slot_mapping):
-    store_index_k_fp4_ref(k, pool, slot_mapping)
-
-
-def store_index_k_fp4_capturable(k: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """`store_index_k_fp4_ref` without a host sync: quantize every row (static shape), masked row write."""
-    store_quantized_rows(pool, slot_mapping, k, quantize_index_k_fp4_ref, capturable=True)
-
-
-# ---------------------------------------------------------------- public wrappers
-
-
-def quantize_index_k_fp4(k: torch.Tensor) -> torch.Tensor:
-    """k [n, D] -> uint8 [n, D/2 + D/32]."""
-    check_tensor("k", k, 2, FLOAT_DTYPES)
-    fp4_record_bytes(k.shape[1])
-    select_backend("quantize_index_k_fp4", k.device, has_kernel=False)
-    return quantize_index_k_fp4_ref(k)
-
-
-def dequantize_index_k_fp4(records: torch.Tensor, dim: int) -> torch.Tensor:
-    """records uint8 [n, D/2 + D/32] -> float32 [n, D]."""
-    check_tensor("records", records, 2, (torch.uint8,))
-    check_dim("records", records, 1, fp4_record_bytes(dim))
-    select_backend("dequantize_index_k_fp4", records.device, has_kernel=False)
-    return dequantize_index_k_fp4_ref(records, dim)
-
-
-def store_index_k_fp4(k: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Quantize k [n, D] and write row i to pool[slot_mapping[i]] (uint8 [slots, D/2 + D/32]); -1 = skip."""
-    store_quantized("store_index_k_fp4", "k", k, pool, slot_mapping, fp4_record_bytes, quantize_index_k_fp4_ref)
+INDEX_K_FP4 = RecordFormat("index_k_fp4", "k", fp4_record_bytes, quantize_index_k_fp4_ref,
+                           dequantize_index_k_fp4_ref)
+quantize_index_k_fp4 = INDEX_K_FP4.quantize       # k [n, D] -> uint8 [n, D/2 + D/32]
+dequantize_index_k_fp4 = INDEX_K_FP4.dequantize   # (records uint8 [n, D/2 + D/32], D) -> float32 [n, D]
+store_index_k_fp4 = INDEX_K_FP4.store             # (k [n, D], pool [slots, D/2 + D/32], slot_mapping [n])
+store_index_k_fp4_ref = INDEX_K_FP4.store_ref
+register_cpu_reference("store_index_k_fp4")(store_index_k_fp4_ref)

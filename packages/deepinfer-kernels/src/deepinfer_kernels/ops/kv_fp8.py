@@ -22,8 +22,8 @@ from deepinfer_kernels.ops._checks import (
     check_same_device,
     check_tensor,
 )
-from deepinfer_kernels.ops.paged_store import store_quantized, store_quantized_rows
-from deepinfer_kernels.platform import select_backend, tilelang_launcher
+from deepinfer_kernels.ops.paged_store import RecordFormat
+from deepinfer_kernels.platform import tilelang_launcher
 from deepinfer_kernels.tilelang.torch_ops import register_cpu_reference
 
 GROUP = 32            # values per ue8m0 scale
@@ -65,43 +65,12 @@ def dequantize_kv_fp8_ref(records: torch.Tensor, dim: int) -> torch.Tensor:
     return (q * torch.exp2(e.float()).unsqueeze(-1)).reshape(n, dim)
 
 
-def store_kv_fp8_ref(kv: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """pool[slot_mapping[i]] = quantize(kv[i]) for every i with slot_mapping[i] >= 0 (in place)."""
-    store_quantized_rows(pool, slot_mapping, kv, quantize_kv_fp8_ref, capturable=False)
-
-
-@register_cpu_reference("store_kv_fp8")
-def _(kv, pool, slot_mapping):
-    store_kv_fp8_ref(kv, pool, slot_mapping)
-
-
-def store_kv_fp8_capturable(kv: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """`store_kv_fp8_ref` without a host sync: quantize every row (static shape), masked row write."""
-    store_quantized_rows(pool, slot_mapping, kv, quantize_kv_fp8_ref, capturable=True)
-
-
-# ---------------------------------------------------------------- public wrappers
-
-
-def quantize_kv_fp8(kv: torch.Tensor) -> torch.Tensor:
-    """kv [n, D] (float32/bf16/fp16) -> uint8 [n, D + D/32]."""
-    check_tensor("kv", kv, 2, FLOAT_DTYPES)
-    fp8_record_bytes(kv.shape[1])
-    select_backend("quantize_kv_fp8", kv.device, has_kernel=False)
-    return quantize_kv_fp8_ref(kv)
-
-
-def dequantize_kv_fp8(records: torch.Tensor, dim: int) -> torch.Tensor:
-    """records uint8 [n, D + D/32] -> float32 [n, D]."""
-    check_tensor("records", records, 2, (torch.uint8,))
-    check_dim("records", records, 1, fp8_record_bytes(dim))
-    select_backend("dequantize_kv_fp8", records.device, has_kernel=False)
-    return dequantize_kv_fp8_ref(records, dim)
-
-
-def store_kv_fp8(kv: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Quantize kv [n, D] and write row i to pool[slot_mapping[i]] (uint8 [slots, D + D/32]); slot -1 = skip."""
-    store_quantized("store_kv_fp8", "kv", kv, pool, slot_mapping, fp8_record_bytes, quantize_kv_fp8_ref)
+KV_FP8 = RecordFormat("kv_fp8", "kv", fp8_record_bytes, quantize_kv_fp8_ref, dequantize_kv_fp8_ref)
+quantize_kv_fp8 = KV_FP8.quantize        # kv [n, D] -> uint8 [n, D + D/32]
+dequantize_kv_fp8 = KV_FP8.dequantize    # (records uint8 [n, D + D/32], D) -> float32 [n, D]
+store_kv_fp8 = KV_FP8.store              # (kv [n, D], pool [slots, D + D/32], slot_mapping [n]); -1 = skip
+store_kv_fp8_ref = KV_FP8.store_ref
+register_cpu_reference("store_kv_fp8")(store_kv_fp8_ref)
 
 
 def store_normed_kv_fp8_ref(kv: torch.Tensor, norm_weight: torch.Tensor, eps: float, norm_dim: int,

@@ -28,8 +28,26 @@ def _better(T, m, i, om, oi):
     return T.Or(om > m, T.And(om == m, oi < i))
 
 
+def _warp_best_macro(T):
+    """``warp_best(m, i, om, oi)``: every lane's (m, i) <- the best of the warp's 32 (a butterfly of
+    shuffles; ``om``, ``oi`` are scratch)."""
+
+    @T.macro
+    def warp_best(m: T.Ref, i: T.Ref, om: T.Ref, oi: T.Ref):   # alloc_var scalars, by reference
+        for o in T.unroll(5):
+            om = T.shfl_xor(m, 1 << (4 - o))
+            oi = T.shfl_xor(i, 1 << (4 - o))
+            if _better(T, m, i, om, oi):
+                m = om
+                i = oi
+
+    return warp_best
+
+
 def _build_partials(dtype: str):
     import tilelang.language as T
+
+    warp_best = _warp_best_macro(T)
 
     R = T.dynamic("R")
     V = T.dynamic("V")
@@ -66,12 +84,7 @@ def _build_partials(dtype: str):
                 if xv[k] > m:                    # columns rise with k: the first maximum stays
                     m = xv[k]
                     i = j
-            for o in T.unroll(5):
-                om = T.shfl_xor(m, 1 << (4 - o))
-                oi = T.shfl_xor(i, 1 << (4 - o))
-                if _better(T, m, i, om, oi):
-                    m = om
-                    i = oi
+            warp_best(m, i, om, oi)
             if lane == 0:
                 wm[warp] = m
                 wi[warp] = i
@@ -106,6 +119,8 @@ def _build_partials(dtype: str):
 
 def _build_combine(idx_dtype: str):
     import tilelang.language as T
+
+    warp_best = _warp_best_macro(T)
 
     R = T.dynamic("R")
     C = T.dynamic("C")
@@ -142,12 +157,7 @@ def _build_combine(idx_dtype: str):
                     if _better(T, m, i, om, oi):
                         m = om
                         i = oi
-            for o in T.unroll(5):
-                om = T.shfl_xor(m, 1 << (4 - o))
-                oi = T.shfl_xor(i, 1 << (4 - o))
-                if _better(T, m, i, om, oi):
-                    m = om
-                    i = oi
+            warp_best(m, i, om, oi)
             s = 0.0
             for k in T.serial(T.ceildiv(C, 32)):
                 if k * 32 + lane < C:

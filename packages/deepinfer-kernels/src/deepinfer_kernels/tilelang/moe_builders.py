@@ -51,7 +51,8 @@ def grouped_kernel(T, E: int, K: int, NOUT: int, NW: int, dtype: str, dims, body
 def _store_tile_macro(T, dtype: str, swiglu: bool, transposed: bool, bm: int, bn: int):
     """The epilogue of every grouped GEMM: rows ``row0 + i`` (``i < rows``) of ``Out``, columns
     ``col0 + j``. SwiGLU rounds the gate and up accumulators to ``dtype`` first, as the reference
-    does. ``transposed``: the accumulators hold [bn columns, bm rows] (the operand-swapped kernel)."""
+    does; without it ``acc2`` (the up accumulator) is not read. ``transposed``: the accumulators
+    hold [bn columns, bm rows] (the operand-swapped kernel)."""
 
     @T.macro
     def store(Out, acc, acc2, row0, col0, rows):
@@ -119,10 +120,7 @@ def _build_grouped(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int, stages:
                     T.gemm(A_s, B_s, acc, transpose_B=True)
                     if swiglu:
                         T.gemm(A_s, B2_s, acc2, transpose_B=True)
-                if swiglu:
-                    store(Out, acc, acc2, row0, by * bn, rows)
-                else:
-                    store(Out, acc, acc, row0, by * bn, rows)
+                store(Out, acc, acc2 if swiglu else acc, row0, by * bn, rows)
 
     return grouped_kernel(T, E, K, NOUT, NW, dtype, dims, body)
 
@@ -180,10 +178,7 @@ def _build_grouped_swapped(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int,
                     T.gemm(W_s, X_s[xk, :, :], acc, transpose_B=True)
                     if swiglu:
                         T.gemm(W2_s, X_s[xk, :, :], acc2, transpose_B=True)
-                if swiglu:
-                    store(Out, acc, acc2, row0, by * bn, rows)
-                else:
-                    store(Out, acc, acc, row0, by * bn, rows)
+                store(Out, acc, acc2 if swiglu else acc, row0, by * bn, rows)
 
     return grouped_kernel(T, E, K, NOUT, NW, dtype, dims, body)
 
@@ -235,10 +230,7 @@ def _build_grouped_ws(E: int, K: int, NOUT: int, bm: int, bn: int, bk: int, stag
                             if swiglu:
                                 T.gemm(A_s[s, :, :], B2_s[s, :, :], acc2, transpose_B=True)
                             T.barrier_arrive(empty[s])
-                    if swiglu:
-                        store(Out, acc, acc2, row0, by * bn, rows)
-                    else:
-                        store(Out, acc, acc, row0, by * bn, rows)
+                    store(Out, acc, acc2, row0, by * bn, rows)
                 else:
                     T.set_max_nreg(64, 0)
                     tp = tx - 256

@@ -32,24 +32,23 @@ def _(q, kv_pool, indices, sm_scale, variant, shared_keys=False):
     return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
 
 
-@torch.library.custom_op("deepinfer::store_kv_fp8", mutates_args=("pool",))
-def store_kv_fp8(kv: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    get_launcher("store_kv_fp8")(kv, pool, slot_mapping)
+def _paged_store_op(name: str):
+    """The custom op of a paged quantized store: row i of x [n, D] quantized into
+    pool[slot_mapping[i]] (uint8 [slots, record_bytes]), in place; returns nothing."""
+
+    @torch.library.custom_op(f"deepinfer::{name}", mutates_args=("pool",))
+    def store(x: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        get_launcher(name)(x, pool, slot_mapping)
+
+    @store.register_fake
+    def _(x, pool, slot_mapping):
+        return None
+
+    return store
 
 
-@store_kv_fp8.register_fake
-def _(kv, pool, slot_mapping):
-    return None
-
-
-@torch.library.custom_op("deepinfer::store_index_k_fp4", mutates_args=("pool",))
-def store_index_k_fp4(k: torch.Tensor, pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    get_launcher("store_index_k_fp4")(k, pool, slot_mapping)
-
-
-@store_index_k_fp4.register_fake
-def _(k, pool, slot_mapping):
-    return None
+store_kv_fp8 = _paged_store_op("store_kv_fp8")
+store_index_k_fp4 = _paged_store_op("store_index_k_fp4")
 
 
 @torch.library.custom_op("deepinfer::indexer_scores", mutates_args=())

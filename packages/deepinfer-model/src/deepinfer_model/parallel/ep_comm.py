@@ -34,7 +34,7 @@ capturable in a CUDA graph (NCCL all-gather / reduce-scatter, fixed shapes).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -146,36 +146,32 @@ class ExpertParallelComm:
         """A round at the fixed capacity: no header, no host read (padding rows weigh 0)."""
         self.num_rounds += 1
         self.num_phantom_rounds += x is None
-        n, ep, k, h = self.static_capacity, self.size, self.top_k, self.hidden
+        n = self.static_capacity
         mine = 0 if x is None else x.shape[0]
         if mine > n:
             raise ValueError(f"static EP round: {mine} rows exceed static_capacity {n}")
-        xp = torch.zeros(n, h, dtype=self.dtype, device=self.device)
-        route = torch.zeros(n, 2 * k, dtype=torch.float32, device=self.device)
-        if mine:
-            xp[:mine] = x
-            route[:mine, :k] = ids.float()
-            route[:mine, k:] = weights.float()
-        x_all = torch.empty(ep * n, h, dtype=self.dtype, device=self.device)
-        r_all = torch.empty(ep * n, 2 * k, dtype=torch.float32, device=self.device)
-        dist.all_gather_into_tensor(x_all, xp, group=self.group)
-        dist.all_gather_into_tensor(r_all, route, group=self.group)
-        partial = self.compute(layer_pos, x_all, r_all[:, :k].long(), r_all[:, k:], None)   # None: masked
-        out = torch.empty(n, h, dtype=torch.float32, device=self.device)
-        dist.reduce_scatter_tensor(out, partial.contiguous(), op=dist.ReduceOp.SUM, group=self.group)
-        return out[:mine]
+        return self._gathered_round(layer_pos, n, mine, x, ids, weights, None)
 
     # ------------------------------------------------------------------ data of one round
     def _data(self, rnd: Round, x: torch.Tensor | None, ids: torch.Tensor | None,
               weights: torch.Tensor | None) -> torch.Tensor:
         self.num_rounds += 1
         self.num_phantom_rounds += x is None
-        n, ep, k, h = rnd.max_count, self.size, self.top_k, self.hidden
+        n, h = rnd.max_count, self.hidden
         if n == 0:
             return torch.zeros(0, h, dtype=torch.float32, device=self.device)
         if self.dispatch == ALL_TO_ALL:
             return self._all_to_all(rnd, x, ids, weights)
-        mine = rnd.counts[self.rank]
+        return self._gathered_round(rnd.layer_pos, n, rnd.counts[self.rank], x, ids, weights, rnd.counts)
+
+    def _gathered_round(self, layer_pos: int, n: int, mine: int, x: torch.Tensor | None,
+                        ids: torch.Tensor | None, weights: torch.Tensor | None,
+                        counts: Sequence[int] | None) -> torch.Tensor:
+        """One all-gather round at ``n`` rows a rank: this rank's ``mine`` rows padded to ``n``, every
+        rank's rows and routes gathered, the local experts' partial sums reduce-scattered back.
+        ``counts``: the real rows of each rank (the rest are masked out); None: the padding rows
+        route with weight 0 and need no mask."""
+        ep, k, h = self.size, self.top_k, self.hidden
         xp = torch.zeros(n, h, dtype=self.dtype, device=self.device)
         route = torch.zeros(n, 2 * k, dtype=torch.float32, device=self.device)   # ids (exact < 2^24) | weights
         if mine:
@@ -186,9 +182,11 @@ class ExpertParallelComm:
         r_all = torch.empty(ep * n, 2 * k, dtype=torch.float32, device=self.device)
         dist.all_gather_into_tensor(x_all, xp, group=self.group)
         dist.all_gather_into_tensor(r_all, route, group=self.group)
-        row = torch.arange(n, device=self.device)
-        valid = torch.cat([row < c for c in rnd.counts])                                # [ep*n]
-        partial = self.compute(rnd.layer_pos, x_all, r_all[:, :k].long(), r_all[:, k:], valid)
+        valid = None
+        if counts is not None:
+            row = torch.arange(n, device=self.device)
+            valid = torch.cat([row < c for c in counts])                                # [ep*n]
+        partial = self.compute(layer_pos, x_all, r_all[:, :k].long(), r_all[:, k:], valid)
         out = torch.empty(n, h, dtype=torch.float32, device=self.device)
         dist.reduce_scatter_tensor(out, partial.contiguous(), op=dist.ReduceOp.SUM, group=self.group)
         return out[:mine]

@@ -56,6 +56,20 @@ def may_be_true(mask: torch.Tensor) -> bool:
     return not is_host(mask) or bool(mask.any())
 
 
+def check_row_distributions(
+    op: str, name: str, dist: object, token_ids: object
+) -> None:
+    """``dist [rows, vocab]`` float and ``token_ids [rows]`` int in ``[0, vocab)``, one per row.
+
+    The range check runs on CPU tensors only (see module docstring).
+    """
+    check_tensor(op, name, dist, [None, None], "[rows, vocab]", FLOAT_DTYPES)
+    rows, vocab = dist.shape
+    check_tensor(op, "token_ids", token_ids, [rows], "[rows]", INDEX_DTYPES, dist.device)
+    if is_host(token_ids) and rows and bool(((token_ids < 0) | (token_ids >= vocab)).any()):
+        raise ValueError(f"{op}: token_ids must lie in [0, {vocab})")
+
+
 def check_flat_layout(op: str, ftp: torch.Tensor, seqlens_q: torch.Tensor, total_q: int) -> None:
     """The bridge between flat rows and requests (docs/design.md, "Two index languages").
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_kernels.ops.sampling._checks import FLOAT_DTYPES, INDEX_DTYPES, check_tensor, is_host
+from deepinfer_kernels.ops.sampling._checks import FLOAT_DTYPES, check_row_distributions, check_tensor
 from deepinfer_kernels.platform import select_backend
 
 
@@ -31,11 +31,7 @@ def gather_token_logprobs(
 ) -> torch.Tensor:            # [rows] float32
     """``logprobs[r, token_ids[r]]`` for every row."""
     op = "gather_token_logprobs"
-    check_tensor(op, "logprobs", logprobs, [None, None], "[rows, vocab]", FLOAT_DTYPES)
-    rows, vocab = logprobs.shape
-    check_tensor(op, "token_ids", token_ids, [rows], "[rows]", INDEX_DTYPES, logprobs.device)
-    if is_host(token_ids) and rows and bool(((token_ids < 0) | (token_ids >= vocab)).any()):
-        raise ValueError(f"{op}: token_ids must lie in [0, {vocab})")
+    check_row_distributions(op, "logprobs", logprobs, token_ids)
     select_backend(op, logprobs.device, has_kernel=False)
     return logprobs.gather(1, token_ids.to(torch.int64).unsqueeze(1)).squeeze(1).to(torch.float32)
 

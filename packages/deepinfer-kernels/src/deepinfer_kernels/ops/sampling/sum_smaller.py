@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_kernels.ops.sampling._checks import FLOAT_DTYPES, INDEX_DTYPES, check_tensor, is_host
+from deepinfer_kernels.ops.sampling._checks import check_row_distributions
 from deepinfer_kernels.platform import select_backend
 
 
@@ -36,10 +36,6 @@ def get_sum_smaller_probs(
 ) -> torch.Tensor:            # [rows] float32
     """Inclusive CDF at ``token_ids`` after sorting by ascending probability, ties by column index."""
     op = "get_sum_smaller_probs"
-    check_tensor(op, "probs", probs, [None, None], "[rows, vocab]", FLOAT_DTYPES)
-    rows, vocab = probs.shape
-    check_tensor(op, "token_ids", token_ids, [rows], "[rows]", INDEX_DTYPES, probs.device)
-    if is_host(token_ids) and rows and bool(((token_ids < 0) | (token_ids >= vocab)).any()):
-        raise ValueError(f"get_sum_smaller_probs: token_ids must lie in [0, {vocab})")
+    check_row_distributions(op, "probs", probs, token_ids)
     select_backend(op, probs.device, has_kernel=False)
     return get_sum_smaller_probs_ref(probs, token_ids)

@@ -64,6 +64,35 @@ def one_row_kernel(T, heads: int, d: int, dims, body):
     return main
 
 
+def group_dims(T):
+    """The key-group kernels' dynamic sizes: rows R, groups G (of 2 or 4 rows), key-list width W,
+    pool slots S."""
+    return T.dynamic("R"), T.dynamic("G"), T.dynamic("W"), T.dynamic("S")
+
+
+def key_group_kernel(T, heads: int, d: int, dims, body):
+    """The prim_func of a key-group kernel ("groups", "quads": the rows of a group attend to their
+    merged key list ``Keys[g, :Counts[g]]``), around ``body`` (a ``T.macro`` of the same arguments
+    that opens the kernel). ``dims``: ``group_dims``'s, which ``body`` reads too."""
+    R, G, W, S = dims
+    H = heads
+    REC = _record_bytes(d)
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor((R, H, d), T.bfloat16),
+        Pool: T.Tensor((S, REC), T.uint8),
+        Keys: T.Tensor((G, W), T.int32),
+        Counts: T.Tensor((G,), T.int32),
+        Out: T.Tensor((R, H, d), T.bfloat16),
+        Lse: T.Tensor((R, H), T.float32),
+        scale: T.float32,          # sm_scale * log2(e)
+    ):
+        body(Q, Pool, Keys, Counts, Out, Lse, scale)
+
+    return main
+
+
 def _record_bytes(d: int) -> int:
     return d + d // 32
 

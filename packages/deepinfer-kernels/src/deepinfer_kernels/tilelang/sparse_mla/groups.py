@@ -35,6 +35,8 @@ from deepinfer_kernels.tilelang.sparse_mla.common import (
     _consumer_sync,
     _record_bytes,
     _softmax_macros,
+    group_dims,
+    key_group_kernel,
 )
 from deepinfer_kernels.tilelang.sparse_mla.producer import LOAD_BATCH, _bulk_macros, dequant_scratch_bytes
 
@@ -84,10 +86,7 @@ def _build_bulk_groups(heads: int, d: int, gpc: int = GROUPS_PER_CTA, max_pairs:
     consume_block = _consume_block_macro(T, C, d, block_softmax, explicit_sync=True)
     load_indices, issue_block, dequant_block = _bulk_macros(T, d, producers, group_rows=ROWS_PER_GROUP)
 
-    R = T.dynamic("R")
-    G = T.dynamic("G")
-    W = T.dynamic("W")
-    S = T.dynamic("S")
+    R, G, W, S = dims = group_dims(T)
 
     @T.macro
     def load_block(Keys, g0, item_s, b, ok, lane, ib):
@@ -95,16 +94,8 @@ def _build_bulk_groups(heads: int, d: int, gpc: int = GROUPS_PER_CTA, max_pairs:
         itb = item_s[T.min(b // 2, MAXI - 1)]
         load_indices(Keys, g0 + itb // max_pairs, W, 2 * (itb % max_pairs) + b % 2, ok, lane, ib, 0)
 
-    @T.prim_func
-    def main(
-        Q: T.Tensor((R, H, d), T.bfloat16),
-        Pool: T.Tensor((S, REC), T.uint8),
-        Keys: T.Tensor((G, W), T.int32),
-        Counts: T.Tensor((G,), T.int32),
-        Out: T.Tensor((R, H, d), T.bfloat16),
-        Lse: T.Tensor((R, H), T.float32),
-        scale: T.float32,          # sm_scale * log2(e)
-    ):
+    @T.macro
+    def body(Q, Pool, Keys, Counts, Out, Lse, scale):
         with T.Kernel(T.ceildiv(G, gpc), threads=NTH) as bx:
             if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
                 T.evaluate(pdl_sync())
@@ -213,4 +204,4 @@ def _build_bulk_groups(heads: int, d: int, gpc: int = GROUPS_PER_CTA, max_pairs:
                         issue_block(Pool, K8, ix_s, fp8_full, f, tp, ib, 0)
                         load_block(Keys, g0, item_s, b + F + 1, b + F + 1 < nblk, tp, ib)
 
-    return main
+    return key_group_kernel(T, H, d, dims, body)

@@ -144,26 +144,19 @@ def _build_mma(heads: int, d: int, split: bool, hw_cvt: bool = HW_CVT, timeline:
             nblk = T.max(0, T.min(bps, T.ceildiv(W, BI) - b0))
             if tx < 256:
                 T.set_max_nreg(MMA_CONSUMER_REGS, 1)
-                if split:
-                    T.call_extern("handle", CONSUME, T.access_ptr(K8[0, 0, 0], "r"), T.access_ptr(vm[0, 0], "r"),
-                                  T.access_ptr(kfac[0, 0, 0], "r"), T.access_ptr(beta[0, 0], "r"),
-                                  T.access_ptr(cabs[0, 0], "r"),
-                                  T.access_ptr(S_red[0, 0, 0, 0], "rw"), T.access_ptr(P_sm[0, 0, 0], "rw"),
-                                  T.access_ptr(alpha_sm[0, 0], "rw"), T.access_ptr(qsm[0], "rw"),
-                                  T.access_ptr(fin_sm[0], "rw"), T.access_ptr(ready[0], "rw"),
-                                  T.access_ptr(empty[0], "rw"), T.access_ptr(Q[r, h0, 0], "r"),
-                                  T.access_ptr(Opart[sp, r, h0, 0], "w"), T.access_ptr(Lpart[sp, r, h0], "w"), scale, tx,
-                                  T.access_ptr(Opart[0, 0, 0, 0], "w"), r, W, bps)
-                else:
-                    T.call_extern("handle", CONSUME, T.access_ptr(K8[0, 0, 0], "r"), T.access_ptr(vm[0, 0], "r"),
-                                  T.access_ptr(kfac[0, 0, 0], "r"), T.access_ptr(beta[0, 0], "r"),
-                                  T.access_ptr(cabs[0, 0], "r"),
-                                  T.access_ptr(S_red[0, 0, 0, 0], "rw"), T.access_ptr(P_sm[0, 0, 0], "rw"),
-                                  T.access_ptr(alpha_sm[0, 0], "rw"), T.access_ptr(qsm[0], "rw"),
-                                  T.access_ptr(fin_sm[0], "rw"), T.access_ptr(ready[0], "rw"),
-                                  T.access_ptr(empty[0], "rw"), T.access_ptr(Q[r, h0, 0], "r"),
-                                  T.access_ptr(Out[r, h0, 0], "w"), T.access_ptr(Lse[r, h0], "w"), scale, tx,
-                                  T.access_ptr(Opart[0, 0, 0, 0], "w"), r, W, bps)
+                # the row's output and lse: this split's partials when split, else the final ones
+                T.call_extern("handle", CONSUME, T.access_ptr(K8[0, 0, 0], "r"), T.access_ptr(vm[0, 0], "r"),
+                              T.access_ptr(kfac[0, 0, 0], "r"), T.access_ptr(beta[0, 0], "r"),
+                              T.access_ptr(cabs[0, 0], "r"),
+                              T.access_ptr(S_red[0, 0, 0, 0], "rw"), T.access_ptr(P_sm[0, 0, 0], "rw"),
+                              T.access_ptr(alpha_sm[0, 0], "rw"), T.access_ptr(qsm[0], "rw"),
+                              T.access_ptr(fin_sm[0], "rw"), T.access_ptr(ready[0], "rw"),
+                              T.access_ptr(empty[0], "rw"), T.access_ptr(Q[r, h0, 0], "r"),
+                              (T.access_ptr(Opart[sp, r, h0, 0], "w") if split
+                               else T.access_ptr(Out[r, h0, 0], "w")),
+                              (T.access_ptr(Lpart[sp, r, h0], "w") if split
+                               else T.access_ptr(Lse[r, h0], "w")),
+                              scale, tx, T.access_ptr(Opart[0, 0, 0, 0], "w"), r, W, bps)
             else:
                 T.set_max_nreg(MMA_PRODUCER_REGS, 0)
                 tp = tx - 256

@@ -29,7 +29,14 @@ Results equal the reference up to float rounding (keys come in the quad list's o
 
 from deepinfer_kernels.tilelang._common import PDL, pdl_sync
 from deepinfer_kernels.tilelang._cuda import BULK_COPY_SRC, DEQUANT_SRC
-from deepinfer_kernels.tilelang.sparse_mla.common import BLOCK_TOKENS, LOG2E, NEG_INIT, _record_bytes
+from deepinfer_kernels.tilelang.sparse_mla.common import (
+    BLOCK_TOKENS,
+    LOG2E,
+    NEG_INIT,
+    _record_bytes,
+    group_dims,
+    key_group_kernel,
+)
 from deepinfer_kernels.tilelang.sparse_mla.producer import _bulk_macros, dequant_scratch_bytes
 
 QUAD_ROWS = 4
@@ -86,10 +93,7 @@ def _build_quads(d: int, qpc: int = QUADS_PER_CTA, max_blocks: int = MAX_QUAD_BL
     load_indices, issue_block, dequant_block = _bulk_macros(
         T, d, 1, group_rows=QUAD_ROWS, mask_bits=True, ix_row=2, load_batch=load_batch)
 
-    R = T.dynamic("R")
-    G = T.dynamic("G")
-    W = T.dynamic("W")
-    S = T.dynamic("S")
+    R, G, W, S = dims = group_dims(T)
 
     @T.macro
     def load_block(Keys, g0, meta, b, ok, lane, ib):
@@ -182,16 +186,8 @@ def _build_quads(d: int, qpc: int = QUADS_PER_CTA, max_blocks: int = MAX_QUAD_BL
                             Lse[r0 + i // H, i % H] = T.if_then_else(
                                 l_i[i] > 0, (T.log2(l_i[i]) + m_i[i] * scale) / LOG2E, -T.infinity(T.float32))
 
-    @T.prim_func
-    def main(
-        Q: T.Tensor((R, H, d), T.bfloat16),
-        Pool: T.Tensor((S, REC), T.uint8),
-        Keys: T.Tensor((G, W), T.int32),
-        Counts: T.Tensor((G,), T.int32),
-        Out: T.Tensor((R, H, d), T.bfloat16),
-        Lse: T.Tensor((R, H), T.float32),
-        scale: T.float32,          # sm_scale * log2(e)
-    ):
+    @T.macro
+    def body(Q, Pool, Keys, Counts, Out, Lse, scale):
         with T.Kernel(T.ceildiv(G, qpc), threads=384) as bx:
             if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
                 T.evaluate(pdl_sync())
@@ -263,4 +259,4 @@ def _build_quads(d: int, qpc: int = QUADS_PER_CTA, max_blocks: int = MAX_QUAD_BL
                         issue_block(Pool, K8, meta, fp8_full, 0, tp, ib, 0)
                         load_block(Keys, g0, meta, b + 2, b + 2 < nitems, tp, ib)
 
-    return main
+    return key_group_kernel(T, H, d, dims, body)
