@@ -249,14 +249,6 @@ class LLMEngine:
         """Request id -> StreamDelta.index of the requests streamed (replaces the map)."""
         self.output_processor.stream_index = dict(index_of)
 
-    @property
-    def _stream_index(self) -> dict[int, int]:   # the old name of set_stream_indices' map
-        return self.output_processor.stream_index
-
-    @_stream_index.setter
-    def _stream_index(self, index_of: dict[int, int]) -> None:
-        self.set_stream_indices(index_of)
-
     def pop_stream_deltas(self) -> list[StreamDelta]:
         """The StreamDeltas since the last call."""
         return self.output_processor.pop_stream_deltas()
