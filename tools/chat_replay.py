@@ -57,7 +57,24 @@ def make_conversations(args, vocab_size: int) -> tuple[list[int], list[list[list
     return system, users
 
 
-def replay(llm, system: list[int], users: list[list[list[int]]], max_tokens: int) -> ReplayResult:
+def trace_steps(engine) -> list[float]:
+    """Wrap `engine.step` to record each step's wall milliseconds (appended to the returned list)."""
+    times: list[float] = []
+    step = engine.step
+
+    def timed_step():
+        t = time.perf_counter()
+        out = step()
+        times.append(1e3 * (time.perf_counter() - t))
+        return out
+
+    engine.step = timed_step
+    return times
+
+
+def replay(llm, system: list[int], users: list[list[list[int]]], max_tokens: int,
+           step_ms: list[float] | None = None) -> ReplayResult:
+    """`step_ms`: the list `trace_steps` fills; then each turn prints the steps up to its last first token."""
     from deepinfer_engine import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
@@ -70,9 +87,14 @@ def replay(llm, system: list[int], users: list[list[list[int]]], max_tokens: int
         first: dict[int, float] = {}
         replies: list[list[int]] = [[] for _ in prompts]
         start = time.perf_counter()
+        steps_before = len(step_ms) if step_ms is not None else 0
         for d in llm.generate_stream(prompt_token_ids=prompts, sampling_params=params):
             if d.token_ids and d.index not in first:
                 first[d.index] = time.perf_counter() - start
+                if step_ms is not None and len(first) == len(prompts):
+                    steps = step_ms[steps_before:]
+                    print(f"  turn {t}: last first token after {1e3 * first[d.index]:.1f} ms, "
+                          f"{len(steps)} steps (ms: {', '.join(f'{x:.1f}' for x in steps)})", flush=True)
             replies[d.index] += d.token_ids
         res.prompt_tokens += sum(len(p) for p in prompts)
         res.cached_tokens += stats.num_prefix_cached_tokens - cached_before
@@ -119,6 +141,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--block-size", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json-out", default=None, help="append the result rows (JSON lines) here")
+    ap.add_argument("--trace-steps", action="store_true",
+                    help="print, per turn, the engine steps up to the turn's last first token and their wall ms")
     args = ap.parse_args(argv)
 
     from deepinfer_engine import LLM, SamplingParams
@@ -133,7 +157,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         # warm-up (kernels, graphs) on the system prompt: the warm engine starts with it cached, as a
         # server whose system prompt is hot; the cold one computes it again every turn
         llm.generate(prompt_token_ids=[system], sampling_params=SamplingParams(max_tokens=1), use_tqdm=False)
-        results[mode] = replay(llm, system, users, args.max_tokens)
+        step_ms = trace_steps(llm.engine) if args.trace_steps else None
+        if step_ms is not None:
+            print(f"{mode}:", flush=True)
+        results[mode] = replay(llm, system, users, args.max_tokens, step_ms)
         device = device_name(llm)
         del llm
     command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0]] + (argv if argv is not None else sys.argv[1:]))
