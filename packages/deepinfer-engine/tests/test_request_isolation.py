@@ -4,6 +4,7 @@ error output, its state is removed, and the next request runs as on a fresh engi
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -30,6 +31,16 @@ def _assert_serves(llm: LLM, reference: list[int]) -> None:
     out = llm.generate([GOOD_PROMPT], GOOD, use_tqdm=False)[0]
     assert out.finish_reason == "length" and out.token_ids == reference
     assert not llm.engine.has_unfinished() and not llm.engine.output_processor.requests
+
+
+@contextlib.contextmanager
+def _fault(llm: LLM, reference: list[int], monkeypatch, target, name: str, fake):
+    """``target.name`` is ``fake`` inside the block; after it, the engine serves the good request
+    as on a fresh engine."""
+    monkeypatch.setattr(target, name, fake)
+    yield
+    monkeypatch.undo()
+    _assert_serves(llm, reference)
 
 
 def _assert_error_names_field(out, field: str, *limit: str) -> None:
@@ -74,23 +85,21 @@ def test_bool_prompt_token_id_is_refused(fresh):
 
 
 def test_a_step_that_raises_fails_its_requests_and_the_engine_keeps_serving(fresh, monkeypatch):
+    """The second step's launch raises (every step launches, with ZOS or without: `execute` too)."""
     llm, reference = fresh
     runner = llm.engine.runner
-    calls = {"n": 0}
-    for name in ("launch", "execute"):
-        original = getattr(runner, name)
+    original, launches = runner.launch, []
 
-        def broken(*a, _original=original, **kw):
-            calls["n"] += 1
-            if calls["n"] == 2:
-                raise RuntimeError("injected device failure\nsecond line")
-            return _original(*a, **kw)
-        monkeypatch.setattr(runner, name, broken)
-    outs = llm.generate([GOOD_PROMPT, "import os"], GOOD, use_tqdm=False)
+    def broken(*a, **kw):
+        launches.append(1)
+        if len(launches) == 2:
+            raise RuntimeError("injected device failure\nsecond line")
+        return original(*a, **kw)
+    with _fault(llm, reference, monkeypatch, runner, "launch", broken):
+        outs = llm.generate([GOOD_PROMPT, "import os"], GOOD, use_tqdm=False)
+    assert len(launches) == 2
     assert all(o.finish_reason == "error" and o.error == "request: engine step failed: RuntimeError: injected "
                "device failure" for o in outs), [o.error for o in outs]
-    monkeypatch.undo()
-    _assert_serves(llm, reference)
 
 
 def test_an_output_that_raises_fails_that_request_only(fresh, monkeypatch):
@@ -101,12 +110,10 @@ def test_an_output_that_raises_fails_that_request_only(fresh, monkeypatch):
         if self.output.prompt == "import os":
             raise ValueError("injected detokenizer failure")
         return original(self, first_new)
-    monkeypatch.setattr(RequestState, "push_text", push_text)
-    bad, good = llm.generate(["import os", GOOD_PROMPT], GOOD, use_tqdm=False)
+    with _fault(llm, reference, monkeypatch, RequestState, "push_text", push_text):
+        bad, good = llm.generate(["import os", GOOD_PROMPT], GOOD, use_tqdm=False)
     assert bad.finish_reason == "error" and "injected detokenizer failure" in bad.error
     assert good.token_ids == reference
-    monkeypatch.undo()
-    _assert_serves(llm, reference)
 
 
 def test_a_failed_add_leaves_no_state(fresh, monkeypatch):
@@ -115,12 +122,10 @@ def test_a_failed_add_leaves_no_state(fresh, monkeypatch):
 
     def broken_admit(request_id, token_ids):
         raise OverflowError("injected: out of bounds for int32")
-    monkeypatch.setattr(engine.output_processor, "_admit", broken_admit)
-    out = llm.generate([GOOD_PROMPT], GOOD, use_tqdm=False)[0]
-    _assert_error_names_field(out, "request", "could not be queued", "OverflowError")
-    assert not engine.output_processor.requests and not engine.has_unfinished()
-    monkeypatch.undo()
-    _assert_serves(llm, reference)
+    with _fault(llm, reference, monkeypatch, engine.output_processor, "_admit", broken_admit):
+        out = llm.generate([GOOD_PROMPT], GOOD, use_tqdm=False)[0]
+        _assert_error_names_field(out, "request", "could not be queued", "OverflowError")
+        assert not engine.output_processor.requests and not engine.has_unfinished()
 
 
 def test_interrupted_generate_leaves_nothing_queued(fresh, monkeypatch):

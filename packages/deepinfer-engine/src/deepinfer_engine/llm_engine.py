@@ -280,12 +280,11 @@ class LLMEngine:
         if not self.scheduler.has_unfinished():
             return []
         scheduled = self._schedule()
-        launched = None
-        if scheduled.step_kind != StepKind.IDLE:
-            launched = self.runner.launch(scheduled, self._step_sampling_batch(scheduled))
-            if isinstance(launched, DeferredStep):   # nothing in flight: the masks can be built at once
-                launched = self.runner.complete(launched)
-        return self._process_outputs(scheduled, self._collect(scheduled, launched))
+        if scheduled.step_kind == StepKind.IDLE:
+            res = StepResult.empty(scheduled.req_cnt)
+        else:   # launch -> complete a deferred step at once -> collect
+            res = self.runner.execute(scheduled, self._step_sampling_batch(scheduled))
+        return self._process_outputs(scheduled, res)
 
     def _step_overlapped(self) -> list[GenerationOutput]:
         finished: list[GenerationOutput] = []

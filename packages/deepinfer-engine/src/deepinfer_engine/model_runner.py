@@ -341,6 +341,7 @@ class ModelRunner:
         )
 
     def execute(self, out: SchedulerOutput, batch: SamplingBatch) -> StepResult:
-        """One step, synchronously (no ZOS)."""
+        """One step, synchronously (LLMEngine's step without ZOS): launch, then, nothing being in
+        flight, complete a deferred step at once (its masks can be built now), then collect."""
         step = self.launch(out, batch)
         return self.collect(self.complete(step) if isinstance(step, DeferredStep) else step)

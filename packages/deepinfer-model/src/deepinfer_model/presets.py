@@ -44,18 +44,16 @@ def default() -> V41Config:
 
 
 def mini() -> V41Config:
-    """GPU benchmark size: hidden 1024, 16 layers (8 encoder + 8 consumer), 16 heads, 64 routed
-    experts top-6 + 1 shared (width 512), vocab 32000, KV latent 448 + RoPE 64, window 128."""
+    """GPU benchmark size: flash's layer layout (head_dim 512 = KV latent 448 + RoPE 64, window 128,
+    indexer heads of 128, top-6 + 1 shared experts, DSpark nextn 5) at hidden 1024, 16 layers
+    (8 encoder + 8 consumer), 16 heads, 64 routed experts of width 512, vocab 32000."""
     ratios = (0, 4, 0, 4, 4, 0, 4, 1) + (0, 4, 4, 0, 4, 4, 0, 4)
-    return V41Config(
-        vocab_size=32000, hidden_size=1024, num_hidden_layers=16, num_attention_heads=16,
-        head_dim=512, qk_rope_head_dim=64, q_lora_rank=384, max_position_embeddings=65536,
-        sliding_window=128, compress_ratios=ratios, kv_source_layer_ids=(1, 7, 9),
-        index_n_heads=8, index_head_dim=128, index_block_size=16, index_topk=16,
-        n_routed_experts=64, n_shared_experts=1, num_experts_per_tok=6, moe_intermediate_size=512,
-        routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=1, intermediate_size=2816,
-        engram_layer_ids=(1, 9), engram_max_ngram_size=3, engram_table_size=65536, engram_dim=128,
-        nextn=5, dspark_noise_token_id=3, dspark_target_layer_ids=(3, 7, 15), dspark_markov_rank=64,
+    return flash().replace(  # flash's heads, routing, window and Engram n-grams; widths and depth change
+        vocab_size=32000, hidden_size=1024, num_hidden_layers=16, num_attention_heads=16, q_lora_rank=384,
+        max_position_embeddings=65536, compress_ratios=ratios, kv_source_layer_ids=(1, 7, 9),
+        index_n_heads=8, index_block_size=16, index_topk=16, n_routed_experts=64, moe_intermediate_size=512,
+        first_k_dense_replace=1, intermediate_size=2816, engram_layer_ids=(1, 9), engram_table_size=65536,
+        engram_dim=128, dspark_target_layer_ids=(3, 7, 15), dspark_markov_rank=64,
         dspark_intermediate_size=2816, bos_token_id=1, eos_token_id=2,
     )
 

@@ -44,14 +44,19 @@ def _warp_best_macro(T):
     return warp_best
 
 
+def _partial_dims(T):
+    """Rows R and chunks C of the partials (Pm, Pi, Ps [R, C]): the first kernel writes them, the
+    second reads them."""
+    return T.dynamic("R"), T.dynamic("C")
+
+
 def _build_partials(dtype: str):
     import tilelang.language as T
 
     warp_best = _warp_best_macro(T)
 
-    R = T.dynamic("R")
+    R, C = _partial_dims(T)
     V = T.dynamic("V")
-    C = T.dynamic("C")
 
     @T.prim_func
     def main(
@@ -122,9 +127,8 @@ def _build_combine(idx_dtype: str):
 
     warp_best = _warp_best_macro(T)
 
-    R = T.dynamic("R")
-    C = T.dynamic("C")
-    Q = T.dynamic("Q")
+    Q = T.dynamic("Q")                  # requests
+    R, C = _partial_dims(T)
 
     @T.prim_func
     def main(

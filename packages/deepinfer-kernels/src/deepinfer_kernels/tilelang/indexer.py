@@ -54,6 +54,12 @@ def _padded_heads(h: int) -> int:
 # ----------------------------------------------------------------------------- scores kernel
 
 
+def _block_dims(T):
+    """Rows R and blocks NB of the block scores ([R, NB], with NValid [R]): the scores and block-max
+    kernels write them, the top-k kernel reads them."""
+    return T.dynamic("R"), T.dynamic("NB")
+
+
 def _build_scores(heads: int, di: int, mode: str, block_size: int, vlen_dtype: str = "int32",
                   w_dtype: str = "float32"):
     """mode "scores": write per-entry scores [R, N]; mode "blocks": write block scores [R, NB]
@@ -74,10 +80,9 @@ def _build_scores(heads: int, di: int, mode: str, block_size: int, vlen_dtype: s
     assert di % 32 == 0 and WPC % TPC == 0
     assert mode == "scores" or CHUNK % BS == 0
 
-    R = T.dynamic("R")
+    R, NB = _block_dims(T)
     N = T.dynamic("N")
     S = T.dynamic("S")
-    NB = T.dynamic("NB")
     NSC = T.dynamic("NSC")              # Scores columns (N in "scores" mode, else a 1-wide dummy)
     SW = T.dynamic("SW")                # row stride of the head weights
 
@@ -174,9 +179,8 @@ def _build_block_max(block_size: int):
     import tilelang.language as T
 
     BS = block_size
-    R = T.dynamic("R")
+    R, NB = _block_dims(T)
     N = T.dynamic("N")
-    NB = T.dynamic("NB")
 
     @T.prim_func
     def main(
@@ -218,8 +222,7 @@ def _build_topk(p2: int, topk: int):
     NTS = min(256, max(32, p2 // 2))
     PAIRS = p2 // 2
     PPT = (PAIRS + NTS - 1) // NTS
-    R = T.dynamic("R")
-    NB = T.dynamic("NB")
+    R, NB = _block_dims(T)
 
     @T.prim_func
     def main(

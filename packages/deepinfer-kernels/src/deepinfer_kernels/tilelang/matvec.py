@@ -98,6 +98,37 @@ def _build(n: int, k: int, bn: int, bk: int, stages: int, dtype: str, norm: tupl
                         U[0, lane + TPR * kk] = u_s[0, lane + TPR * kk]
         T.sync_threads()
 
+    @T.macro
+    def body(X, W, Y, NormW, Res, Sum, U):
+        # Y <- x . W^T, W streaming through the pipeline; x in shared memory: a stage of X at a
+        # time, or with ``norm`` the whole normed row (the norm operands are None without it)
+        with T.Kernel(n // bn, threads=NT) as bx:
+            if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
+                T.evaluate(pdl_sync())
+            if norm is None:
+                x_s = T.alloc_shared((1, bk), dtype)
+            else:
+                u_s = T.alloc_shared((1, k), dtype)
+            w_s = T.alloc_shared((bn, bk), dtype)
+            acc = T.alloc_fragment((bn, bk), T.float32)
+            y = T.alloc_fragment((bn,), T.float32)
+            T.clear(acc)
+            for ko in T.Pipelined(k // bk, num_stages=stages):
+                if norm is None:
+                    T.copy(X[0:1, ko * bk:(ko + 1) * bk], x_s)
+                    T.copy(W[bx * bn:(bx + 1) * bn, ko * bk:(ko + 1) * bk], w_s)
+                    for i, j in T.Parallel(bn, bk):
+                        acc[i, j] += T.cast(w_s[i, j], T.float32) * T.cast(x_s[0, j], T.float32)
+                else:
+                    T.copy(W[bx * bn:(bx + 1) * bn, ko * bk:(ko + 1) * bk], w_s)
+                    if ko == 0:   # while the first stages of W are in flight
+                        normed_row(X, NormW, Res, Sum, U, u_s, bx)
+                    for i, j in T.Parallel(bn, bk):
+                        acc[i, j] += T.cast(w_s[i, j], T.float32) * T.cast(u_s[0, ko * bk + j], T.float32)
+            T.reduce_sum(acc, y, dim=1)
+            for i in T.Parallel(bn):
+                Y[0, bx * bn + i] = T.cast(T.cast(y[i], dtype), y_dtype)
+
     if norm is None:
         @T.prim_func
         def main(
@@ -105,22 +136,7 @@ def _build(n: int, k: int, bn: int, bk: int, stages: int, dtype: str, norm: tupl
             W: T.Tensor((n, k), dtype),
             Y: T.Tensor((1, n), y_dtype),
         ):
-            with T.Kernel(n // bn, threads=NT) as bx:
-                if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
-                    T.evaluate(pdl_sync())
-                x_s = T.alloc_shared((1, bk), dtype)
-                w_s = T.alloc_shared((bn, bk), dtype)
-                acc = T.alloc_fragment((bn, bk), T.float32)
-                y = T.alloc_fragment((bn,), T.float32)
-                T.clear(acc)
-                for ko in T.Pipelined(k // bk, num_stages=stages):
-                    T.copy(X[0:1, ko * bk:(ko + 1) * bk], x_s)
-                    T.copy(W[bx * bn:(bx + 1) * bn, ko * bk:(ko + 1) * bk], w_s)
-                    for i, j in T.Parallel(bn, bk):
-                        acc[i, j] += T.cast(w_s[i, j], T.float32) * T.cast(x_s[0, j], T.float32)
-                T.reduce_sum(acc, y, dim=1)
-                for i in T.Parallel(bn):
-                    Y[0, bx * bn + i] = T.cast(T.cast(y[i], dtype), y_dtype)
+            body(X, W, Y, None, None, None, None)
     else:
         @T.prim_func
         def main(
@@ -132,23 +148,7 @@ def _build(n: int, k: int, bn: int, bk: int, stages: int, dtype: str, norm: tupl
             Sum: T.Tensor((1, k), dtype),
             U: T.Tensor((1, k), dtype),
         ):
-            with T.Kernel(n // bn, threads=NT) as bx:
-                if PDL:   # wait for the previous kernel before touching memory (_common.PDL)
-                    T.evaluate(pdl_sync())
-                u_s = T.alloc_shared((1, k), dtype)
-                w_s = T.alloc_shared((bn, bk), dtype)
-                acc = T.alloc_fragment((bn, bk), T.float32)
-                y = T.alloc_fragment((bn,), T.float32)
-                T.clear(acc)
-                for ko in T.Pipelined(k // bk, num_stages=stages):
-                    T.copy(W[bx * bn:(bx + 1) * bn, ko * bk:(ko + 1) * bk], w_s)
-                    if ko == 0:   # while the first stages of W are in flight
-                        normed_row(X, NormW, Res, Sum, U, u_s, bx)
-                    for i, j in T.Parallel(bn, bk):
-                        acc[i, j] += T.cast(w_s[i, j], T.float32) * T.cast(u_s[0, ko * bk + j], T.float32)
-                T.reduce_sum(acc, y, dim=1)
-                for i in T.Parallel(bn):
-                    Y[0, bx * bn + i] = T.cast(T.cast(y[i], dtype), y_dtype)
+            body(X, W, Y, NormW, Res, Sum, U)
 
     return main
 

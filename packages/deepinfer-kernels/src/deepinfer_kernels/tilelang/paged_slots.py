@@ -13,13 +13,15 @@ from deepinfer_kernels.tilelang._common import PDL, compile_cached, pdl_sync, re
 NT = 128
 
 
+def _table_dims(T):
+    """Both kernels' dynamic sizes: block tables [R, MB] (R requests), N rows of K positions each."""
+    return T.dynamic("R"), T.dynamic("MB"), T.dynamic("N"), T.dynamic("K")
+
+
 def _build():
     import tilelang.language as T
 
-    R = T.dynamic("R")
-    MB = T.dynamic("MB")
-    N = T.dynamic("N")
-    K = T.dynamic("K")
+    R, MB, N, K = _table_dims(T)
 
     @T.prim_func
     def main(
@@ -69,10 +71,7 @@ def _build_runs(ratio: int):
     and writes the slot as int64 and int32; column 0 of a far list also writes the row's count."""
     import tilelang.language as T
 
-    R = T.dynamic("R")
-    MB = T.dynamic("MB")
-    N = T.dynamic("N")
-    K = T.dynamic("K")
+    R, MB, N, K = _table_dims(T)
     stride = max(ratio, 1)
 
     @T.prim_func

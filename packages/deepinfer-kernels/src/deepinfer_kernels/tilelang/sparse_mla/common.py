@@ -44,18 +44,16 @@ def one_row_kernel(T, heads: int, d: int, dims, body):
     launcher calls them all with, around ``body`` (a ``T.macro`` of the same arguments that opens
     the kernel). ``dims``: ``row_dims``'s, which ``body`` reads too."""
     R, W, S, NS, RP = dims
-    H = heads
-    REC = _record_bytes(d)
 
     @T.prim_func
     def main(
-        Q: T.Tensor((R, H, d), T.bfloat16),
-        Pool: T.Tensor((S, REC), T.uint8),
+        Q: T.Tensor((R, heads, d), T.bfloat16),
+        Pool: T.Tensor((S, _record_bytes(d)), T.uint8),
         Idx: T.Tensor((R, W), T.int32),
-        Out: T.Tensor((R, H, d), T.bfloat16),
-        Lse: T.Tensor((R, H), T.float32),
-        Opart: T.Tensor((NS, RP, H, d), T.float32),
-        Lpart: T.Tensor((NS, RP, H), T.float32),
+        Out: T.Tensor((R, heads, d), T.bfloat16),
+        Lse: T.Tensor((R, heads), T.float32),
+        Opart: T.Tensor((NS, RP, heads, d), T.float32),
+        Lpart: T.Tensor((NS, RP, heads), T.float32),
         scale: T.float32,          # sm_scale * log2(e)
         bps: T.int32,              # blocks per split (even for "ws" / "bulk"; unused by the row groups)
     ):
@@ -75,17 +73,15 @@ def key_group_kernel(T, heads: int, d: int, dims, body):
     merged key list ``Keys[g, :Counts[g]]``), around ``body`` (a ``T.macro`` of the same arguments
     that opens the kernel). ``dims``: ``group_dims``'s, which ``body`` reads too."""
     R, G, W, S = dims
-    H = heads
-    REC = _record_bytes(d)
 
     @T.prim_func
     def main(
-        Q: T.Tensor((R, H, d), T.bfloat16),
-        Pool: T.Tensor((S, REC), T.uint8),
+        Q: T.Tensor((R, heads, d), T.bfloat16),
+        Pool: T.Tensor((S, _record_bytes(d)), T.uint8),
         Keys: T.Tensor((G, W), T.int32),
         Counts: T.Tensor((G,), T.int32),
-        Out: T.Tensor((R, H, d), T.bfloat16),
-        Lse: T.Tensor((R, H), T.float32),
+        Out: T.Tensor((R, heads, d), T.bfloat16),
+        Lse: T.Tensor((R, heads), T.float32),
         scale: T.float32,          # sm_scale * log2(e)
     ):
         body(Q, Pool, Keys, Counts, Out, Lse, scale)
