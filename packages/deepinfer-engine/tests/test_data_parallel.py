@@ -65,6 +65,53 @@ def test_text_prompts_and_a_second_wave(engines):
     assert [g.text for g in got] == [w.text for w in want]
 
 
+def test_streaming_concatenates_to_generate(engines):
+    """generate_stream over the ranks: each request's deltas concatenate to the single-process
+    output, nothing follows a final delta, a request rejected at its rank ends with one error delta."""
+    dp, single = engines
+    prompts = _prompts(single.tokenizer)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    want = [w.token_ids for w in single.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)]
+    tokens: list[list[int]] = [[] for _ in range(len(prompts) + 1)]
+    finals = {}
+    for d in dp.generate_stream(prompt_token_ids=prompts + [[10 ** 9]], sampling_params=params):
+        assert d.index not in finals, "a delta after the request's final one"
+        tokens[d.index] += d.token_ids
+        if d.finished:
+            finals[d.index] = d.output
+    assert sorted(finals) == list(range(len(prompts) + 1))
+    assert finals[len(prompts)].finish_reason == "error" and tokens[len(prompts)] == []
+    assert tokens[:-1] == want and [finals[i].token_ids for i in range(len(prompts))] == want
+    g = dp.engine.gauges()   # summed over the ranks: idle again, every block free
+    assert g.num_running == g.num_waiting == 0 and g.num_free_blocks == g.num_blocks > 0
+    assert g.stats.num_generated_tokens >= sum(map(len, want))
+
+
+def test_abort_queued_and_running(engines):
+    """An abort before the request reached its rank and one while it decodes both end it "abort"."""
+    dp, _ = engines
+    eng = dp.engine
+    long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+    eng.start_streaming()
+    try:
+        queued = eng.add_request(None, [5, 6, 7], long)
+        assert eng.abort_request(queued)   # still at the front end
+        running = eng.add_request(None, [8, 9, 10], long)
+        finals, seen = {}, 0
+        while eng.has_unfinished():
+            eng.step()
+            for d in eng.pop_stream_deltas():
+                seen += len(d.token_ids) if d.request_id == running else 0
+                if d.finished:
+                    finals[d.request_id] = d.output
+            if seen and running not in finals:
+                eng.abort_request(running)
+    finally:
+        eng.stop_streaming()
+    assert finals[queued].finish_reason == "abort" and finals[queued].token_ids == []
+    assert finals[running].finish_reason == "abort" and 0 < len(finals[running].token_ids) < 200
+
+
 def test_dead_rank_ends_the_engine_naming_it(engines):
     dp, single = engines
     if single.engine.nextn:   # once per module run is enough: the pair is killed here

@@ -19,6 +19,7 @@ nothing already accepted is affected.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -28,7 +29,6 @@ import torch
 from deepinfer_engine import request_failure
 from deepinfer_engine.config import EngineConfig
 from deepinfer_engine.envs import Envs
-from deepinfer_engine.errors import InvalidRequestError
 from deepinfer_engine.host_copy import arrays_to_device
 from deepinfer_engine.kernel_builds import describe_kernel_builds, kernel_build_seconds
 from deepinfer_engine.kv_sizing import num_kv_blocks, profile_activation_bytes
@@ -37,10 +37,11 @@ from deepinfer_engine.model_runner import ModelRunner
 from deepinfer_engine.output_processor import OutputProcessor
 from deepinfer_engine.outputs import GenerationOutput, StreamDelta
 from deepinfer_engine.request_state import RequestState
+from deepinfer_engine.request_validation import encode_prompt, validate_request
 from deepinfer_engine.runner_step import DeferredStep, DeviceStepState, LaunchedStep, StepResult
 from deepinfer_engine.sampler import SamplingBatch, SamplingHost
 from deepinfer_engine.sampling_params import UINT64_MAX, SamplingParams
-from deepinfer_engine.stats import EngineStats
+from deepinfer_engine.stats import EngineGauges, EngineStats
 from deepinfer_engine.stop_strings import make_stop_matcher
 from deepinfer_engine.verify_budget import VerifyBudgetPolicy
 from deepinfer_sched import (
@@ -145,35 +146,12 @@ class LLMEngine:
     # ------------------------------------------------------------------ requests
     def encode(self, prompt: str) -> list[int]:
         """The prompt's token ids (InvalidRequestError without a tokenizer)."""
-        if self.tokenizer is None:
-            raise InvalidRequestError("prompt", "this model has no tokenizer; pass prompt_token_ids")
-        return self.tokenizer.encode(prompt)
+        return encode_prompt(self.tokenizer, prompt)
 
     def validate_request(self, prompt: str | None, prompt_token_ids: list[int] | None,
                          params: SamplingParams) -> list[int]:
         """Token ids of a valid request; raises InvalidRequestError naming the field and the limit."""
-        if prompt_token_ids is None:
-            if not isinstance(prompt, str) or not prompt:
-                raise InvalidRequestError("prompt", "must be a non-empty string")
-            prompt_token_ids = self.encode(prompt)
-            if not prompt_token_ids:
-                raise InvalidRequestError("prompt", "encodes to zero tokens")
-        else:
-            prompt_token_ids = list(prompt_token_ids)
-            if not prompt_token_ids:
-                raise InvalidRequestError("prompt_token_ids", "must contain at least 1 token")
-            for i, t in enumerate(prompt_token_ids):
-                if not isinstance(t, (int, np.integer)) or isinstance(t, bool) or not (0 <= int(t) < self.vocab_size):
-                    raise InvalidRequestError(
-                        "prompt_token_ids", f"token id {t!r} at index {i} is outside the vocabulary [0, {self.vocab_size})")
-            prompt_token_ids = [int(t) for t in prompt_token_ids]
-        if not isinstance(params, SamplingParams):
-            raise InvalidRequestError("sampling_params", f"expected SamplingParams, got {type(params).__name__}")
-        params.validate(self.vocab_size)
-        if (params.structured_output is not None or params.stop) and self.tokenizer is None:
-            field = "structured_output" if params.structured_output is not None else "stop"
-            raise InvalidRequestError(field, "needs a model with a tokenizer (text-level constraint)")
-        return prompt_token_ids
+        return validate_request(prompt, prompt_token_ids, params, tokenizer=self.tokenizer, vocab_size=self.vocab_size)
 
     def add_request(self, prompt: str | None = None, prompt_token_ids: list[int] | None = None,
                     params: SamplingParams | None = None) -> int:
@@ -238,6 +216,16 @@ class LLMEngine:
                 cache_bytes=cfg.structured_output_cache_bytes, max_workers=cfg.structured_output_compile_threads)
             self.runner.set_mask_provider(processor.structured)
         return processor.structured
+
+    def gauges(self) -> EngineGauges:
+        """Occupancy and counters now (the server's metrics); drains the grammar compile log."""
+        sched, structured = self.scheduler, self.output_processor.structured
+        compiles = []
+        while structured is not None and structured.compile_log:
+            compiles.append(structured.compile_log.popleft())
+        return EngineGauges(sched.num_running(), sched.num_waiting(), self.output_processor.num_held,
+                            sched.config.num_blocks, sched.num_free_blocks(), sched.num_used_mtp_slots(),
+                            dataclasses.replace(self.stats), compiles)
 
     # ------------------------------------------------------------------ streaming
     def start_streaming(self, index_of: dict[int, int] | None = None) -> None:

@@ -93,6 +93,11 @@ class OutputProcessor:
         while it waited and has not been reported yet."""
         return bool(self._held) or bool(self._aborted_held)
 
+    @property
+    def num_held(self) -> int:
+        """Requests waiting for their grammar to compile."""
+        return len(self._held)
+
     def is_held(self, request_id: int) -> bool:
         """The request waits for its grammar to compile."""
         return request_id in self._held

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,6 +52,44 @@ class EngineStats:
         self.accepted_per_position = [a + int(b) for a, b in zip(self.accepted_per_position, accepted)]
         self.num_draft_tokens += int(num_drafts.sum())
         self.num_decode_request_steps += num_drafts.shape[0]
+
+
+    @classmethod
+    def total(cls, parts: list[EngineStats]) -> EngineStats:
+        """The counters of several engines (the DP ranks) summed; per-position lists elementwise."""
+        out = cls()
+        for p in parts:
+            for f in dataclasses.fields(cls):
+                a, b = getattr(out, f.name), getattr(p, f.name)
+                if isinstance(b, list):
+                    n = max(len(a), len(b))
+                    b = [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]
+                else:
+                    b = a + b
+                setattr(out, f.name, b)
+        return out
+
+
+@dataclass
+class EngineGauges:
+    """What the server's metrics read after a step: queue and KV occupancy, and the counters."""
+
+    num_running: int
+    num_waiting: int                 # in the scheduler's queue
+    num_held: int                    # waiting for their grammar to compile
+    num_blocks: int
+    num_free_blocks: int
+    num_used_mtp_slots: int
+    stats: EngineStats               # a copy
+    grammar_compiles: list[tuple[float, bool]]   # (seconds, failed) since the previous gauges
+
+    @classmethod
+    def total(cls, parts: list[EngineGauges]) -> EngineGauges:
+        """Several engines' gauges (the DP ranks) as one."""
+        return cls(*(sum(getattr(p, name) for p in parts) for name in
+                     ("num_running", "num_waiting", "num_held", "num_blocks", "num_free_blocks",
+                      "num_used_mtp_slots")),
+                   EngineStats.total([p.stats for p in parts]), [c for p in parts for c in p.grammar_compiles])
 
 
 def acceptance_by_position(num_accepted: np.ndarray, num_drafts: np.ndarray,

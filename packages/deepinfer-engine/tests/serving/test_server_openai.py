@@ -108,12 +108,14 @@ def test_stop_string_cuts_and_nothing_follows(client):
     assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
 
 
-def test_json_schema_and_json_object(client):
+def test_json_schema_and_json_object(server, client):
+    compiled = scrape(server.base_url)["deepinfer_grammar_compile_seconds_count"]
     r = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "A file record."}], max_tokens=60, temperature=0.8, seed=1,
         response_format={"type": "json_schema", "json_schema": {"name": "rec", "schema": SCHEMA}})
     assert r.choices[0].finish_reason == "stop"
     jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
+    assert scrape(server.base_url)["deepinfer_grammar_compile_seconds_count"] >= compiled + 1
     r = client.completions.create(model=MODEL, prompt="config = ", max_tokens=40, temperature=0,
                                   extra_body={"response_format": {"type": "json_object"}})
     if r.choices[0].finish_reason == "stop":

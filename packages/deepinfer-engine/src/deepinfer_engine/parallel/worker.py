@@ -8,7 +8,8 @@ Loop of a rank (every rank runs the same sequence of collectives):
     3. engine.step() with that kind forced (a rank without work schedules IDLE: no forward)
     4. ep.finish_step(): phantom MoE rounds until every rank is done (the dummy step)
     5. EPLB (eplb_runtime.py): record routing, every interval rebalance (weights move rank to rank)
-    6. finished outputs (global request ids) and the rank's load go to the front end
+    6. finished outputs (global request ids), the rank's load and, while the front end streams,
+       the step's StreamDeltas go to the front end
 
 Any exception (a failed or timed-out collective included) is reported to the front end with the
 rank's id, then the process exits: the front end ends the engine with an error naming the rank.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import pickle
 import queue
 import traceback
 from dataclasses import dataclass, field
@@ -27,11 +29,12 @@ import torch.distributed as dist
 
 from deepinfer_engine.config import EngineConfig
 from deepinfer_engine.errors import InvalidRequestError
-from deepinfer_engine.outputs import GenerationOutput
+from deepinfer_engine.outputs import GenerationOutput, StreamDelta
 from deepinfer_engine.parallel.eplb_runtime import EplbRuntime
 from deepinfer_engine.parallel.group_vote import VotedScheduler, kv_used_fraction, vote
 from deepinfer_engine.parallel.rank_profile import rank_profile
 from deepinfer_engine.request_state import FINISH_REASON_ERROR
+from deepinfer_engine.stats import EngineGauges
 from deepinfer_sched import StepKind
 
 COLLECTIVE_TIMEOUT_ENV = "DEEPINFER_DP_TIMEOUT_S"   # a collective waiting longer fails the engine (default 300)
@@ -58,6 +61,7 @@ class RankLoad:
     num_requests: int                # waiting + running
     kv_used: float                   # fraction of KV blocks in use
     moe_lb: float | None = None      # EPLB's figure (expert parallel only), slowest / mean rank
+    gauges: EngineGauges | None = None   # what the server's metrics read (sent while streaming)
 
 
 @dataclass
@@ -67,6 +71,7 @@ class RankState:
     global_ids: dict[int, int] = field(default_factory=dict)   # engine request id -> front-end id
     decode_steps: int = 0            # decode steps since the last prefill step (same on every rank)
     parent_pid: int = 0
+    streaming: bool = False          # the front end wants each step's StreamDeltas
 
 
 def rank_main(spec: RankSpec, inbox, outbox) -> None:
@@ -111,6 +116,7 @@ def _run(spec: RankSpec, inbox, outbox) -> None:
     sched = VotedScheduler(engine.scheduler)
     engine.scheduler = sched
     outbox.put(("ready", spec.rank, {"vocab_size": engine.vocab_size, "model_source": engine.model_source,
+                                     "max_model_len": engine.max_model_len,
                                      "tokenizer": engine.tokenizer if spec.rank == 0 else None}))
     with rank_profile(spec.rank):
         _loop(spec, engine, sched, eplb, inbox, outbox)
@@ -141,12 +147,18 @@ def _loop(spec: RankSpec, engine, sched: VotedScheduler, eplb: EplbRuntime | Non
             eplb.after_step(ran_forward=sched.last_kind == kind)
         st.decode_steps = st.decode_steps + 1 if kind == StepKind.DECODE else (
             0 if kind == StepKind.PREFILL else st.decode_steps)
+        deltas = engine.pop_stream_deltas() if st.streaming else []
+        for d in deltas:   # (d.output is the live output: the front end renames its copy)
+            d.request_id = st.global_ids[d.request_id]
         for out in finished:
             out.request_id = st.global_ids.pop(out.request_id)
-        if finished:
+        if finished or deltas:
             load = RankLoad(spec.rank, sched.num_waiting() + sched.num_running(), kv_used_fraction(sched),
-                            None if eplb is None else eplb.last_moe_lb)
-            outbox.put(("outputs", spec.rank, finished, load))
+                            None if eplb is None else eplb.last_moe_lb,
+                            engine.gauges() if st.streaming else None)
+            # pickled now: the live outputs in the deltas change in the next step (the queue's feeder
+            # thread pickles later)
+            outbox.put(("outputs", spec.rank, finished, load, pickle.dumps(deltas) if deltas else None))
 
 
 def _drain(engine, st: RankState, inbox, outbox, rank: int, block: bool) -> None:
@@ -172,11 +184,20 @@ def _drain(engine, st: RankState, inbox, outbox, rank: int, block: bool) -> None
                     rejected.append(GenerationOutput(request_id=gid, prompt=prompt, prompt_token_ids=ids or [],
                                                      finish_reason=FINISH_REASON_ERROR, error=str(err)))
             if rejected:
-                outbox.put(("outputs", rank, rejected, None))
+                deltas = [StreamDelta(-1, out.request_id, "", [], True, out) for out in rejected] if st.streaming else []
+                outbox.put(("outputs", rank, rejected, None, pickle.dumps(deltas) if deltas else None))
         elif op == "abort":
             local = {g: r for r, g in st.global_ids.items()}
             for gid in payload:
                 if gid in local:
                     engine.abort_request(local[gid])
+        elif op == "stream":
+            st.streaming = payload
+            engine.start_streaming() if payload else engine.stop_streaming()
+            if payload:   # the front end's gauges start from this rank's idle state
+                sched = engine.scheduler
+                load = RankLoad(rank, sched.num_waiting() + sched.num_running(), kv_used_fraction(sched),
+                                gauges=engine.gauges())
+                outbox.put(("outputs", rank, [], load, None))
         elif op == "stop":
             st.shutdown = True

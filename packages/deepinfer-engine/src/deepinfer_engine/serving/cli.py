@@ -26,6 +26,8 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--no-cuda-graphs", action="store_true")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-parallel-size", type=int, default=1, help="DP ranks, one process each (docs/parallel.md)")
+    p.add_argument("--expert-parallel", action="store_true", help="partition the routed experts over the DP ranks")
     p.add_argument("--default-max-tokens", type=int, default=256, help="output limit when a request sets none")
     p.add_argument("--log-interval", type=float, default=10.0, help="seconds between metric log lines (0: off)")
     p.add_argument("--stuck-after", type=float, default=120.0, help="/health fails when a step runs longer")
@@ -43,6 +45,21 @@ def engine_config(args):
                         seed=args.seed)
 
 
+def build_engine(args):
+    """The engine the server steps: one LLMEngine, or the DP front end over one process per rank."""
+    if args.data_parallel_size > 1:
+        import dataclasses
+
+        from deepinfer_engine.parallel import DataParallelEngine
+        config = engine_config(args)
+        fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+        return DataParallelEngine(args.data_parallel_size, args.expert_parallel, **fields)
+    if args.expert_parallel:
+        raise SystemExit("deepinfer serve: --expert-parallel needs --data-parallel-size >= 2")
+    from deepinfer_engine.llm_engine import LLMEngine
+    return LLMEngine(engine_config(args))
+
+
 def build_server_app(args):
     """(FastAPI app, AsyncLLM) for the parsed arguments (the engine is loaded here)."""
     from deepinfer_engine.serving.app import build_app, make_state
@@ -51,7 +68,7 @@ def build_server_app(args):
     from deepinfer_engine.serving.metrics import ServingMetrics
 
     metrics = ServingMetrics(log_interval_s=args.log_interval)
-    llm = AsyncLLM.from_config(engine_config(args), stuck_after_s=args.stuck_after, observer=metrics)
+    llm = AsyncLLM(build_engine(args), stuck_after_s=args.stuck_after, observer=metrics)
     name = args.served_model_name or (Path(args.model).name if args.model else DEFAULT_MODEL_NAME)
     state = make_state(llm, name, load_chat_template(args.model), metrics, args.default_max_tokens)
     return build_app(state), llm
@@ -65,4 +82,6 @@ def run_serve(args: argparse.Namespace) -> int:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     finally:
         llm.shutdown()
+        if hasattr(llm.engine, "shutdown"):   # the DP front end's rank processes
+            llm.engine.shutdown()
     return 0

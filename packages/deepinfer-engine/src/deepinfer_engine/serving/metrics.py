@@ -89,22 +89,19 @@ class ServingMetrics:
 
     # ------------------------------------------------------------------ gauges from the engine
     def _update(self, llm) -> None:
-        engine, st = llm.engine, llm.state
-        sched = engine.scheduler
-        stats = engine.stats
-        held = len(getattr(engine, "_held", ()))
-        running, waiting = sched.num_running(), sched.num_waiting()
+        g, st = llm.engine.gauges(), llm.state
+        stats = g.stats
+        running, waiting = g.num_running, g.num_waiting
         self.running.set(running)
-        self.waiting.set(waiting + held)
-        self.queue_depth.set(llm.num_queued + waiting + held)
+        self.waiting.set(waiting + g.num_held)
+        self.queue_depth.set(llm.num_queued + waiting + g.num_held)
         self.live.set(st.num_live)
         self.slots_used.set(running + waiting)
-        self.mtp_slots_used.set(sched.num_used_mtp_slots())
-        total = sched.config.num_blocks
-        self.kv_total.set(total)
-        used = total - sched.num_free_blocks()
+        self.mtp_slots_used.set(g.num_used_mtp_slots)
+        self.kv_total.set(g.num_blocks)
+        used = g.num_blocks - g.num_free_blocks
         self.kv_used.set(used)
-        idle = used == 0 and running + waiting == 0 and sched.num_used_mtp_slots() == 0
+        idle = used == 0 and running + waiting == 0 and g.num_used_mtp_slots == 0
         if idle and not self._was_idle:
             self.idle_step.set(st.num_steps)
         self._was_idle = idle
@@ -118,9 +115,7 @@ class ServingMetrics:
         self._inc(self.preemptions, "preemptions", stats.num_preemptions)
         self._inc(self.generated, "generated", stats.num_generated_tokens)
         self.last_abort_step.set(st.last_abort_step)
-        structured = getattr(engine, "_structured", None)
-        while structured is not None and structured.compile_log:
-            seconds, failed = structured.compile_log.popleft()
+        for seconds, failed in g.grammar_compiles:
             self.grammar_compile.observe(seconds)
             if failed:
                 self.grammar_failures.inc()
