@@ -31,6 +31,7 @@ import random
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -242,7 +243,7 @@ def main(argv=None) -> int:
     ap.add_argument("--compare-offline", action="store_true")
     ap.add_argument("--json-out", type=Path, default=None)
     ap.add_argument("--plot", type=Path, default=None)
-    ap.add_argument("--server-log", type=Path, default=Path("load_bench_server.log"))
+    ap.add_argument("--server-log", type=Path, default=Path(tempfile.gettempdir()) / "deepinfer_load_bench_server.log")
     ap.add_argument("--offline-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.offline_worker:

@@ -16,6 +16,7 @@ import asyncio
 import json
 import random
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -115,6 +116,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--server-args", default="--block-size 16 --max-model-len 512")
     ap.add_argument("--json-out", type=Path, default=None)
+    ap.add_argument("--server-log", type=Path, default=Path(tempfile.gettempdir()) / "deepinfer_soak_server.log")
     args = ap.parse_args(argv)
     import shlex
 
@@ -124,7 +126,7 @@ def main(argv=None) -> int:
         extra = ([args.model] if args.model else []) + (["--device", args.device] if args.device else [])
         server = ServerProcess(extra + ["--served-model-name", MODEL, "--max-num-seqs", str(args.concurrency * 2),
                                         "--log-interval", "30", *shlex.split(args.server_args)],
-                               log_path="soak_server.log").start()
+                               log_path=args.server_log).start()
     base_url = args.url or server.base_url
     try:
         res = asyncio.run(drive(args, base_url, server))
