@@ -168,8 +168,8 @@ void BlockManager::cache_full_blocks(const std::vector<int32_t>& table, const in
 }
 
 uint64_t BlockManager::block_hash(int32_t block) const {
-  DI_LEDGER_CHECK(block >= 0 && block < num_blocks_ && hashed_[block], "BlockManager.block_hash: block ", block,
-                  " is not cached");
+  DI_LEDGER_CHECK(block >= 0 && block < num_blocks_ && hashed_[block], "BlockManager.block_hash: block ",
+                  block, " is not cached");
   return hash_[block];
 }
 

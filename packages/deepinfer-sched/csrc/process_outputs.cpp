@@ -64,7 +64,8 @@ int32_t count_accepted(const SchedulerOutput& out, int32_t i, const int32_t* ver
 // SWA tier: the latest multiple P of swa_snapshot_tokens the committed KV rows crossed in this step
 // (committed_before < P <= committed), with the chain hash of the prefix [0, P) (the key a later
 // admission looks its snapshot up by). The device took the window at P when it ran the step.
-void Scheduler::record_swa_point(SchedulerOutput& out, int32_t i, const Sequence& seq, int32_t committed_before) const {
+void Scheduler::record_swa_point(SchedulerOutput& out, int32_t i, const Sequence& seq,
+                                 int32_t committed_before) const {
   const int32_t a = config_.swa_snapshot_tokens, bs = config_.block_size;
   if (a == 0) return;
   const int32_t committed = std::min(seq.cache.num_committed_tokens(), seq.num_tokens_total());

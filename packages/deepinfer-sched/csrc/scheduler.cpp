@@ -128,7 +128,8 @@ void Scheduler::check_slot_invariant(const char* where) const {
 //   L1 - A    |==========|                            else snapshot at L1 - A -> hit L1 - A (replay A)
 //                                                     else no hit (NO_SWA_SNAPSHOT)
 
-PrefixHit Scheduler::apply_swa_policy(const Sequence& seq, PrefixHit hit, PrefixMiss& reason, uint64_t& key) const {
+PrefixHit Scheduler::apply_swa_policy(const Sequence& seq, PrefixHit hit, PrefixMiss& reason,
+                                      uint64_t& key) const {
   const int32_t a = config_.swa_snapshot_tokens, bs = config_.block_size;
   if (a == 0 || hit.blocks.empty()) return hit;
   const int32_t l1 = hit.num_tokens(bs) / a * a;
@@ -341,7 +342,8 @@ void Scheduler::reserve(SchedulerOutput& out) const {
                                                                                  size_t(config_.max_num_batched_tokens));
   out.restore_keys.reserve(reqs);
   for (auto* v : {&out.seqlens_q, &out.first_token_pos, &out.num_computed_tokens, &out.context_lens, &out.prompt_lens,
-                  &out.mtp_slots, &out.state_slots, &out.restore_tokens, &out.remap, &out.num_uncommitted_rows, &out.epochs})
+                  &out.mtp_slots, &out.state_slots, &out.restore_tokens, &out.remap, &out.num_uncommitted_rows,
+                  &out.epochs})
     v->reserve(reqs);
   out.request_ids.reserve(reqs);
   out.is_last_chunk.reserve(reqs);

@@ -128,7 +128,7 @@ class ResolvedEngineConfig:
     gpu_memory_utilization: float          # fraction of GPU memory for weights + activations + KV
     enable_prefix_caching: bool
     window_kv: str                         # "ring" | "paged" (as EngineConfig)
-    swa_snapshot_tokens: int               # SWA tier grain (the engine rounds it to the block size and ratios)
+    swa_snapshot_tokens: int               # SWA tier grain (rounded up to the block size and ratios)
     swa_host_cache_bytes: int              # host memory for SWA snapshots
     num_speculative_tokens: int            # drafts per step asked for (the engine clips to the model's nextn)
     enable_mtp_varlen: bool                # confidence-scheduled draft lengths (False under batch invariance)

@@ -169,7 +169,8 @@ class DecodeGraphRunner:
         if self.compile:   # one dynamic-shape compile for every bucket: rows and requests vary
             m, b = inputs.meta, inputs.batch
             for t in (m.input_ids, m.positions, m.slot_mapping, m.logit_rows, m.seqlens_q, m.first_token_pos,
-                      m.context_lens, m.block_tables, m.is_last_chunk, m.row_req, m.state_slots, b.temperature,
+                      m.context_lens, m.block_tables, m.is_last_chunk, m.row_req, m.state_slots,
+                      b.temperature,
                       b.top_k, b.top_p, b.seeds, inputs.mtp_slots):
                 torch._dynamo.maybe_mark_dynamic(t, 0)
             if inputs.carry is not None:   # the ZOS carry's per-row / per-request views vary with them

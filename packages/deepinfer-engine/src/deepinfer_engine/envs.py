@@ -41,8 +41,8 @@ class Envs:
     enable_mtp_varlen: bool                # DEEPINFER_ENABLE_MTP_VARLEN: confidence-scheduled draft lengths (default
                                            #   off: never faster than fixed on the H200, docs/benchmarks.md)
     max_backtracking_tokens: int           # DEEPINFER_MAX_BACKTRACKING_TOKENS (>= nextn + 1)
-    yoco_prefill_keep_tokens: int          # DEEPINFER_YOCO_PREFILL_KEEP_TOKENS: tail tokens a prefix hit leaves
-                                           #   to recompute (the engine keeps >= W + backtracking)
+    yoco_prefill_keep_tokens: int          # DEEPINFER_YOCO_PREFILL_KEEP_TOKENS: tail tokens a prefix hit
+                                           #   leaves to recompute (the engine keeps >= W + backtracking)
     zero_overhead_scheduling: bool         # DEEPINFER_ZERO_OVERHEAD_SCHEDULING
     cudagraph_batch_size_interval: int     # DEEPINFER_CUDAGRAPH_BATCH_SIZE_INTERVAL
     compile_decode: bool                   # DEEPINFER_COMPILE_DECODE: inductor-compile the graphed decode step

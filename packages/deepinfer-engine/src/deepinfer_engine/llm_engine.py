@@ -334,7 +334,8 @@ class LLMEngine:
         out = self.scheduler.schedule()
         self._record_schedule(out)
         if self.runner.snapshots is not None:   # the step's restores: not evicted before its launch
-            self.runner.snapshots.store.pinned.update(np.asarray(out.restore_keys)[out.restore_tokens > 0].tolist())
+            restores = np.asarray(out.restore_keys)[out.restore_tokens > 0]
+            self.runner.snapshots.store.pinned.update(restores.tolist())
         return out
 
     def _step_sampling_batch(self, out: SchedulerOutput) -> SamplingBatch:

@@ -93,11 +93,13 @@ class ModelRunner:
         (input_ids, positions, slot_mapping, logit_rows_t, seqlens_q, first_token_pos, context_lens, block_tables,
          state_slots, is_last_chunk, *plan_tensors) = arrays_to_device(
             [(out.input_token_ids, i64), (out.positions, i64), (out.slot_mapping, i64), (logit_rows, i64),
-             (seqlens, i32), (ftp, i32), (out.context_lens, i32), (out.block_tables, i32), (out.state_slots, i32),
+             (seqlens, i32), (ftp, i32), (out.context_lens, i32), (out.block_tables, i32),
+             (out.state_slots, i32),
              (np.asarray(out.is_last_chunk, dtype=bool), torch.bool)] + plan_arrays, self.device)
         return ForwardMetadata(
             input_ids=input_ids, positions=positions, seqlens_q=seqlens_q, first_token_pos=first_token_pos,
-            context_lens=context_lens, block_tables=block_tables, slot_mapping=slot_mapping, state_slots=state_slots,
+            context_lens=context_lens, block_tables=block_tables, slot_mapping=slot_mapping,
+            state_slots=state_slots,
             block_size=self.block_size, is_prefill=is_prefill, is_last_chunk=is_last_chunk, logit_rows=logit_rows_t,
             return_dspark_features=self.spec is not None,
             # prefill: the exact bound, known here, sizes the far-entry candidates without a device read
@@ -230,7 +232,8 @@ class ModelRunner:
             slots = self._tensor(out.mtp_slots[sampled], torch.int32)
             states = meta.state_slots if idx is None else meta.state_slots[idx]
             proposal = self.spec.propose(self.kv_cache, positions[final_row], res.token_ids, tables,
-                                         self.block_size, sub.seeds, sub.is_greedy, sub.all_greedy, slots, states)
+                                         self.block_size, sub.seeds, sub.is_greedy, sub.all_greedy, slots,
+                                         states)
             confidence = torch.zeros(req_cnt, self.nextn, dtype=torch.float32, device=dev)
             confidence[idx if idx is not None else self._tensor(sampled, torch.int64)] = proposal.confidence
             results.confidence = confidence

@@ -224,7 +224,8 @@ class LedgerHarness:
             assert not self.finished(int(rid)), f"request {rid} scheduled after its final output"
         a = s.config.swa_snapshot_tokens
         for i in np.flatnonzero(out.restore_tokens > 0):   # SWA tier: hits only at registered snapshot points
-            assert a > 0 and out.restore_tokens[i] % a == 0 and out.restore_tokens[i] == out.num_computed_tokens[i]
+            restore = out.restore_tokens[i]
+            assert a > 0 and restore % a == 0 and restore == out.num_computed_tokens[i]
             assert int(out.restore_keys[i]) in self.swa_keys, "a hit on a snapshot the engine does not hold"
         return out
 
