@@ -98,12 +98,15 @@ class LLMEngine:
         mcfg = self.model.config
         self.vocab_size = mcfg.vocab_size
         self.max_model_len = min(cfg.max_model_len or mcfg.max_position_embeddings, mcfg.max_position_embeddings)
-        # YOCO: the last prefill chunk holds the decoder bounded-replay tokens and the speculative
-        # backtracking (SPEC §5: a hit stops >= W + backtracking tokens short of the prompt, 134 for
-        # flash; DEEPINFER_YOCO_PREFILL_KEEP_TOKENS may keep more, 140 recommended)
-        keep = mcfg.sliding_window + self.envs.max_backtracking_tokens
-        min_final_chunk = max(keep, self.envs.yoco_prefill_keep_tokens) if mcfg.topology.yoco_enabled else 1
+        # YOCO: the last prefill chunk holds the decoder bounded-replay tokens (W, docs/model.md) and,
+        # where the step budget allows, the speculative backtracking too (SPEC §5: a hit stops >= W +
+        # backtracking tokens short of the prompt, 134 for flash; DEEPINFER_YOCO_PREFILL_KEEP_TOKENS may
+        # keep more, 140 recommended)
         self.max_num_batched_tokens = cfg.max_num_batched_tokens
+        min_final_chunk = 1
+        if mcfg.topology.yoco_enabled:
+            keep = max(mcfg.sliding_window + self.envs.max_backtracking_tokens, self.envs.yoco_prefill_keep_tokens)
+            min_final_chunk = max(mcfg.sliding_window, min(keep, self.max_num_batched_tokens))
         if self.max_num_batched_tokens < min_final_chunk:
             raise ValueError(f"max_num_batched_tokens: must be >= {min_final_chunk} (the model's decoder "
                              f"bounded-replay length), got {self.max_num_batched_tokens}")
