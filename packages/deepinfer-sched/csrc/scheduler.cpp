@@ -342,8 +342,8 @@ void Scheduler::reserve(SchedulerOutput& out) const {
                                                                                  size_t(config_.max_num_batched_tokens));
   out.restore_keys.reserve(reqs);
   for (auto* v : {&out.seqlens_q, &out.first_token_pos, &out.num_computed_tokens, &out.context_lens, &out.prompt_lens,
-                  &out.mtp_slots, &out.state_slots, &out.restore_tokens, &out.remap, &out.num_uncommitted_rows,
-                  &out.epochs})
+                  &out.mtp_slots, &out.state_slots, &out.restore_tokens, &out.remap,
+                  &out.num_uncommitted_rows, &out.epochs})
     v->reserve(reqs);
   out.request_ids.reserve(reqs);
   out.is_last_chunk.reserve(reqs);

@@ -105,7 +105,8 @@ class LLMEngine:
         self.max_num_batched_tokens = cfg.max_num_batched_tokens
         min_final_chunk = 1
         if mcfg.topology.yoco_enabled:
-            keep = max(mcfg.sliding_window + self.envs.max_backtracking_tokens, self.envs.yoco_prefill_keep_tokens)
+            keep = max(mcfg.sliding_window + self.envs.max_backtracking_tokens,
+                       self.envs.yoco_prefill_keep_tokens)
             min_final_chunk = max(mcfg.sliding_window, min(keep, self.max_num_batched_tokens))
         if self.max_num_batched_tokens < min_final_chunk:
             raise ValueError(f"max_num_batched_tokens: must be >= {min_final_chunk} (the model's decoder "
