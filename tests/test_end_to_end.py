@@ -30,7 +30,9 @@ def test_engine_greedy_matches_reference(prompt_len, nextn):
 
 
 def test_prefix_cache_hit_gives_same_tokens():
-    llm = LLM(device="cpu", block_size=16, max_num_batched_tokens=64, max_model_len=256)
+    # window rings: hits at SWA snapshot points (swa_tier.py); a 32-token grain fits these short prompts
+    llm = LLM(device="cpu", block_size=16, max_num_batched_tokens=64, max_model_len=256,
+              swa_snapshot_tokens=32)
     shared = [(31 * i + 11) % 8000 + 7 for i in range(80)]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     first = llm.generate(prompt_token_ids=[shared + [100, 101]], sampling_params=params, use_tqdm=False)[0]
@@ -51,7 +53,8 @@ def test_partial_prefix_hit_equals_cold_run():
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     shared = [(13 * i + 3) % 8000 + 7 for i in range(96)]
     a, b = shared + [100, 101], shared + [200, 201, 202, 203, 204]
-    warm = LLM(device="cpu", block_size=16, max_num_batched_tokens=64, max_model_len=256)
+    warm = LLM(device="cpu", block_size=16, max_num_batched_tokens=64, max_model_len=256,
+               swa_snapshot_tokens=32)
     warm.generate(prompt_token_ids=[a], sampling_params=params, use_tqdm=False)
     hits_before = warm.engine.stats.num_prefix_cached_tokens
     b_warm = warm.generate(prompt_token_ids=[b], sampling_params=params, use_tqdm=False)[0]

@@ -63,9 +63,9 @@ class OracleDraft:
         oracle = self
 
         def propose(spec, cache, final_positions, main_tokens, block_tables, block_size, seeds, is_greedy,
-                    all_greedy, write_slots):
+                    all_greedy, write_slots, state_slots=None):
             proposal = original(spec, cache, final_positions, main_tokens, block_tables, block_size, seeds,
-                                is_greedy, all_greedy, write_slots)
+                                is_greedy, all_greedy, write_slots, state_slots)
             tokens = proposal.token_ids.clone()
             for r in range(tokens.shape[0]):
                 p, m = int(final_positions[r]), int(main_tokens[r])

@@ -64,3 +64,27 @@ def test_profiling_prefill_is_whole_prompts_and_runs_the_forward():
     model.forward = counting
     assert profile_activation_bytes(model, 16, 250, 100) == 0    # no allocator statistics off CUDA
     assert calls == [(250, 3, 3 * 7 * 16)]                         # over its own throwaway pool
+
+
+def test_ring_pool_pays_the_rings_then_ring_layout_blocks():
+    """With window rings the budget first pays the rings' fixed bytes; the allocation equals the
+    formula (fixed + blocks x bytes per block), and at flash widths a block costs SPEC's bytes per
+    token (894) + the Engram id: within 1.2x (SPEC §1; the ring allocation itself at flash widths
+    is checked in deepinfer-model's test_ring_window.py)."""
+    from deepinfer_model.capacity import spec_kv_footprint
+    from deepinfer_model.paged_cache import CacheLayout, WindowRing
+    from deepinfer_model.presets import flash
+
+    model = tiny_model()
+    ring = WindowRing.for_config(model.config, num_seqs=4, max_step_rows=64)
+    per_block, fixed = model.kv_cache_bytes_per_block(16, ring), model.kv_cache_fixed_bytes(ring)
+    assert per_block < model.kv_cache_bytes_per_block(16) / 5         # the window left the blocks
+    small = EngineConfig(block_size=16, max_num_seqs=4, kv_cache_memory_bytes=fixed + 40 * per_block)
+    blocks = num_kv_blocks(model, small, 256, ring=ring)
+    assert blocks == 40
+    assert model.allocate_kv_cache(blocks, 16, ring=ring).nbytes() == fixed + blocks * per_block
+    cfg = flash()
+    flash_ring = WindowRing.for_config(cfg, num_seqs=64, max_step_rows=16384)
+    per_token = CacheLayout.from_config(cfg, flash_ring).bytes_per_block(128, torch.bfloat16) / 128
+    spec = spec_kv_footprint(cfg).bytes_per_token
+    assert spec == 894 and per_token == spec + 4 and per_token / spec < 1.2

@@ -89,8 +89,9 @@ def test_text_stop_keeps_the_finished_request_blocks_in_the_prefix_cache(free_ru
     """A text stop ends the request with `abort_request`; the blocks its committed tokens filled were
     hashed step by step, so they stay in the prefix cache: a follow-up prompt that extends the
     stopped output (a chat turn) is served from the cache up to the last full block."""
+    # the paged window layout: block-grain hits (with rings a hit needs an SWA snapshot: test_swa_tier.py)
     llm = LLM(device="cpu", block_size=16, max_num_batched_tokens=128, max_num_seqs=4, max_model_len=256,
-              num_speculative_tokens=0, enable_prefix_caching=True)
+              num_speculative_tokens=0, enable_prefix_caching=True, window_kv="paged")
     tok = llm.tokenizer
     prompt = np.random.default_rng(5).integers(7, 8000, size=40).tolist()
     free = llm.generate(prompt_token_ids=[prompt], sampling_params=SamplingParams(

@@ -43,14 +43,17 @@ void bind_enums(nb::module_& m) {
       .value("DISABLED", PrefixMiss::DISABLED)
       .value("YOCO_KEEP", PrefixMiss::YOCO_KEEP)
       .value("NOT_CACHED", PrefixMiss::NOT_CACHED)
-      .value("PARTIAL", PrefixMiss::PARTIAL);
+      .value("PARTIAL", PrefixMiss::PARTIAL)
+      .value("SWA_REPLAY", PrefixMiss::SWA_REPLAY)
+      .value("NO_SWA_SNAPSHOT", PrefixMiss::NO_SWA_SNAPSHOT);
   nb::class_<PrefixCacheStats>(m, "PrefixCacheStats")
       .def_ro("num_admissions", &PrefixCacheStats::num_admissions)
       .def_ro("num_prompt_tokens", &PrefixCacheStats::num_prompt_tokens)
       .def_ro("num_cached_tokens", &PrefixCacheStats::num_cached_tokens)
       .def_prop_ro("num_by_reason", [](const PrefixCacheStats& p) {
         nb::dict d;  // PrefixMiss name -> admissions
-        const char* names[kNumPrefixMiss] = {"NONE", "DISABLED", "YOCO_KEEP", "NOT_CACHED", "PARTIAL"};
+        const char* names[kNumPrefixMiss] = {"NONE",    "DISABLED",   "YOCO_KEEP",      "NOT_CACHED",
+                                             "PARTIAL", "SWA_REPLAY", "NO_SWA_SNAPSHOT"};
         for (int i = 0; i < kNumPrefixMiss; ++i) d[names[i]] = p.num_by_reason[i];
         return d;
       });
@@ -67,6 +70,7 @@ void bind_configs(nb::module_& m) {
       .def_rw("nextn", &SchedulerConfig::nextn)
       .def_rw("min_final_chunk_tokens", &SchedulerConfig::min_final_chunk_tokens)
       .def_rw("enable_prefix_caching", &SchedulerConfig::enable_prefix_caching)
+      .def_rw("swa_snapshot_tokens", &SchedulerConfig::swa_snapshot_tokens)
       .def_rw("eos_token_ids", &SchedulerConfig::eos_token_ids)
       .def_rw("engram_vocab_map", &SchedulerConfig::engram_vocab_map)
       .def("validate", &SchedulerConfig::validate);
@@ -155,6 +159,10 @@ void bind_scheduler_output(nb::module_& m) {
   DI_VIEW(prompt_lens);
   DI_VIEW(mtp_slots);
   DI_VIEW(state_slots);
+  DI_VIEW(restore_tokens);
+  DI_VIEW(restore_keys);
+  DI_VIEW(swa_points);
+  DI_VIEW(swa_keys);
   DI_VIEW(remap);
   DI_VIEW(num_uncommitted_rows);
   DI_VIEW(positions);
@@ -281,6 +289,23 @@ void bind_scheduler(nb::module_& m) {
       .DI_LOCKED("num_used_state_slots", s.num_used_state_slots())
       .DI_LOCKED("prefix_cache_stats", s.prefix_cache_stats())
 #undef DI_LOCKED
+      .def("add_swa_snapshot",
+           [](Scheduler& s, uint64_t key) {
+             std::lock_guard<std::mutex> lock(s.mutex());
+             s.add_swa_snapshot(key);
+           },
+           "key"_a)
+      .def("remove_swa_snapshot",
+           [](Scheduler& s, uint64_t key) {
+             std::lock_guard<std::mutex> lock(s.mutex());
+             return s.remove_swa_snapshot(key);
+           },
+           "key"_a)
+      .def("num_swa_snapshots",
+           [](const Scheduler& s) {
+             std::lock_guard<std::mutex> lock(s.mutex());
+             return s.num_swa_snapshots();
+           })
       .def("block_ref_count",
            [](const Scheduler& s, int32_t block) {
              std::lock_guard<std::mutex> lock(s.mutex());

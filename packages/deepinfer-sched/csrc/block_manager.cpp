@@ -144,7 +144,8 @@ void BlockManager::free(std::vector<int32_t>& table) {
 }
 
 void BlockManager::cache_full_blocks(const std::vector<int32_t>& table, const int32_t* tokens,
-                                     int32_t num_committed_tokens, int32_t& num_hashed, uint64_t& last_hash) {
+                                     int32_t num_committed_tokens, int32_t& num_hashed, uint64_t& last_hash,
+                                     std::vector<uint64_t>* chain) {
   if (!prefix_caching_) return;
   int32_t num_full = std::min<int32_t>(num_committed_tokens / block_size_, int32_t(table.size()));
   for (int32_t i = num_hashed; i < num_full; ++i) {
@@ -162,7 +163,14 @@ void BlockManager::cache_full_blocks(const std::vector<int32_t>& table, const in
     }
     last_hash = h;
     num_hashed = i + 1;
+    if (chain) chain->push_back(h);
   }
+}
+
+uint64_t BlockManager::block_hash(int32_t block) const {
+  DI_LEDGER_CHECK(block >= 0 && block < num_blocks_ && hashed_[block], "BlockManager.block_hash: block ",
+                  block, " is not cached");
+  return hash_[block];
 }
 
 }  // namespace deepinfer

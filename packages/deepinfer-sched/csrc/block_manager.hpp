@@ -51,8 +51,12 @@ class BlockManager {
 
   // Registers every full block of `table` below `num_committed_tokens` that is not yet hashed.
   // `tokens` must hold at least num_committed_tokens ids. Advances num_hashed / last_hash.
+  // `chain` (if given) gets the chain hash of each newly hashed block appended.
   void cache_full_blocks(const std::vector<int32_t>& table, const int32_t* tokens,
-                         int32_t num_committed_tokens, int32_t& num_hashed, uint64_t& last_hash);
+                         int32_t num_committed_tokens, int32_t& num_hashed, uint64_t& last_hash,
+                         std::vector<uint64_t>* chain = nullptr);
+  // Chain hash of a cached (hashed) block.
+  uint64_t block_hash(int32_t block) const;
 
   static uint64_t hash_block(uint64_t parent, const int32_t* tokens, int32_t n);
 

@@ -27,6 +27,9 @@ void SchedulerConfig::validate() const {
     fail_value("SchedulerConfig.num_blocks * block_size (", int64_t(num_blocks) * block_size,
                ") must be >= max_model_len + 2 * (nextn + 1) = ", max_kv_tokens_per_seq(),
                " so that one sequence always fits the KV pool");
+  if (swa_snapshot_tokens < 0 || (swa_snapshot_tokens > 0 && swa_snapshot_tokens % block_size != 0))
+    fail_value("SchedulerConfig.swa_snapshot_tokens must be 0 or a positive multiple of block_size (",
+               block_size, "), got ", swa_snapshot_tokens);
   for (int32_t t : eos_token_ids)
     if (t < 0) fail_value("SchedulerConfig.eos_token_ids must be >= 0, got ", t);
   for (size_t i = 0; i < engram_vocab_map.size(); ++i)

@@ -17,6 +17,8 @@ struct SchedulerConfig {
   int32_t nextn = 0;                      // draft rows per decode step, upper bound (0 = no MTP)
   int32_t min_final_chunk_tokens = 128;   // YOCO: last prefill chunk holds >= min(this, prefill) tokens
   bool enable_prefix_caching = true;
+  int32_t swa_snapshot_tokens = 0;        // SWA tier grain A (SPEC §5: 128): hits only at multiples of A
+                                          //   covered by a registered snapshot; 0 = any block hit
   std::vector<int32_t> eos_token_ids;
   std::vector<int32_t> engram_vocab_map;  // token id -> compressed (Engram) id; empty = off
 

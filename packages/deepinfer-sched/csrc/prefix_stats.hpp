@@ -8,6 +8,11 @@
 //   NONE        exactly C blocks matched: the best hit the policy allows
 //   NOT_CACHED  the first block missed (nothing of the prompt is cached)
 //   PARTIAL     a later block missed (never cached, or evicted)
+// With the SWA tier on (swa_snapshot_tokens = A > 0: window KV lives in per-request rings, so a
+// hit also needs the window at its point, SPEC §5) the hit is a multiple of A: L1 = the block hit
+// rounded down to A; L1 if a snapshot covers L1 (reason as above), else L1 - A if one covers it:
+//   SWA_REPLAY       the hit is L1 - A (the last A tokens of the block hit are recomputed)
+//   NO_SWA_SNAPSHOT  blocks matched but no snapshot covers L1 or L1 - A (or L1 - A = 0): no hit
 // Preempted sequences re-admitted for recompute are admissions too.
 #pragma once
 
@@ -16,8 +21,10 @@
 
 namespace deepinfer {
 
-enum class PrefixMiss : uint8_t { NONE = 0, DISABLED = 1, YOCO_KEEP = 2, NOT_CACHED = 3, PARTIAL = 4 };
-constexpr int kNumPrefixMiss = 5;
+enum class PrefixMiss : uint8_t {
+  NONE = 0, DISABLED = 1, YOCO_KEEP = 2, NOT_CACHED = 3, PARTIAL = 4, SWA_REPLAY = 5, NO_SWA_SNAPSHOT = 6
+};
+constexpr int kNumPrefixMiss = 7;
 
 inline PrefixMiss classify_prefix_hit(bool enabled, int32_t matched_blocks, int32_t cap_blocks) {
   if (!enabled) return PrefixMiss::DISABLED;

@@ -61,6 +61,20 @@ int32_t count_accepted(const SchedulerOutput& out, int32_t i, const int32_t* ver
 
 }  // namespace
 
+// SWA tier: the latest multiple P of swa_snapshot_tokens the committed KV rows crossed in this step
+// (committed_before < P <= committed), with the chain hash of the prefix [0, P) (the key a later
+// admission looks its snapshot up by). The device took the window at P when it ran the step.
+void Scheduler::record_swa_point(SchedulerOutput& out, int32_t i, const Sequence& seq,
+                                 int32_t committed_before) const {
+  const int32_t a = config_.swa_snapshot_tokens, bs = config_.block_size;
+  if (a == 0) return;
+  const int32_t committed = std::min(seq.cache.num_committed_tokens(), seq.num_tokens_total());
+  const int32_t point = committed / a * a;
+  if (point <= committed_before || point / bs > int32_t(seq.chain_hashes.size())) return;
+  out.swa_points[i] = point;
+  out.swa_keys[i] = seq.chain_hashes[point / bs - 1];
+}
+
 std::vector<int32_t> Scheduler::process_outputs(SchedulerOutput& out, const SampledInfo& in) {
   const int32_t n = out.req_cnt();
   const bool decode = out.step_kind == StepKind::DECODE;
@@ -105,11 +119,14 @@ std::vector<int32_t> Scheduler::process_outputs(SchedulerOutput& out, const Samp
   out.stop_token_id.assign(n, -1);
   out.step_confidence.assign(size_t(n) * out.nextn, 0.0f);
   out.num_step_confidence.assign(n, 0);
+  out.swa_points.assign(n, 0);
+  out.swa_keys.assign(n, 0);
   bool any_finished = false;
   for (int32_t i = 0; i < n; ++i) {
     Sequence& seq = *out.seqs[i];
     out.output_len_before[i] = seq.output_len();
     if (seq.is_finished() || seq.epoch != out.epochs[i]) continue;  // aborted/stopped, or preempted in flight
+    const int32_t committed_before = seq.cache.num_committed_tokens();
     const int32_t rows = out.seqlens_q[i], base = out.first_token_pos[i];
     int32_t pushed = 0;
     if (decode || out.is_last_chunk[i]) {
@@ -141,7 +158,8 @@ std::vector<int32_t> Scheduler::process_outputs(SchedulerOutput& out, const Samp
       out.stop_token_id[i] = seq.stop_token_id;
       blocks_.cache_full_blocks(seq.block_table, seq.token_ids.data(),
                                 std::min(seq.cache.num_committed_tokens(), seq.num_tokens_total()),
-                                seq.num_hashed_blocks, seq.last_block_hash);
+                                seq.num_hashed_blocks, seq.last_block_hash, &seq.chain_hashes);
+      record_swa_point(out, i, seq, committed_before);
       release_resources(seq);
       live_.erase(seq.request_id);
       any_finished = true;
@@ -156,7 +174,8 @@ std::vector<int32_t> Scheduler::process_outputs(SchedulerOutput& out, const Samp
                       committed, ") != len(token_ids) - 1 (", seq.num_tokens_total() - 1, ") after step ", out.step_id);
     }
     blocks_.cache_full_blocks(seq.block_table, seq.token_ids.data(), committed, seq.num_hashed_blocks,
-                              seq.last_block_hash);
+                              seq.last_block_hash, &seq.chain_hashes);
+    record_swa_point(out, i, seq, committed_before);
   }
   if (any_finished)
     running_.erase(std::remove_if(running_.begin(), running_.end(), [](const SeqPtr& s) { return s->is_finished(); }),

@@ -120,6 +120,37 @@ void Scheduler::check_slot_invariant(const char* where) const {
 }
 
 // ---------------------------------------------------------------------------------------------
+// SWA tier hit policy (SPEC §5, prefix_stats.hpp): with rings a hit restores the window from a
+// snapshot, so it stops at a multiple of A = swa_snapshot_tokens that has one:
+//
+//   block hit |=========================|...          (blocks; YOCO-capped)
+//   L1        |====================|                  rounded down to A: snapshot at L1 -> hit L1
+//   L1 - A    |==========|                            else snapshot at L1 - A -> hit L1 - A (replay A)
+//                                                     else no hit (NO_SWA_SNAPSHOT)
+
+PrefixHit Scheduler::apply_swa_policy(const Sequence& seq, PrefixHit hit, PrefixMiss& reason,
+                                      uint64_t& key) const {
+  const int32_t a = config_.swa_snapshot_tokens, bs = config_.block_size;
+  if (a == 0 || hit.blocks.empty()) return hit;
+  const int32_t l1 = hit.num_tokens(bs) / a * a;
+  auto covered = [&](int32_t point) {
+    return point > 0 && swa_keys_.count(blocks_.block_hash(hit.blocks[point / bs - 1])) > 0;
+  };
+  int32_t point = 0;
+  if (covered(l1)) {
+    point = l1;
+  } else if (covered(l1 - a)) {
+    point = l1 - a;
+    reason = PrefixMiss::SWA_REPLAY;
+  } else {
+    reason = PrefixMiss::NO_SWA_SNAPSHOT;
+  }
+  key = point > 0 ? blocks_.block_hash(hit.blocks[point / bs - 1]) : 0;
+  if (point == hit.num_tokens(bs)) return hit;
+  return blocks_.match_prefix(seq.token_ids.data(), point / bs);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Prefill
 
 int32_t Scheduler::final_chunk_tokens(int32_t prefill_len) const {
@@ -162,6 +193,9 @@ bool Scheduler::schedule_prefill(SchedulerOutput& out) {
     PrefixHit hit = blocks_.match_prefix(seq->token_ids.data(), seq->prefill_len / bs);
     const int32_t matched_blocks = int32_t(hit.blocks.size());
     if (matched_blocks > max_hit_blocks) hit = blocks_.match_prefix(seq->token_ids.data(), max_hit_blocks);
+    PrefixMiss reason = classify_prefix_hit(blocks_.prefix_caching(), matched_blocks, max_hit_blocks);
+    uint64_t restore_key = 0;
+    hit = apply_swa_policy(*seq, std::move(hit), reason, restore_key);
     if (!blocks_.can_allocate(hit, seq->prefill_len)) break;
     int32_t hit_tokens = hit.num_tokens(bs);
     seq->cache.num_tokens = seq->cache.previous_num_tokens = hit_tokens;  // check before acting
@@ -173,8 +207,10 @@ bool Scheduler::schedule_prefill(SchedulerOutput& out) {
     blocks_.allocate(seq->block_table, hit, seq->prefill_len);
     seq->num_hashed_blocks = int32_t(hit.blocks.size());
     seq->last_block_hash = hit.last_hash;
+    seq->chain_hashes.clear();
+    for (int32_t b : hit.blocks) seq->chain_hashes.push_back(blocks_.block_hash(b));
     seq->num_cached_tokens = hit_tokens;
-    seq->prefix_miss = classify_prefix_hit(blocks_.prefix_caching(), matched_blocks, max_hit_blocks);
+    seq->prefix_miss = reason;
     prefix_stats_.record(seq->prefix_miss, seq->prefill_len, hit_tokens);
     waiting_.pop_front();
     seq->status = SequenceStatus::RUNNING;
@@ -183,6 +219,10 @@ bool Scheduler::schedule_prefill(SchedulerOutput& out) {
     DI_LEDGER_CHECK(seq->state_slot == 0, "request ", seq->request_id, ": admitted holding state slot ", seq->state_slot);
     seq->state_slot = state_slots_.take();  // running < max_num_seqs: one is free
     add_rows(out, seq, chunk, seq->cache.num_tokens + chunk == seq->prefill_len, false);
+    if (config_.swa_snapshot_tokens > 0 && hit_tokens > 0) {  // the device restores the window at the hit
+      out.restore_tokens.back() = hit_tokens;
+      out.restore_keys.back() = restore_key;
+    }
     budget -= chunk;
   }
   return !out.request_ids.empty();
@@ -251,6 +291,8 @@ void Scheduler::add_rows(SchedulerOutput& out, const SeqPtr& seq_ptr, int32_t ro
   out.is_last_chunk.push_back(is_last_chunk ? 1 : 0);
   out.mtp_slots.push_back(seq.mtp.info_slot);
   out.state_slots.push_back(seq.state_slot);
+  out.restore_tokens.push_back(0);
+  out.restore_keys.push_back(0);
   out.remap.push_back(seq.last_scheduled_step == out.step_id - 1 ? seq.last_scheduled_index : -1);
   out.num_uncommitted_rows.push_back(seq.cache.num_uncommitted_rows);
   out.seqs.push_back(seq_ptr);
@@ -298,8 +340,10 @@ void Scheduler::reserve(SchedulerOutput& out) const {
   const size_t reqs = std::min<size_t>(running_.size() + waiting_.size(), size_t(config_.max_num_seqs));
   const size_t rows = std::min<size_t>(size_t(config_.max_num_batched_tokens), reqs * size_t(config_.nextn + 1) +
                                                                                  size_t(config_.max_num_batched_tokens));
+  out.restore_keys.reserve(reqs);
   for (auto* v : {&out.seqlens_q, &out.first_token_pos, &out.num_computed_tokens, &out.context_lens, &out.prompt_lens,
-                  &out.mtp_slots, &out.state_slots, &out.remap, &out.num_uncommitted_rows, &out.epochs})
+                  &out.mtp_slots, &out.state_slots, &out.restore_tokens, &out.remap,
+                  &out.num_uncommitted_rows, &out.epochs})
     v->reserve(reqs);
   out.request_ids.reserve(reqs);
   out.is_last_chunk.reserve(reqs);

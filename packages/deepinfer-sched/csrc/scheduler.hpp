@@ -21,6 +21,7 @@
 #include <mutex>
 #include <optional>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "block_manager.hpp"
@@ -71,6 +72,11 @@ class Scheduler {
   const PrefixCacheStats& prefix_cache_stats() const { return prefix_stats_; }
   // Copy of a live (waiting or running) sequence's state, or nullptr.
   std::shared_ptr<Sequence> snapshot(int64_t request_id) const;
+  // SWA tier (swa_snapshot_tokens > 0): the snapshot keys the engine holds (its host store). A hit
+  // needs the window at its point: admission checks these (apply_swa_policy).
+  void add_swa_snapshot(uint64_t key) { swa_keys_.insert(key); }
+  bool remove_swa_snapshot(uint64_t key) { return swa_keys_.erase(key) > 0; }
+  int32_t num_swa_snapshots() const { return int32_t(swa_keys_.size()); }
   std::mutex& mutex() const { return mu_; }
 
  private:
@@ -86,6 +92,8 @@ class Scheduler {
   void release_mtp_slot(Sequence& seq);
   void check_stop(Sequence& seq, int32_t token) const;
   void check_slot_invariant(const char* where) const;
+  PrefixHit apply_swa_policy(const Sequence& seq, PrefixHit hit, PrefixMiss& reason, uint64_t& key) const;
+  void record_swa_point(SchedulerOutput& out, int32_t i, const Sequence& seq, int32_t committed_before) const;
   void reserve(SchedulerOutput& out) const;
   void finalize(SchedulerOutput& out) const;
 
@@ -99,6 +107,7 @@ class Scheduler {
   std::vector<int32_t> free_slots_;           // MTP info slots 1..max_num_seqs
   StateSlotPool state_slots_;                 // state slots 1..max_num_seqs
   PrefixCacheStats prefix_stats_;
+  std::unordered_set<uint64_t> swa_keys_;     // SWA snapshot keys held by the engine
   int64_t next_step_id_ = 0;
   int64_t next_arrival_ = 0;
   mutable std::mutex mu_;

@@ -40,6 +40,9 @@ struct SchedulerOutput {
   std::vector<int32_t> num_uncommitted_rows; // rows of earlier unprocessed steps counted in
                                              // num_computed_tokens (ZOS: upper-bound slack)
   std::vector<int32_t> block_tables;         // [req_cnt, max_blocks] row-major, -1 padded
+  std::vector<int32_t> restore_tokens;       // SWA tier: first chunk after an admission with a hit: the
+                                             //   hit length L (restore the rings' window at L), else 0
+  std::vector<uint64_t> restore_keys;        // snapshot key (prefix chain hash at L) where restore_tokens > 0
   // --- per row [total_q] ---
   std::vector<int32_t> positions;
   std::vector<int32_t> input_token_ids;      // -1 where the device fills the token
@@ -66,6 +69,9 @@ struct SchedulerOutput {
   std::vector<int32_t> stop_token_id;      // token that stopped it in this step, else -1
   std::vector<float> step_confidence;      // [req_cnt, nextn] confidences of the verified drafts
   std::vector<int32_t> num_step_confidence;// valid entries of each step_confidence row
+  std::vector<int32_t> swa_points;         // SWA tier: multiple of swa_snapshot_tokens the committed rows
+                                           //   crossed in this step (the latest), 0 = none
+  std::vector<uint64_t> swa_keys;          // prefix chain hash at swa_points[i] (the snapshot's key)
 
   int32_t req_cnt() const { return int32_t(request_ids.size()); }
   int32_t total_q() const { return int32_t(positions.size()); }

@@ -55,6 +55,7 @@ void Sequence::reset_for_recompute() {
   mtp = MtpState{};
   num_hashed_blocks = 0;
   last_block_hash = 0;
+  chain_hashes.clear();
   last_scheduled_step = -1;
   last_scheduled_index = -1;
 }

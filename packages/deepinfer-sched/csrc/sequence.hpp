@@ -93,6 +93,7 @@ class Sequence {
   PrefixMiss prefix_miss = PrefixMiss::NONE;  // why that hit fell short (prefix_stats.hpp)
   int32_t num_hashed_blocks = 0;     // leading blocks registered in the prefix cache
   uint64_t last_block_hash = 0;      // hash chain value of block num_hashed_blocks - 1
+  std::vector<uint64_t> chain_hashes;  // [num_hashed_blocks] hash chain value of each leading block
 
   int64_t last_scheduled_step = -1;  // step id / row-block index of its latest scheduling (remap)
   int32_t last_scheduled_index = -1;

@@ -37,7 +37,8 @@ def test_reasons_and_counters():
     st = s.prefix_cache_stats()
     assert st.num_admissions == 4 and st.num_prompt_tokens == 22 + 22 + 26 + 22
     assert st.num_cached_tokens == 16 + 20 + 8
-    assert st.num_by_reason == {"NONE": 1, "DISABLED": 0, "YOCO_KEEP": 1, "NOT_CACHED": 1, "PARTIAL": 1}
+    assert st.num_by_reason == {"NONE": 1, "DISABLED": 0, "YOCO_KEEP": 1, "NOT_CACHED": 1, "PARTIAL": 1,
+                                "SWA_REPLAY": 0, "NO_SWA_SNAPSHOT": 0}
 
 
 def test_disabled_cache_counts_every_admission_as_disabled():

@@ -39,6 +39,7 @@ def configs(draw):
         min_final_chunk_tokens=draw(st.integers(0, min(budget, 8))),
         enable_prefix_caching=draw(st.booleans()),
         eos_token_ids=[EOS],
+        swa_snapshot_tokens=block_size * draw(st.sampled_from([0, 1, 2, 4])),   # the SWA tier (0 = off)
     )
 
 

@@ -33,6 +33,11 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None = None  # CPU budget for the KV pool (None = 1 GiB or what fits)
     gpu_memory_utilization: float = 0.90   # fraction of GPU memory for weights + activations + KV
     enable_prefix_caching: bool = True
+    window_kv: str = "ring"                # "ring": window KV and compressor stage as per-request rings of
+                                           #   W + nextn + 1 rows (SPEC's layout); "paged": every position
+                                           #   kept in the blocks (the old layout, for A/B)
+    swa_snapshot_tokens: int = 128         # rings: the SWA tier's grain A (SPEC §5: 128-aligned snapshots)
+    swa_host_cache_bytes: int = 1 << 30    # rings: host memory for SWA snapshots (LRU; pinned on CUDA)
     num_speculative_tokens: int | None = None  # DSpark drafts per step; None = DEEPINFER_USE_NEXTN_DECODE
                                            #   (default 5), clipped to the model's nextn; 0 = off
     enable_mtp_varlen: bool | None = None  # confidence-scheduled draft lengths; None = DEEPINFER_ENABLE_MTP_VARLEN
@@ -97,6 +102,10 @@ class EngineConfig:
                              f"{self.structured_output_compile_timeout_s}")
         if self.structured_output_cache_bytes < 0 or self.structured_output_compile_threads < 1:
             raise ValueError("structured_output_cache_bytes must be >= 0 and structured_output_compile_threads >= 1")
+        if self.window_kv not in ("ring", "paged"):
+            raise ValueError(f"window_kv: must be 'ring' or 'paged', got {self.window_kv!r}")
+        if self.swa_snapshot_tokens <= 0 or self.swa_host_cache_bytes < 0:
+            raise ValueError("swa_snapshot_tokens must be > 0 and swa_host_cache_bytes >= 0")
         if not (0.0 < self.gpu_memory_utilization <= 1.0):
             raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
 
@@ -118,6 +127,9 @@ class ResolvedEngineConfig:
     kv_cache_memory_bytes: int | None      # CPU budget for the KV pool
     gpu_memory_utilization: float          # fraction of GPU memory for weights + activations + KV
     enable_prefix_caching: bool
+    window_kv: str                         # "ring" | "paged" (as EngineConfig)
+    swa_snapshot_tokens: int               # SWA tier grain (rounded up to the block size and ratios)
+    swa_host_cache_bytes: int              # host memory for SWA snapshots
     num_speculative_tokens: int            # drafts per step asked for (the engine clips to the model's nextn)
     enable_mtp_varlen: bool                # confidence-scheduled draft lengths (False under batch invariance)
     zero_overhead_scheduling: bool         # CPU one step ahead of the device

@@ -144,6 +144,7 @@ class DecodeGraphRunner:
             input_ids=self.input_ids[:g], positions=self.positions[:g], seqlens_q=self.seqlens[:s],
             first_token_pos=self.ftp[:s], context_lens=self.context_lens[:s],
             block_tables=self.block_tables[:s], slot_mapping=self.slot_mapping[:g], block_size=self.block_size,
+            state_slots=self.inputs.state_slots[:s],
             is_prefill=False, is_last_chunk=self.is_last_chunk[:s], logit_rows=self.logit_rows[:g],
             return_dspark_features=self.write_main_keys, max_context_len=self.max_blocks * self.block_size,
             row_req=self.inputs.row_req[:g],   # staged by the host (no repeat_interleave in the step)
@@ -168,8 +169,9 @@ class DecodeGraphRunner:
         if self.compile:   # one dynamic-shape compile for every bucket: rows and requests vary
             m, b = inputs.meta, inputs.batch
             for t in (m.input_ids, m.positions, m.slot_mapping, m.logit_rows, m.seqlens_q, m.first_token_pos,
-                      m.context_lens, m.block_tables, m.is_last_chunk, m.row_req, b.temperature, b.top_k, b.top_p, b.seeds,
-                      inputs.mtp_slots):
+                      m.context_lens, m.block_tables, m.is_last_chunk, m.row_req, m.state_slots,
+                      b.temperature,
+                      b.top_k, b.top_p, b.seeds, inputs.mtp_slots):
                 torch._dynamo.maybe_mark_dynamic(t, 0)
             if inputs.carry is not None:   # the ZOS carry's per-row / per-request views vary with them
                 c = inputs.carry
@@ -207,6 +209,8 @@ class DecodeGraphRunner:
             self.seqlens[:r].copy_(meta.seqlens_q)
             self.ftp[:r].copy_(meta.first_token_pos)
             self.context_lens[:r].copy_(meta.context_lens)
+            if meta.state_slots is not None:
+                self.inputs.state_slots[:r].copy_(meta.state_slots)
             w = meta.block_tables.shape[1]
             self.block_tables[:r, :w].copy_(meta.block_tables)
             self.block_tables[:r, w:].fill_(-1)

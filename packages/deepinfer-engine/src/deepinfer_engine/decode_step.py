@@ -148,7 +148,8 @@ def decode_tail(cache, spec, sampler: Sampler, inputs: DecodeStepInputs, logits:
                          masks=inputs.masks, checked=False)
     final_row = res.final_row.long()
     proposal = spec.propose(cache, meta.positions[final_row], res.token_ids, meta.block_tables,
-                            meta.block_size, batch.seeds, batch.is_greedy, batch.all_greedy, inputs.mtp_slots)
+                            meta.block_size, batch.seeds, batch.is_greedy, batch.all_greedy, inputs.mtp_slots,
+                            meta.state_slots)
     rejected = meta.seqlens_q.long() - 1 - res.num_accepted.long()
     return DecodeStepOutputs(res.token_ids, res.token_logprobs, res.verified_token_ids,
                              res.verified_logprobs, res.num_accepted, proposal.confidence, rejected)

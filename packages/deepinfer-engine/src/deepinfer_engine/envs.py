@@ -41,6 +41,8 @@ class Envs:
     enable_mtp_varlen: bool                # DEEPINFER_ENABLE_MTP_VARLEN: confidence-scheduled draft lengths (default
                                            #   off: never faster than fixed on the H200, docs/benchmarks.md)
     max_backtracking_tokens: int           # DEEPINFER_MAX_BACKTRACKING_TOKENS (>= nextn + 1)
+    yoco_prefill_keep_tokens: int          # DEEPINFER_YOCO_PREFILL_KEEP_TOKENS: tail tokens a prefix hit
+                                           #   leaves to recompute (the engine keeps >= W + backtracking)
     zero_overhead_scheduling: bool         # DEEPINFER_ZERO_OVERHEAD_SCHEDULING
     cudagraph_batch_size_interval: int     # DEEPINFER_CUDAGRAPH_BATCH_SIZE_INTERVAL
     compile_decode: bool                   # DEEPINFER_COMPILE_DECODE: inductor-compile the graphed decode step
@@ -61,6 +63,7 @@ class Envs:
             use_nextn_decode=nextn,
             enable_mtp_varlen=env_flag("DEEPINFER_ENABLE_MTP_VARLEN", False),
             max_backtracking_tokens=max(_int("DEEPINFER_MAX_BACKTRACKING_TOKENS", nextn + 1, 0), nextn + 1),
+            yoco_prefill_keep_tokens=_int("DEEPINFER_YOCO_PREFILL_KEEP_TOKENS", 0, minimum=0),
             zero_overhead_scheduling=env_flag("DEEPINFER_ZERO_OVERHEAD_SCHEDULING", True),
             cudagraph_batch_size_interval=_int("DEEPINFER_CUDAGRAPH_BATCH_SIZE_INTERVAL", 8, minimum=1),
             compile_decode=env_flag("DEEPINFER_COMPILE_DECODE", False),

@@ -48,6 +48,7 @@ class StagedStep:
     temperature: np.ndarray    # [req_cnt] float32
     seeds: np.ndarray          # [req_cnt] int64
     mtp_slots: np.ndarray | None  # [req_cnt] int32 (None without speculation)
+    state_slots: np.ndarray | None = None  # [req_cnt] int32 ring state slots (0 = padding ring; None: none)
 
 
 _NP = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.float32}
@@ -65,6 +66,7 @@ class GraphInputBuffers:
             _Field("row_remap", torch.int64, (g,)), _Field("row_req", torch.int64, (g,)),
             _Field("seqlens", torch.int32, (s,)), _Field("ftp", torch.int32, (s,)),
             _Field("context_lens", torch.int32, (s,)), _Field("mtp_slots", torch.int32, (s,)),
+            _Field("state_slots", torch.int32, (s,)),
             _Field("temperature", torch.float32, (s,)),
         ]
         self.device = device
@@ -90,6 +92,7 @@ class GraphInputBuffers:
         self.prev_row, self.row_remap, self.row_req = views["prev_row"], views["row_remap"], views["row_req"]
         self.seqlens, self.ftp, self.context_lens = views["seqlens"], views["ftp"], views["context_lens"]
         self.mtp_slots, self.temperature = views["mtp_slots"], views["temperature"]
+        self.state_slots = views["state_slots"]   # ring state slots (padding and empty requests: 0)
         # block tables: their own buffer, uploaded [slots, table high-water width] (the rest stays -1)
         self.block_tables = torch.full((s, max_blocks), -1, dtype=torch.int32, device=device)
         self.host["block_tables"] = np.full((s, max_blocks), -1, dtype=np.int32)
@@ -142,6 +145,7 @@ class GraphInputBuffers:
             h["temperature"][:r] = step.temperature
             h["seeds"][:r] = step.seeds
             h["mtp_slots"][:r] = 0 if step.mtp_slots is None else step.mtp_slots
+            h["state_slots"][:r] = 0 if step.state_slots is None else step.state_slots
             h["row_req"][:t], h["row_remap"][:t], h["prev_row"][:t] = carry_row_maps(
                 step.input_ids, step.seqlens_q, step.first_token_pos, step.remap)
 
@@ -171,6 +175,7 @@ class GraphInputBuffers:
         h["temperature"][r:last + 1] = 0
         h["seeds"][r:last + 1] = 0
         h["mtp_slots"][r:last + 1] = 0
+        h["state_slots"][r:last + 1] = 0
         return width
 
     def upload(self) -> None:

@@ -4,7 +4,10 @@ CPU: enough blocks for `max_num_seqs` full-length sequences, capped by `kv_cache
 (default 1 GiB). CUDA: what `gpu_memory_utilization` leaves after the weights and a profiling
 forward's activation peak (`profile_activation_bytes`: the largest prefill step the scheduler can
 emit, `max_num_batched_tokens` rows of whole `max_model_len` prompts, run once over a throwaway
-pool before the real one is allocated), capped the same way by need.
+pool before the real one is allocated), capped the same way by need. With window rings
+(`window_kv="ring"`) the budget first pays the rings' fixed bytes (`max_num_seqs` state slots of
+W + nextn + 1 window rows per layer, the stage rings, a step's scratch rows); the blocks then hold
+only what grows with the tokens (compressed entries, index keys, Engram ids: SPEC's ~894 B/token).
 """
 
 from __future__ import annotations
@@ -75,22 +78,28 @@ def profile_activation_bytes(model, block_size: int, tokens: int, max_len: int) 
 
 
 def num_kv_blocks(model, config: EngineConfig | ResolvedEngineConfig, max_model_len: int,
-                  activation_peak_bytes: int = 0) -> int:
+                  activation_peak_bytes: int = 0, ring=None) -> int:
+    """`ring` (a WindowRing): the rings' fixed bytes come off the budget, blocks are ring-layout blocks."""
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
-    bytes_per_block = model.kv_cache_bytes_per_block(config.block_size)
+    if ring is None:
+        bytes_per_block, fixed = model.kv_cache_bytes_per_block(config.block_size), 0
+    else:
+        bytes_per_block = model.kv_cache_bytes_per_block(config.block_size, ring)
+        fixed = model.kv_cache_fixed_bytes(ring)
     if model.device.type == "cuda":
         free, total = torch.cuda.mem_get_info(model.device)
         used_by_others = total - free
-        budget = int(total * config.gpu_memory_utilization) - used_by_others - activation_peak_bytes
+        budget = int(total * config.gpu_memory_utilization) - used_by_others - activation_peak_bytes - fixed
     else:
-        budget = config.kv_cache_memory_bytes or DEFAULT_CPU_KV_BYTES
+        budget = (config.kv_cache_memory_bytes or DEFAULT_CPU_KV_BYTES) - fixed
     blocks = min(blocks_needed(config, max_model_len), budget // max(1, bytes_per_block))
     one_sequence = math.ceil(max_model_len / config.block_size) + 1
     if blocks < one_sequence:
         raise ModelDoesNotFitError(
             f"KV cache: {max(budget, 0) / 2**20:.0f} MiB left for KV blocks of {bytes_per_block} B; one sequence of "
             f"max_model_len={max_model_len} needs {one_sequence} blocks ({one_sequence * bytes_per_block / 2**20:.0f} "
-            f"MiB) after {activation_peak_bytes / 2**20:.0f} MiB reserved for a prefill step's activations. Lower "
+            f"MiB) after {activation_peak_bytes / 2**20:.0f} MiB reserved for a prefill step's activations "
+            f"(and {fixed / 2**20:.0f} MiB of window rings). Lower "
             "max_model_len or max_num_batched_tokens, or raise gpu_memory_utilization / kv_cache_memory_bytes.")
     return blocks

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,7 +44,9 @@ from deepinfer_engine.sampler import SamplingBatch, SamplingHost
 from deepinfer_engine.sampling_params import UINT64_MAX, SamplingParams
 from deepinfer_engine.stats import EngineGauges, EngineStats
 from deepinfer_engine.stop_strings import make_stop_matcher
+from deepinfer_engine.swa_tier import RingSnapshots, SwaHostStore
 from deepinfer_engine.verify_budget import VerifyBudgetPolicy
+from deepinfer_model.paged_cache import WindowRing
 from deepinfer_sched import (
     RequestOutputPool,
     Scheduler,
@@ -96,9 +99,16 @@ class LLMEngine:
         mcfg = self.model.config
         self.vocab_size = mcfg.vocab_size
         self.max_model_len = min(cfg.max_model_len or mcfg.max_position_embeddings, mcfg.max_position_embeddings)
-        # YOCO: the last prefill chunk must hold the decoder bounded-replay tokens (docs/model.md).
-        min_final_chunk = mcfg.sliding_window if mcfg.topology.yoco_enabled else 1
+        # YOCO: the last prefill chunk holds the decoder bounded-replay tokens (W, docs/model.md) and,
+        # where the step budget allows, the speculative backtracking too (SPEC §5: a hit stops >= W +
+        # backtracking tokens short of the prompt, 134 for flash; DEEPINFER_YOCO_PREFILL_KEEP_TOKENS may
+        # keep more, 140 recommended)
         self.max_num_batched_tokens = cfg.max_num_batched_tokens
+        min_final_chunk = 1
+        if mcfg.topology.yoco_enabled:
+            keep = max(mcfg.sliding_window + self.envs.max_backtracking_tokens,
+                       self.envs.yoco_prefill_keep_tokens)
+            min_final_chunk = max(mcfg.sliding_window, min(keep, self.max_num_batched_tokens))
         if self.max_num_batched_tokens < min_final_chunk:
             raise ValueError(f"max_num_batched_tokens: must be >= {min_final_chunk} (the model's decoder "
                              f"bounded-replay length), got {self.max_num_batched_tokens}")
@@ -108,14 +118,23 @@ class LLMEngine:
         if self.device.type == "cuda" and cfg.num_kv_blocks is None:   # before the pool takes the memory
             activations = profile_activation_bytes(self.model, cfg.block_size, self.max_num_batched_tokens,
                                                    self.max_model_len)
-        blocks = num_kv_blocks(self.model, cfg, self.max_model_len, activations)
+        ring = None   # window KV as per-request rings (SPEC's layout) unless window_kv="paged"
+        if cfg.window_kv == "ring":
+            ring = WindowRing.for_config(mcfg, cfg.max_num_seqs, self.max_num_batched_tokens)
+        blocks = num_kv_blocks(self.model, cfg, self.max_model_len, activations, ring)
+        swa_grain = swa_snapshot_grain(cfg, mcfg) if ring is not None and cfg.enable_prefix_caching else 0
         self.scheduler = Scheduler(SchedulerConfig(
             block_size=cfg.block_size, num_blocks=blocks, max_num_seqs=cfg.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens, max_model_len=self.max_model_len,
             nextn=self.nextn, min_final_chunk_tokens=min_final_chunk,
-            enable_prefix_caching=cfg.enable_prefix_caching, eos_token_ids=loaded.eos_token_ids))
+            enable_prefix_caching=cfg.enable_prefix_caching, eos_token_ids=loaded.eos_token_ids,
+            swa_snapshot_tokens=swa_grain))
         self.model.decode_streams = cfg.decode_streams
-        self.runner = ModelRunner(self.model, blocks, cfg.block_size, cfg.max_num_seqs, self.nextn)
+        self.runner = ModelRunner(self.model, blocks, cfg.block_size, cfg.max_num_seqs, self.nextn, ring=ring)
+        if swa_grain:   # the SWA tier: host snapshots of the rings, the scheduler hits on their keys
+            store = SwaHostStore(cfg.swa_host_cache_bytes, self.scheduler.add_swa_snapshot,
+                                 self.scheduler.remove_swa_snapshot)
+            self.runner.snapshots = RingSnapshots(self.runner.kv_cache, mcfg, swa_grain, self.nextn, store)
         if cfg.cuda_graphs and self.device.type == "cuda":
             max_rows = min(self.max_num_batched_tokens, cfg.max_num_seqs * (self.nextn + 1))
             if cfg.compile_speculation and self.runner.spec is not None and not cfg.compile_decode:
@@ -305,6 +324,9 @@ class LLMEngine:
     def _schedule(self) -> SchedulerOutput:
         out = self.scheduler.schedule()
         self._record_schedule(out)
+        if self.runner.snapshots is not None:   # the step's restores: not evicted before its launch
+            restores = np.asarray(out.restore_keys)[out.restore_tokens > 0]
+            self.runner.snapshots.store.pinned.update(restores.tolist())
         return out
 
     def _step_sampling_batch(self, out: SchedulerOutput) -> SamplingBatch:
@@ -344,6 +366,8 @@ class LLMEngine:
                 self.stats.record_speculation(res.num_accepted, out.seqlens_q - 1, self.nextn)
         pushed = self.scheduler.process_outputs(out, res.token_ids, res.verified_token_ids, None,
                                                 out.first_token_pos)
+        if self.runner.snapshots is not None:   # the SWA snapshots of the points this step committed past
+            self.runner.snapshots.confirm(out)
         handles = self.scheduler.build_request_outputs(out, pushed, self.pool, res.token_logprobs,
                                                        res.verified_logprobs, out.first_token_pos)
         if res.confidence is not None:  # how many drafts each request verifies next
@@ -376,3 +400,14 @@ def _starts_prefill(state: RequestState | None) -> bool:
         return True
     first, state.prefill_started = not state.prefill_started, True
     return first
+
+
+def swa_snapshot_grain(cfg, model_config) -> int:
+    """The SWA tier's grain: `swa_snapshot_tokens` (SPEC: 128) rounded up to a multiple of the block
+    size and of every compress ratio (no compressed entry is open at a snapshot point); >= W."""
+    ratios = [model_config.compress_ratios[s] for s in model_config.topology.compressed_sources]
+    grain = math.lcm(cfg.swa_snapshot_tokens, cfg.block_size, *[r for r in ratios if r > 0])
+    if grain < model_config.sliding_window:
+        raise ValueError(f"swa_snapshot_tokens: the grain {grain} must be >= the sliding window "
+                         f"({model_config.sliding_window})")
+    return grain

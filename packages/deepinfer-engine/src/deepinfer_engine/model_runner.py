@@ -36,19 +36,25 @@ from deepinfer_engine.runner_step import (
 from deepinfer_engine.sampler import Sampler, SamplingBatch, SamplingHost, top_logprobs_per_request
 from deepinfer_engine.speculation import SpeculativeDecoder
 from deepinfer_engine.structured_output.mask_provider import MaskProvider, VocabMasks
-from deepinfer_model.paged.prefill_plan import plan_prefill_rows
+from deepinfer_engine.swa_tier import RingSnapshots
 from deepinfer_model.metadata import ForwardMetadata
+from deepinfer_model.paged.prefill_plan import plan_prefill_rows
+from deepinfer_model.paged_cache import WindowRing
 from deepinfer_sched import SchedulerOutput, StepKind
 
 
 class ModelRunner:
     def __init__(self, model, num_blocks: int, block_size: int, max_num_seqs: int, nextn: int = 0,
-                 mask_provider: MaskProvider | None = None):
+                 mask_provider: MaskProvider | None = None, ring: WindowRing | None = None):
+        """`ring`: window planes and compressor stages as per-request rings (each request's state slot
+        from the SchedulerOutput indexes them); None: the paged layout (every position in the blocks)."""
         self.model = model
         self.device = model.device
         self.block_size = block_size
         self.num_blocks = num_blocks
-        self.kv_cache = model.allocate_kv_cache(num_blocks, block_size, self.device)
+        self.kv_cache = model.allocate_kv_cache(num_blocks, block_size, self.device, ring=ring)
+        # the SWA tier over the rings (swa_tier.py), set by the engine with prefix caching on
+        self.snapshots: RingSnapshots | None = None
         self.sampler = Sampler()
         self.nextn = nextn
         self.max_num_seqs = max_num_seqs
@@ -85,13 +91,15 @@ class ModelRunner:
         i64, i32 = torch.int64, torch.int32
         plan_arrays = [(a, i64) for a in plan.arrays()] if plan is not None else []
         (input_ids, positions, slot_mapping, logit_rows_t, seqlens_q, first_token_pos, context_lens, block_tables,
-         is_last_chunk, *plan_tensors) = arrays_to_device(
+         state_slots, is_last_chunk, *plan_tensors) = arrays_to_device(
             [(out.input_token_ids, i64), (out.positions, i64), (out.slot_mapping, i64), (logit_rows, i64),
              (seqlens, i32), (ftp, i32), (out.context_lens, i32), (out.block_tables, i32),
+             (out.state_slots, i32),
              (np.asarray(out.is_last_chunk, dtype=bool), torch.bool)] + plan_arrays, self.device)
         return ForwardMetadata(
             input_ids=input_ids, positions=positions, seqlens_q=seqlens_q, first_token_pos=first_token_pos,
             context_lens=context_lens, block_tables=block_tables, slot_mapping=slot_mapping,
+            state_slots=state_slots,
             block_size=self.block_size, is_prefill=is_prefill, is_last_chunk=is_last_chunk, logit_rows=logit_rows_t,
             return_dspark_features=self.spec is not None,
             # prefill: the exact bound, known here, sizes the far-entry candidates without a device read
@@ -139,6 +147,8 @@ class ModelRunner:
         (DeferredStep: `complete` it once the matchers are advanced); `defers_masks` says beforehand."""
         cpu_start = time.perf_counter()
         started = torch.cuda.Event(enable_timing=True) if self.device.type == "cuda" else None
+        if self.snapshots is not None:   # restore this step's hits into the rings, plan its SWA snapshots
+            self.snapshots.before_forward(out)
         graphed = self.runs_graphed(out, batch)
         if graphed and not batch.needs_masks:
             # the common decode step: host arrays straight into the graph's buffers, fix-up in the graph
@@ -220,8 +230,10 @@ class ModelRunner:
             final_row = ftp.long() + res.num_accepted.long()
             tables = meta.block_tables if idx is None else meta.block_tables[idx]
             slots = self._tensor(out.mtp_slots[sampled], torch.int32)
+            states = meta.state_slots if idx is None else meta.state_slots[idx]
             proposal = self.spec.propose(self.kv_cache, positions[final_row], res.token_ids, tables,
-                                         self.block_size, sub.seeds, sub.is_greedy, sub.all_greedy, slots)
+                                         self.block_size, sub.seeds, sub.is_greedy, sub.all_greedy, slots,
+                                         states)
             confidence = torch.zeros(req_cnt, self.nextn, dtype=torch.float32, device=dev)
             confidence[idx if idx is not None else self._tensor(sampled, torch.int64)] = proposal.confidence
             results.confidence = confidence
@@ -286,7 +298,8 @@ class ModelRunner:
             input_ids=out.input_token_ids, positions=out.positions, slot_mapping=out.slot_mapping,
             seqlens_q=out.seqlens_q, first_token_pos=out.first_token_pos, context_lens=out.context_lens,
             block_tables=np.asarray(out.block_tables), remap=remap, temperature=host.temperature,
-            seeds=host.seeds, mtp_slots=out.mtp_slots if self.spec is not None else None)
+            seeds=host.seeds, mtp_slots=out.mtp_slots if self.spec is not None else None,
+            state_slots=out.state_slots)
         carry = None if prev is None or prev.in_carry else (prev.token_ids, prev.rejected_rows)
         res = self.graphs.run_step(step, batch.all_greedy, carry, started)
         return self._graphed_result(out, LaunchPath.WHOLE_STEP, res, True, started, cpu_start)
@@ -303,6 +316,8 @@ class ModelRunner:
     def _finish_launch(self, out: SchedulerOutput, path: LaunchPath, results: StepTensors, started,
                        cpu_start: float, top_counts: list[int], state: DeviceStepState) -> LaunchedStep:
         done = None
+        if self.snapshots is not None:   # the forward is done: the step's SWA snapshots to the host
+            self.snapshots.after_forward(out.step_id)
         if self.device.type == "cuda":  # start the copies now; collect() waits for them
             results = results.to_host()
             done = torch.cuda.Event(enable_timing=True)

@@ -88,17 +88,18 @@ class SpeculativeDecoder:
     # ------------------------------------------------------------------ after sampling
     def propose(self, cache, final_positions: torch.Tensor, main_tokens: torch.Tensor, block_tables: torch.Tensor,
                 block_size: int, seeds: torch.Tensor, is_greedy: torch.Tensor, all_greedy: bool,
-                write_slots: torch.Tensor) -> DraftProposal:
+                write_slots: torch.Tensor, state_slots: torch.Tensor | None = None) -> DraftProposal:
         """Run the draft head after the final rows and store its nextn drafts at each request's slot.
 
         final_positions [n] position p of each final row; main_tokens [n] token at p + 1; seeds [n]
-        int64; is_greedy [n]; write_slots [n] int32 (0 = do not store). Greedy requests take the
+        int64; is_greedy [n]; write_slots [n] int32 (0 = do not store); state_slots [n] int32 ring state
+        slots (caches with rings: the DFlash main keys live there). Greedy requests take the
         draft head's argmax; sampled requests draw draft j from q_j with the DRAFT stream at the
         position of the token it proposes (p + 2 + j), so drafts are batch-invariant too.
         """
         n = final_positions.shape[0]
         meta = DraftMetadata(positions=final_positions.long(), main_token_ids=main_tokens.long(),
-                             block_tables=block_tables, block_size=block_size)
+                             block_tables=block_tables, block_size=block_size, state_slots=state_slots)
         uniforms = None
         if n and not all_greedy:
             j = torch.arange(self.model.config.nextn, device=final_positions.device)

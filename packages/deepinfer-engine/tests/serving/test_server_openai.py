@@ -133,11 +133,13 @@ def test_user_text_never_becomes_a_control_token(server, client):
 
 
 def test_cached_prompt_tokens_are_reported(client):
-    # long enough that a full block precedes the last chunk (which holds the 32-token decoder replay)
-    prompt = "class Queue:\n    def __init__(self):\n        self.items = []\n\n    def put(self, item):\n" * 4
+    # long enough that a 128-token SWA grain (window rings: hits at snapshot points, SPEC §5) precedes
+    # the last chunk (which holds the decoder replay + backtracking)
+    prompt = ("class Queue:\n    def __init__(self):\n        self.items = []\n\n"
+              "    def put(self, item):\n") * 12
     client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
     r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
-    assert r.usage.prompt_tokens_details.cached_tokens >= 16     # at least one full block of 16 tokens
+    assert r.usage.prompt_tokens_details.cached_tokens >= 128    # at least one SWA grain
     assert r.usage.prompt_tokens_details.cached_tokens < r.usage.prompt_tokens
 
 

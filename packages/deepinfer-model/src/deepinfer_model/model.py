@@ -149,18 +149,28 @@ class V41ForCausalLM(nn.Module):
         self.engram_vocab_map = m
 
     # ------------------------------------------------------------------ caches
-    def cache_layout(self) -> CacheLayout:
-        return CacheLayout.from_config(self.config)
+    def cache_layout(self, ring: WindowRing | None = None) -> CacheLayout:
+        return CacheLayout.from_config(self.config, ring)
 
-    def kv_cache_bytes_per_block(self, block_size: int) -> int:
-        """Bytes one block of `block_size` tokens takes over all paged caches (pool sizing)."""
-        return self.cache_layout().bytes_per_block(block_size, self.dtype)
+    @property
+    def stage_dtype(self) -> torch.dtype:
+        """dtype of the compressor stage planes (float32 models keep float32, others their dtype)."""
+        return torch.float32 if self.dtype == torch.float32 else self.dtype
+
+    def kv_cache_bytes_per_block(self, block_size: int, ring: WindowRing | None = None) -> int:
+        """Bytes one block of `block_size` tokens takes over all paged caches (pool sizing); with
+        `ring` the window planes and stages are per-sequence rings (`kv_cache_fixed_bytes`)."""
+        return self.cache_layout(ring).bytes_per_block(block_size, self.stage_dtype)
+
+    def kv_cache_fixed_bytes(self, ring: WindowRing | None) -> int:
+        """Bytes of the caches independent of the block count: the rings and their scratch."""
+        return self.cache_layout(ring).fixed_bytes(self.stage_dtype)
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int, device: torch.device | str | None = None,
                           ring: WindowRing | None = None) -> PagedKVCache:
         """`ring`: window planes and compressor stages as per-request rings (paged/ring.py)."""
         return allocate_kv_cache(self.config, num_blocks, block_size, device or self.device,
-                                 stage_dtype=torch.float32 if self.dtype == torch.float32 else self.dtype, ring=ring)
+                                 stage_dtype=self.stage_dtype, ring=ring)
 
     # ------------------------------------------------------------------ forward paths
     @torch.no_grad()

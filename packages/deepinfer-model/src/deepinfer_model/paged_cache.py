@@ -16,8 +16,9 @@ positions `j*r .. j*r+r-1`) lives in the block of its tokens, at the plane slot
 consecutive records of each ratio-r plane, so the compressed planes and the index keys take 1/r of
 the tokens, and prefix-shared blocks are never written by another sequence (`block_size % r == 0`).
 Flat row of plane p's slot s: `plane_base[p] + s` (`kv_flat`, what the attention kernel indexes).
-The window planes keep every position and the stage is a full-size float plane: known waste until
-per-request rings replace them (capacity.py: `paged_kv_footprint` vs `spec_kv_footprint`).
+Without a `WindowRing` the window planes keep every position and the stage is a full-size float
+plane (capacity.py: `paged_kv_footprint` vs `spec_kv_footprint`); the engine allocates rings by
+default (window_kv="ring") and keeps this layout selectable for A/B.
 Every write of a step happens before any read of the same layer; rejected draft rows are
 overwritten by the next step (optimistic KV writes; all writes are idempotent per slot).
 """

@@ -18,6 +18,8 @@ class SchedulerConfig:
     nextn: int = 0  # draft rows per decode step, upper bound (0 = no speculation)
     min_final_chunk_tokens: int = 128  # YOCO: last prefill chunk holds >= min(this, prefill) tokens
     enable_prefix_caching: bool = True
+    swa_snapshot_tokens: int = 0  # SWA tier grain A (SPEC §5: 128): with window rings a hit needs a
+    #   snapshot of the window at its point, registered by add_swa_snapshot; 0 = any block hit
     eos_token_ids: Sequence[int] = (2,)
     engram_vocab_map: Sequence[int] | None = None  # token id -> compressed (Engram) id
 
@@ -31,6 +33,7 @@ class SchedulerConfig:
         c.nextn = self.nextn
         c.min_final_chunk_tokens = self.min_final_chunk_tokens
         c.enable_prefix_caching = self.enable_prefix_caching
+        c.swa_snapshot_tokens = self.swa_snapshot_tokens
         c.eos_token_ids = [int(t) for t in self.eos_token_ids]
         c.engram_vocab_map = [] if self.engram_vocab_map is None else [int(t) for t in self.engram_vocab_map]
         c.validate()

@@ -134,6 +134,18 @@ class Scheduler:
         `PrefixMiss` reason (a copy)."""
         return self._core.prefix_cache_stats()
 
+    def add_swa_snapshot(self, key: int) -> None:
+        """The engine holds the SWA snapshot keyed `key` (a prefix chain hash from
+        `SchedulerOutput.swa_keys`): admissions may hit at its point (swa_snapshot_tokens > 0)."""
+        self._core.add_swa_snapshot(key)
+
+    def remove_swa_snapshot(self, key: int) -> bool:
+        """The engine dropped that snapshot (evicted); False if it was not registered."""
+        return self._core.remove_swa_snapshot(key)
+
+    def num_swa_snapshots(self) -> int:
+        return self._core.num_swa_snapshots()
+
     def num_used_state_slots(self) -> int:
         """State slots held (one per running sequence: its window rings and compressor stage)."""
         return self._core.num_used_state_slots()

@@ -142,6 +142,7 @@ class LedgerHarness:
         zos: bool = False,
         pool: RequestOutputPool | None = None,
         deep_checks: bool = True,
+        swa_capacity: int = 4,
     ) -> None:
         self.sched = sched
         self.device = device
@@ -156,6 +157,8 @@ class LedgerHarness:
         self.stale: set[int] = set()  # requests preempted while the in-flight step ran
         self.aborted: set[int] = set()
         self.num_steps = 0
+        self.swa_keys: list[int] = []   # SWA snapshot keys registered with the scheduler (oldest first)
+        self.swa_capacity = swa_capacity
 
     # -- requests ----------------------------------------------------------------------------
     def add(self, rid: int, prompt: list[int], params: RequestParams) -> None:
@@ -219,7 +222,26 @@ class LedgerHarness:
         assert len(held) == len(set(held)) == s.num_running(), "a state slot held twice, or by a waiting sequence"
         for rid in out.request_ids:
             assert not self.finished(int(rid)), f"request {rid} scheduled after its final output"
+        a = s.config.swa_snapshot_tokens
+        for i in np.flatnonzero(out.restore_tokens > 0):   # SWA tier: hits only at registered snapshot points
+            restore = out.restore_tokens[i]
+            assert a > 0 and restore % a == 0 and restore == out.num_computed_tokens[i]
+            assert int(out.restore_keys[i]) in self.swa_keys, "a hit on a snapshot the engine does not hold"
         return out
+
+    def _store_swa_snapshots(self, out: SchedulerOutput) -> None:
+        """The engine side of the SWA tier: keep every reported crossing in a bounded FIFO store."""
+        a = self.sched.config.swa_snapshot_tokens
+        for p, key in zip(out.swa_points.tolist(), out.swa_keys.tolist()):
+            if p == 0:
+                continue
+            assert a > 0 and p % a == 0
+            if key not in self.swa_keys:
+                self.swa_keys.append(key)
+                self.sched.add_swa_snapshot(key)
+            if len(self.swa_keys) > self.swa_capacity:
+                assert self.sched.remove_swa_snapshot(self.swa_keys.pop(0))
+        assert self.sched.num_swa_snapshots() == len(self.swa_keys)
 
     def _expected_push(self, rid: int, tokens: list[int]) -> tuple[int, bool]:
         rec = self.requests[rid]
@@ -241,6 +263,7 @@ class LedgerHarness:
             k = int(sm.num_accepted[i])
             assert np.all(seg[:k] >= 0) and np.all(seg[k:] == VERIFIED_END)
         pushed = s.process_outputs(out, sm.token_ids, sm.verified_token_ids, sm.confidence)
+        self._store_swa_snapshots(out)
         decode = out.step_kind == StepKind.DECODE
         expected_tokens: dict[int, list[int]] = {}
         finishing: set[int] = set()

@@ -16,7 +16,7 @@ the ring. The ring length: a window row reads `W - 1` earlier positions; a decod
 most `nextn + 1` rows, rejected ones included, which overwrite ring rows of positions at least
 `L` earlier: `L = W + nextn + 1` keeps every position a later step reads (the stage: the last
 incomplete entry's `r - 1` positions, `L = max_ratio + nextn`).
-Prefix-cache hits need the window restored (SPEC §5's SWA tier); without it a hit cannot use rings.
+Prefix-cache hits need the window restored: the engine's SWA tier (deepinfer_engine/swa_tier.py, SPEC §5).
 """
 
 from __future__ import annotations
