@@ -46,6 +46,16 @@ def test_graphs_and_zos_on_gpu_match_cpu_reference(cpu_tokens, nextn, compile_de
     assert gpu == cpu_tokens
 
 
+@pytest.mark.parametrize("nextn", [0, 5])
+def test_window_rings_on_gpu_match_cpu_reference(cpu_tokens, nextn):
+    """The ring layout (the CPU default; opt-in on CUDA, window_kv="ring", until this passes there)
+    with graphs and ZOS."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    gpu = _run("cuda", "float32", model="preset:tiny", cuda_graphs=True, zero_overhead_scheduling=True,
+               num_speculative_tokens=nextn, window_kv="ring")
+    assert gpu == cpu_tokens
+
+
 def test_narrow_block_table_uploads_match_cpu_reference(cpu_tokens, monkeypatch):
     """The whole step's block tables uploaded as wide as the widest table so far (what pools over
     graph_inputs.FULL_ROWS_MAX_BYTES get: a staged copy into a strided view), speculation on."""

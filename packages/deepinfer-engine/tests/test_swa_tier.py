@@ -78,3 +78,15 @@ def test_ring_layout_gives_the_paged_tokens(nextn):
                                                             use_tqdm=False)]
         assert (llm.engine.runner.kv_cache.layout.ring is not None) == (layout == "ring")
     assert outs["ring"] == outs["paged"]
+
+
+@pytest.mark.gpu
+def test_warm_equals_cold_on_cuda(monkeypatch):
+    """The rings and the SWA tier on CUDA (graphs, ZOS, pinned host snapshots): a hit at L1 restores
+    the ring and gives the cold tokens."""
+    monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
+    want = _gen(_llm(device="cuda", window_kv="ring", enable_prefix_caching=False), Y)[0]
+    llm = _llm(device="cuda", window_kv="ring")
+    assert _gen(llm, X)[1] == 0
+    assert _gen(llm, Y) == (want, 96)
+    assert llm.engine.runner.snapshots.num_restored == 1

@@ -17,6 +17,10 @@ from deepinfer_engine.envs import Envs
 # more rows); 16K takes most of the gain while a prefill step still stalls decode for ~85 ms only.
 DEFAULT_BATCHED_TOKENS_CUDA = 16384
 DEFAULT_BATCHED_TOKENS_CPU = 2048
+# The window KV layout per device when EngineConfig.window_kv is None: the rings are tested bit for
+# bit against the paged layout on the CPU; CUDA keeps the paged layout until the GPU suite
+# (test_gpu_engine.py, test_swa_tier.py on CUDA) has run the rings.
+WINDOW_KV_DEFAULT = {"cpu": "ring", "cuda": "paged"}
 
 
 @dataclass
@@ -33,9 +37,11 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None = None  # CPU budget for the KV pool (None = 1 GiB or what fits)
     gpu_memory_utilization: float = 0.90   # fraction of GPU memory for weights + activations + KV
     enable_prefix_caching: bool = True
-    window_kv: str = "ring"                # "ring": window KV and compressor stage as per-request rings of
+    window_kv: str | None = None           # "ring": window KV and compressor stage as per-request rings of
                                            #   W + nextn + 1 rows (SPEC's layout); "paged": every position
-                                           #   kept in the blocks (the old layout, for A/B)
+                                           #   kept in the blocks; None = the device's default
+                                           #   (WINDOW_KV_DEFAULT: rings on the CPU; on CUDA the paged
+                                           #   layout until the GPU suite has run the rings)
     swa_snapshot_tokens: int = 128         # rings: the SWA tier's grain A (SPEC §5: 128-aligned snapshots)
     swa_host_cache_bytes: int = 1 << 30    # rings: host memory for SWA snapshots (LRU; pinned on CUDA)
     num_speculative_tokens: int | None = None  # DSpark drafts per step; None = DEEPINFER_USE_NEXTN_DECODE
@@ -74,6 +80,7 @@ class EngineConfig:
         given = {f.name: getattr(self, f.name) for f in fields(self)}
         given.update(
             max_num_batched_tokens=self.batched_tokens_for(device_type),
+            window_kv=self.window_kv or WINDOW_KV_DEFAULT.get(device_type, "ring"),
             num_speculative_tokens=pick(self.num_speculative_tokens, envs.use_nextn_decode),
             enable_mtp_varlen=pick(self.enable_mtp_varlen, envs.enable_mtp_varlen) and not envs.batch_invariant,
             zero_overhead_scheduling=pick(self.zero_overhead_scheduling, envs.zero_overhead_scheduling),
@@ -102,7 +109,7 @@ class EngineConfig:
                              f"{self.structured_output_compile_timeout_s}")
         if self.structured_output_cache_bytes < 0 or self.structured_output_compile_threads < 1:
             raise ValueError("structured_output_cache_bytes must be >= 0 and structured_output_compile_threads >= 1")
-        if self.window_kv not in ("ring", "paged"):
+        if self.window_kv not in (None, "ring", "paged"):
             raise ValueError(f"window_kv: must be 'ring' or 'paged', got {self.window_kv!r}")
         if self.swa_snapshot_tokens <= 0 or self.swa_host_cache_bytes < 0:
             raise ValueError("swa_snapshot_tokens must be > 0 and swa_host_cache_bytes >= 0")
