@@ -244,7 +244,8 @@ class LLMEngine:
             compiles.append(structured.compile_log.popleft())
         return EngineGauges(sched.num_running(), sched.num_waiting(), self.output_processor.num_held,
                             sched.config.num_blocks, sched.num_free_blocks(), sched.num_used_mtp_slots(),
-                            dataclasses.replace(self.stats), compiles)
+                            dataclasses.replace(self.stats), compiles,
+                            {str(k): int(v) for k, v in sched.prefix_cache_stats().num_by_reason.items()})
 
     # ------------------------------------------------------------------ streaming
     def start_streaming(self, index_of: dict[int, int] | None = None) -> None:

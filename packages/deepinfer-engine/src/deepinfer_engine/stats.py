@@ -82,6 +82,7 @@ class EngineGauges:
     num_used_mtp_slots: int
     stats: EngineStats               # a copy
     grammar_compiles: list[tuple[float, bool]]   # (seconds, failed) since the previous gauges
+    admissions_by_prefix_miss: dict[str, int] = field(default_factory=dict)   # PrefixMiss name -> admissions
 
     @classmethod
     def total(cls, parts: list[EngineGauges]) -> EngineGauges:
@@ -89,7 +90,9 @@ class EngineGauges:
         return cls(*(sum(getattr(p, name) for p in parts) for name in
                      ("num_running", "num_waiting", "num_held", "num_blocks", "num_free_blocks",
                       "num_used_mtp_slots")),
-                   EngineStats.total([p.stats for p in parts]), [c for p in parts for c in p.grammar_compiles])
+                   EngineStats.total([p.stats for p in parts]), [c for p in parts for c in p.grammar_compiles],
+                   {k: sum(p.admissions_by_prefix_miss.get(k, 0) for p in parts)
+                    for k in {k for p in parts for k in p.admissions_by_prefix_miss}})
 
 
 def acceptance_by_position(num_accepted: np.ndarray, num_drafts: np.ndarray,

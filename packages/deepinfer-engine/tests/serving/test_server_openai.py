@@ -132,7 +132,7 @@ def test_user_text_never_becomes_a_control_token(server, client):
     assert r.usage.prompt_tokens > 4
 
 
-def test_cached_prompt_tokens_are_reported(client):
+def test_cached_prompt_tokens_are_reported(server, client):
     # long enough that a 128-token SWA grain (window rings: hits at snapshot points, SPEC §5) precedes
     # the last chunk (which holds the decoder replay + backtracking)
     prompt = ("class Queue:\n    def __init__(self):\n        self.items = []\n\n"
@@ -141,6 +141,10 @@ def test_cached_prompt_tokens_are_reported(client):
     r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
     assert r.usage.prompt_tokens_details.cached_tokens >= 128    # at least one SWA grain
     assert r.usage.prompt_tokens_details.cached_tokens < r.usage.prompt_tokens
+    m = scrape(server.base_url)   # and as metrics: cached tokens, admissions by prefix-cache outcome
+    assert m["deepinfer_prefix_cached_tokens_total"] >= r.usage.prompt_tokens_details.cached_tokens
+    assert m['deepinfer_prefix_cache_admissions_total{reason="YOCO_KEEP"}'] >= 1   # the hit the keep length cut
+    assert sum(v for k, v in m.items() if k.startswith("deepinfer_prefix_cache_admissions_total{")) >= 2
 
 
 def test_penalties_and_top_k_are_accepted(client):

@@ -56,6 +56,10 @@ class ServingMetrics:
         self.e2e = h("e2e_request_latency_seconds", "arrival to finish")
         self.step_time = h("engine_step_seconds", "wall time of one engine step")
         self.grammar_compile = h("grammar_compile_seconds", "grammar submit to ready / failed")
+        self.prefix_admissions = c("prefix_cache_admissions", "admissions by prefix-cache outcome: NONE = the "
+                                   "longest cached prefix was used, else the PrefixMiss reason it was cut",
+                                   labelnames=["reason"])
+        self.prefix_cached_tokens = c("prefix_cached_tokens", "prompt tokens served from the prefix cache")
         self._seen = {"steps": 0, "aborts": 0, "preemptions": 0, "generated": 0}
         self._last_log = time.monotonic()
         self._was_idle = True
@@ -114,6 +118,9 @@ class ServingMetrics:
         self._inc(self.aborts, "aborts", st.num_aborts)
         self._inc(self.preemptions, "preemptions", stats.num_preemptions)
         self._inc(self.generated, "generated", stats.num_generated_tokens)
+        self._inc(self.prefix_cached_tokens, "prefix_cached", stats.num_prefix_cached_tokens)
+        for reason, n in g.admissions_by_prefix_miss.items():
+            self._inc(self.prefix_admissions.labels(reason), "prefix:" + reason, n)
         self.last_abort_step.set(st.last_abort_step)
         for seconds, failed in g.grammar_compiles:
             self.grammar_compile.observe(seconds)
@@ -127,7 +134,8 @@ class ServingMetrics:
                 logger.info(self.summary_line())
 
     def _inc(self, counter, key: str, value: int) -> None:
-        if value > self._seen[key]:
+        """Advance `counter` to the engine's cumulative `value` (keyed `key`)."""
+        if value > self._seen.setdefault(key, 0):
             counter.inc(value - self._seen[key])
             self._seen[key] = value
 
