@@ -10,9 +10,12 @@ setup:
 demo: setup
 	@$(PY) -m deepinfer_engine.cli generate --prompt '$(PROMPT)' --max-tokens 64 --temperature 0
 
-## make test: the CPU test suite of every package plus the cross-package tests
+## make test: the CPU test suite of every package plus the cross-package tests, on two pytest-xdist
+## workers where the plugin is installed (one file per worker at a time: a module's server or DP
+## ranks start once)
+XDIST = $$($(PY) -c 'import xdist' 2>/dev/null && echo --numprocesses 2 --dist loadfile)
 test: setup
-	@$(PY) -m pytest packages tests -q --benchmark-skip -m "not slow"
+	@$(PY) -m pytest packages tests -q --benchmark-skip -m "not slow" $(XDIST)
 
 ## make bench: every package's pytest-benchmark suite
 bench: setup

@@ -3,6 +3,8 @@
 Kept torch-optional so that deepinfer-sched's tests run on a machine without torch.
 """
 
+import os
+
 import pytest
 
 
@@ -25,7 +27,11 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_configure(config):
     # The suites run many tiny ops; one intra-op thread avoids OpenMP spin-waits that make them
-    # 20x slower on a loaded 2-core machine, and keeps CPU reductions in one fixed order.
+    # 20x slower on a loaded 2-core machine, and keeps CPU reductions in one fixed order. The
+    # processes the tests start (tools/benchmark.py, `deepinfer serve`, the tools' runs) inherit
+    # it through OMP_NUM_THREADS: with torch's default of one thread per core, a benchmark.py
+    # prefill sweep took 117 s here instead of 8 s.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
         import torch
     except ImportError:

@@ -99,11 +99,11 @@ def test_host_timers_need_one_round(tmp_path):
 
 def test_prefill_chunk_sweep(tmp_path):
     """--prefill-chunk-sizes: one prefill row per budget, each with its chunk size; the prefill
-    steps of a bigger budget carry more tokens."""
+    steps of a bigger budget carry more tokens (4 x 48 prompt tokens a round: 64 a step, or all 192)."""
     out = tmp_path / "prefill.jsonl"
     res = subprocess.run([sys.executable, str(ROOT / "tools" / "benchmark.py"), "--device", "cpu",
                           "--model", "preset:tiny", "--prompt-len", "48", "--max-model-len", "256",
-                          "--decode-batch-sizes", "", "--prefill-batch", "8", "--prefill-chunk-sizes", "64,256",
+                          "--decode-batch-sizes", "", "--prefill-batch", "4", "--prefill-chunk-sizes", "64,256",
                           "--result-jsonl", str(out)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]

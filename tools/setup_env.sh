@@ -8,8 +8,8 @@
 #   - Otherwise a virtual environment .venv is made, torch==2.13.0 (the CPU wheel) installed into
 #     it, then the four packages editable with their test extras, then xgrammar (structured output)
 #     with --no-deps plus apache-tvm-ffi: its declared deps pull transformers and triton, which the
-#     engine never imports (pydantic, numpy, torch come with the test extras), and matplotlib for
-#     the results renderer.
+#     engine never imports (pydantic, numpy, torch come with the test extras), then matplotlib for
+#     the results renderer and pytest-xdist for the test command.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -50,8 +50,13 @@ if [ -n "$extras" ] && ! "$py" -c "$xgr_check" 2>/dev/null; then
   "$py" -m pip install -q --no-deps "xgrammar>=0.2.9,<0.3" "apache-tvm-ffi>=0.1.11" >> .deepinfer-setup.log 2>&1 \
     || { tail -20 .deepinfer-setup.log >&2; exit 1; }
 fi
-# tools/render_results.py draws the docs' plots with matplotlib (a tool's dependency, no package's).
-if [ -n "$extras" ] && ! "$py" -c "import matplotlib" 2>/dev/null; then
-  "$py" -m pip install -q "matplotlib>=3.7" >> .deepinfer-setup.log 2>&1 || { tail -20 .deepinfer-setup.log >&2; exit 1; }
+# The workspace's own tools, no package's dependencies, in one pip call: matplotlib draws the docs'
+# plots (tools/render_results.py); pytest-xdist runs `make test` on two workers (the Makefile runs
+# it on one where the plugin is missing, as on the GPU machine's interpreter).
+tools=()
+"$py" -c "import matplotlib" 2>/dev/null || tools+=("matplotlib>=3.7")
+"$py" -c "import xdist" 2>/dev/null || tools+=("pytest-xdist>=3.5")
+if [ -n "$extras" ] && [ ${#tools[@]} -gt 0 ]; then
+  "$py" -m pip install -q "${tools[@]}" >> .deepinfer-setup.log 2>&1 || { tail -20 .deepinfer-setup.log >&2; exit 1; }
 fi
 echo "$py" > .deepinfer-python

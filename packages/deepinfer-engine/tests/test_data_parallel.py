@@ -3,7 +3,8 @@
 A mixed batch (short prompts decode while a long one is still in chunked prefill; one prompt
 is invalid) with speculation on and off: greedy tokens equal token for token, logprobs within
 fp32 tolerance (the expert GEMMs batch rows differently). One spawned pair per speculation
-setting; the last test kills a rank and expects an error naming it.
+setting; idle ranks must sleep and stop on shutdown; the last test kills a rank and expects an
+error naming it.
 """
 
 from __future__ import annotations
@@ -110,6 +111,28 @@ def test_abort_queued_and_running(engines):
         eng.stop_streaming()
     assert finals[queued].finish_reason == "abort" and finals[queued].token_ids == []
     assert finals[running].finish_reason == "abort" and 0 < len(finals[running].token_ids) < 200
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")   # utime + stime
+
+
+def test_idle_ranks_sleep_and_stop_on_shutdown(engines):
+    """After their requests the ranks wait for commands without spinning on votes (a forced IDLE
+    step is no work), and shutdown's "stop" ends them at once, with exit code 0."""
+    dp, single = engines
+    if not single.engine.nextn:   # the last pair is killed by the dead-rank test
+        pytest.skip("runs on the first pair")
+    dp.generate(["def add(a, b):"], GREEDY, use_tqdm=False)
+    pids = [p.pid for p in dp.engine.procs]
+    before = [_cpu_seconds(pid) for pid in pids]
+    time.sleep(2.0)
+    busy = [_cpu_seconds(pid) - b for pid, b in zip(pids, before)]
+    assert max(busy) < 0.5, f"idle ranks used {busy} CPU seconds in 2 s"
+    start = time.monotonic()
+    dp.engine.shutdown()
+    assert time.monotonic() - start < 20 and [p.exitcode for p in dp.engine.procs] == [0, 0]
 
 
 def test_dead_rank_ends_the_engine_naming_it(engines):

@@ -41,6 +41,20 @@ def test_voted_scheduler_forces_the_kind_and_reports_an_idle_rank():
     assert out.step_kind == StepKind.PREFILL and list(out.request_ids) == [0]
 
 
+def test_a_forced_idle_is_no_work_for_a_rank_without_requests():
+    """A group IDLE step leaves a rank without requests idle (counted as work, a ZOS engine put an
+    IDLE step in flight on every loop and the rank never went idle); a forced DECODE or PREFILL
+    still makes it run the step (its phantom EP rounds)."""
+    inner = Scheduler(SchedulerConfig(block_size=16, num_blocks=16, max_num_seqs=4,
+                                      max_num_batched_tokens=256, max_model_len=200, nextn=0))
+    s = VotedScheduler(inner)
+    s.force(StepKind.IDLE)
+    assert not s.has_unfinished()
+    for kind in (StepKind.DECODE, StepKind.PREFILL):
+        s.force(kind)
+        assert s.has_unfinished()
+
+
 def test_pick_rank_by_queue_depth_then_kv_use_then_id():
     loads = [RankLoad(0, 0, 0.9), RankLoad(1, 0, 0.0), RankLoad(2, 0, 0.0)]
     assert pick_rank(loads, [1, 1, 1]) == 1        # equal queues: the emptier KV pool

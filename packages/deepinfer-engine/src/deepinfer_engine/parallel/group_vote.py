@@ -63,7 +63,12 @@ class VotedScheduler:
         self._forced = kind
 
     def has_unfinished(self) -> bool:
-        return self._forced is not None or self._inner.has_unfinished()
+        # A forced PREFILL / DECODE makes a rank without requests run the step (its phantom EP
+        # rounds). A forced IDLE runs no forward anywhere, so it is no work: counted as work, a ZOS
+        # engine put an IDLE step in flight on every loop and the rank never went idle again (it
+        # spun on votes after its last request and never saw "stop").
+        forced_work = self._forced is not None and self._forced != StepKind.IDLE
+        return forced_work or self._inner.has_unfinished()
 
     def has_local_work(self) -> bool:
         return self._inner.has_unfinished()
