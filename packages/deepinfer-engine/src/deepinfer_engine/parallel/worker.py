@@ -126,6 +126,8 @@ def _loop(spec: RankSpec, engine, sched: VotedScheduler, eplb: EplbRuntime | Non
     st = RankState(parent_pid=spec.parent_pid)
     all_interval, any_interval = engine.envs.prefill_attempt_interval, engine.envs.prefill_any_attempt_interval
     while True:
+        if os.getppid() != st.parent_pid:   # the front end died (killed): do not run on as an orphan
+            raise SystemExit(0)
         _drain(engine, st, inbox, outbox, spec.rank, block=False)
         idle = not engine.has_unfinished()
         g = vote(sched.has_prefill_work(), sched.has_decode_work(), idle, st.consumed)
