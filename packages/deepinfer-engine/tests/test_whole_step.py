@@ -6,31 +6,9 @@ the piecewise path (no graph runner) in every mode."""
 import numpy as np
 import pytest
 
-from deepinfer_engine import LLM, SamplingParams
+from deepinfer_engine import LLM
 from deepinfer_engine.cuda_graphs import DecodeGraphRunner
-
-
-def _prompts(n: int, seed: int = 2) -> list[list[int]]:
-    rng = np.random.default_rng(seed)
-    return [rng.integers(7, 8000, size=int(rng.integers(2, 60))).tolist() for _ in range(n)]
-
-
-def _generate(padded_step: bool, nextn: int, varlen: bool, params, count_calls, prompts):
-    """count_calls: the count_graph_runner_calls fixture (conftest.py)."""
-    llm = LLM(device="cpu", block_size=16, max_num_batched_tokens=128, max_num_seqs=12, max_model_len=256,
-              num_speculative_tokens=nextn, enable_mtp_varlen=varlen, zero_overhead_scheduling=True)
-    calls = {"run_step": 0, "run": 0}
-    if padded_step:
-        engine = llm.engine
-        max_rows = 12 * (nextn + 1)
-        engine.runner.enable_cuda_graphs(max_rows, engine.max_model_len, interval=8)
-        calls = count_calls("run_step", "run")
-    outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
-    return outs, calls, llm.engine.stats
-
-
-GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=0)
-SEEDED = SamplingParams(temperature=0.9, max_tokens=16, seed=11, ignore_eos=True, logprobs=0)
+from whole_step_cases import GREEDY, SEEDED, _generate, _prompts
 
 
 # Seeded + variable-length verification is left out: the draft counts follow the confidences,
@@ -134,76 +112,6 @@ def test_steps_needing_eager_sampling_use_the_forward_graph(count_graph_runner_c
         assert [list(d) for d in g.top_logprobs] == [list(d) for d in w.top_logprobs]
         np.testing.assert_allclose([v for d in g.top_logprobs for v in d.values()],
                                    [v for d in w.top_logprobs for v in d.values()], rtol=0, atol=1e-4)
-
-
-def test_whole_step_traces_as_one_dynamic_graph(count_graph_runner_calls):
-    """What `compile_decode` does on CUDA, with dynamo's eager backend on the CPU: the whole step
-    traces with fullgraph=True (no graph break, no host sync) as one graph with dynamic row and
-    request counts, and gives the same tokens."""
-    import torch
-    import torch._dynamo as dynamo
-
-    from deepinfer_engine.decode_step import run_decode_step
-
-    prompts = _prompts(10, seed=5)
-    want, _, _ = _generate(False, 5, True, GREEDY, count_graph_runner_calls, prompts)
-    llm = LLM(device="cpu", block_size=16, max_num_batched_tokens=128, max_num_seqs=12, max_model_len=256,
-              num_speculative_tokens=5, enable_mtp_varlen=True, zero_overhead_scheduling=True)
-    runner = llm.engine.runner
-    runner.enable_cuda_graphs(12 * 6, llm.engine.max_model_len, interval=8)
-    dynamo.reset()
-    frames = []
-    with dynamo.config.patch(capture_scalar_outputs=False, capture_dynamic_output_shape_ops=False):
-        def backend(gm, example_inputs):
-            frames.append(gm)
-            return gm.forward
-        runner.graphs.compile = True
-        runner.graphs._step_fn = torch.compile(run_decode_step, fullgraph=True, backend=backend)
-        got = llm.generate(prompt_token_ids=prompts, sampling_params=GREEDY, use_tqdm=False)
-    dynamo.reset()
-    assert [o.token_ids for o in got] == [o.token_ids for o in want]
-    # one graph: every per-row / per-request input (the ZOS carry's maps too) is dynamic from the first
-    # trace; before, the carry's views were static and the recompiles depended on the order of the bucket sizes
-    assert len(frames) == 1
-
-
-
-@pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
-def test_compiled_speculation_traces_whole_and_keeps_tokens(params, count_graph_runner_calls):
-    """`compile_speculation` (DEEPINFER_COMPILE_SPECULATION) with dynamo's eager backend on the CPU:
-    the DFlash main keys and the tail (verification sampler + draft head) trace with fullgraph=True
-    inside the padded step (no graph break, no host sync), and tokens and logprobs equal the
-    uncompiled padded step."""
-    import torch._dynamo as dynamo
-
-    prompts = _prompts(10, seed=9)
-    want, _, _ = _generate(True, 5, False, params, count_graph_runner_calls, prompts)
-    llm = LLM(device="cpu", block_size=16, max_num_batched_tokens=128, max_num_seqs=12, max_model_len=256,
-              num_speculative_tokens=5, enable_mtp_varlen=False, zero_overhead_scheduling=True)
-    runner = llm.engine.runner
-    frames = []
-
-    def backend(gm, example_inputs):
-        frames.append(gm)
-        return gm.forward
-    dynamo.reset()
-    runner.spec.compile(backend=backend)
-    runner.enable_cuda_graphs(12 * 6, llm.engine.max_model_len, interval=8)
-    got, calls = [], {"tail": 0}
-    tail = runner.spec.compiled_tail
-
-    def counted_tail(*a, **kw):
-        calls["tail"] += 1
-        return tail(*a, **kw)
-    runner.spec.compiled_tail = counted_tail
-    got = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
-    dynamo.reset()
-    assert calls["tail"] > 0
-    assert [o.token_ids for o in got] == [o.token_ids for o in want]
-    np.testing.assert_allclose(np.concatenate([o.token_logprobs for o in got]),
-                               np.concatenate([o.token_logprobs for o in want]), rtol=0, atol=1e-5)
-    assert 2 <= len(frames) <= 8          # main keys (prefill shapes too) + tail: static, then dynamic
-    assert llm.engine.stats.num_accepted_tokens > 0
 
 
 def test_whole_step_without_speculation_returns_tokens_only():
