@@ -3,12 +3,17 @@ over the padded graph layout. On the CPU the graph runner "replays" it eagerly o
 buffers, so these tests run exactly what a CUDA graph captures; tokens and logprobs must equal
 the piecewise path (no graph runner) in every mode."""
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from deepinfer_engine import LLM
+from deepinfer_engine import LLM, SamplingParams
 from deepinfer_engine.cuda_graphs import DecodeGraphRunner
-from whole_step_cases import GREEDY, SEEDED, _generate, _prompts
+
+sys.path.insert(0, str(Path(__file__).parent))  # --import-mode=importlib: the sibling helper module
+from whole_step_cases import GREEDY, SEEDED, _generate, _prompts  # noqa: E402
 
 
 # Seeded + variable-length verification is left out: the draft counts follow the confidences,

@@ -2,11 +2,16 @@
 CUDA), with dynamo's eager backend on the CPU: fullgraph=True, no graph break, the same tokens. In
 their own file so the parallel test workers can run them beside test_whole_step.py."""
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from deepinfer_engine import LLM
-from whole_step_cases import GREEDY, SEEDED, _generate, _prompts
+
+sys.path.insert(0, str(Path(__file__).parent))  # --import-mode=importlib: the sibling helper module
+from whole_step_cases import GREEDY, SEEDED, _generate, _prompts  # noqa: E402
 
 
 def test_whole_step_traces_as_one_dynamic_graph(count_graph_runner_calls):
