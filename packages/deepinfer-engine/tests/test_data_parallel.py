@@ -51,7 +51,9 @@ def test_dp2_ep2_greedy_equals_single_process(engines):
         assert g.prompt_token_ids == w.prompt_token_ids
         assert g.token_ids == w.token_ids, f"prompt of {len(w.prompt_token_ids)} tokens"
         assert g.finish_reason == w.finish_reason == "length"
-        assert max(abs(a - b) for a, b in zip(g.token_logprobs, w.token_logprobs)) < 1e-4
+        # fp32 reassociation: the expert GEMMs batch rows differently, most in the chunked 90-token
+        # prompt (measured up to 1.1e-4 on logprobs near -2.6; a wrong token or expert is >1e-2)
+        assert max(abs(a - b) for a, b in zip(g.token_logprobs, w.token_logprobs)) < 3e-4
     assert not dp.engine.has_unfinished()
     assert min(dp.engine.num_assigned) >= 2   # spread by load: both ranks served requests
     assert dp.engine.moe_lb is not None and 1.0 <= dp.engine.moe_lb <= 2.0   # max / mean over 2 ranks
@@ -111,6 +113,31 @@ def test_abort_queued_and_running(engines):
         eng.stop_streaming()
     assert finals[queued].finish_reason == "abort" and finals[queued].token_ids == []
     assert finals[running].finish_reason == "abort" and 0 < len(finals[running].token_ids) < 200
+
+
+def test_a_command_late_at_one_rank(engines):
+    """Commands reach the ranks at different times: while every rank is idle, the one behind
+    catches up and the others vote again (they must not wait for a next command, which may never
+    come: the late command was the request that the rank behind now runs)."""
+    dp, _ = engines
+    eng = dp.engine
+    gid = eng.add_request(None, [5, 6, 7], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    target = eng._rank_of[gid]
+    adds, eng._pending = ("add", eng._pending), {}
+    noop = ("abort", [-1])   # a command that changes nothing
+    for r, box in enumerate(eng.inboxes):
+        if r != target:
+            box.put(noop)
+            box.put(adds)
+    time.sleep(0.5)                    # the other ranks consume both, then vote idle
+    eng.inboxes[target].put(noop)      # the target consumes one and votes idle too: one behind
+    time.sleep(0.5)
+    eng.inboxes[target].put(adds)      # ... then its request
+    deadline, done = time.monotonic() + 30, []
+    while not done:
+        assert time.monotonic() < deadline, "the ranks deadlocked on a late command"
+        done = eng.step()
+    assert [d.request_id for d in done] == [gid] and len(done[0].token_ids) == 3
 
 
 def _cpu_seconds(pid: int) -> float:

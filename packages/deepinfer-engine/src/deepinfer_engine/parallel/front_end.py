@@ -16,6 +16,7 @@ traceback), never a hang.
 from __future__ import annotations
 
 import atexit
+import os
 import pickle
 import queue
 import socket
@@ -27,7 +28,7 @@ import torch.multiprocessing as mp
 
 from deepinfer_engine.outputs import GenerationOutput, StreamDelta
 from deepinfer_engine.parallel.load_balance import pick_rank
-from deepinfer_engine.parallel.worker import RankLoad, RankSpec, rank_main
+from deepinfer_engine.parallel.worker import COLLECTIVE_TIMEOUT_ENV, RankLoad, RankSpec, rank_main
 from deepinfer_engine.request_validation import validate_request
 from deepinfer_engine.sampling_params import SamplingParams
 from deepinfer_engine.stats import EngineGauges, EngineStats
@@ -53,11 +54,13 @@ class RankFailedError(RuntimeError):
 
 
 class DataParallelEngine:
-    def __init__(self, data_parallel_size: int, expert_parallel: bool = False, timeout_s: float = 300.0,
+    def __init__(self, data_parallel_size: int, expert_parallel: bool = False, timeout_s: float | None = None,
                  **engine_args: Any):
         if data_parallel_size < 2:
             raise ValueError(f"data_parallel_size: must be >= 2 for the DP front end, got {data_parallel_size}")
         self.world = data_parallel_size
+        if timeout_s is None:
+            timeout_s = float(os.environ.get(COLLECTIVE_TIMEOUT_ENV, "300"))
         cuda = torch.cuda.is_available() and engine_args.get("device") in (None, "cuda")
         if cuda and torch.cuda.device_count() < data_parallel_size:
             raise ValueError(f"data_parallel_size={data_parallel_size}: only {torch.cuda.device_count()} GPUs")

@@ -7,9 +7,10 @@
     [4]   -commands consumed                        -(the most any rank consumed)
     [5]   commands consumed                         the fewest any rank consumed
 
-Commands reach every rank (front_end.py broadcasts each), but not at the same step: a rank that
-has consumed fewer commands than another catches up (blocking) before the group may go idle, so
-no rank waits for commands while another waits in this all-reduce.
+Commands reach every rank (front_end.py broadcasts each), but not at the same step: when every
+rank is idle but one has consumed fewer commands than another, that one catches up (blocking: its
+commands are on the way) and every rank votes again. Only a group idle with equal counts waits
+for the next command, so no rank waits for commands while another waits in this all-reduce.
 
 `VotedScheduler` wraps the engine's Scheduler so that `LLMEngine.step()` runs the voted kind:
 while a step is forced every rank schedules (a rank without work of that kind gets an IDLE

@@ -132,7 +132,10 @@ def _loop(spec: RankSpec, engine, sched: VotedScheduler, eplb: EplbRuntime | Non
         idle = not engine.has_unfinished()
         g = vote(sched.has_prefill_work(), sched.has_decode_work(), idle, st.consumed)
         if g.all_idle:
-            if st.consumed < g.max_consumed:           # catch up before anyone waits
+            if g.min_consumed < g.max_consumed:
+                # a rank is behind: it catches up (its commands are on the way), then every rank
+                # votes again. A rank that is not behind must not wait for a next command here: the
+                # one behind may just have received a request and then waits in the next vote.
                 while st.consumed < g.max_consumed:
                     _drain(engine, st, inbox, outbox, spec.rank, block=True)
                 continue
