@@ -19,7 +19,6 @@ nothing already accepted is affected.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -237,14 +236,15 @@ class LLMEngine:
         return processor.structured
 
     def gauges(self) -> EngineGauges:
-        """Occupancy and counters now (the server's metrics); drains the grammar compile log."""
+        """Occupancy and counters now (the server's metrics); drains the grammar compile log. `stats`
+        is the live EngineStats (copy it to keep it)."""
         sched, structured = self.scheduler, self.output_processor.structured
         compiles = []
         while structured is not None and structured.compile_log:
             compiles.append(structured.compile_log.popleft())
         return EngineGauges(sched.num_running(), sched.num_waiting(), self.output_processor.num_held,
                             sched.config.num_blocks, sched.num_free_blocks(), sched.num_used_mtp_slots(),
-                            dataclasses.replace(self.stats), compiles,
+                            self.stats, compiles,
                             {str(k): int(v) for k, v in sched.prefix_cache_stats().num_by_reason.items()})
 
     # ------------------------------------------------------------------ streaming

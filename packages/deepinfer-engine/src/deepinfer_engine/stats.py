@@ -80,7 +80,7 @@ class EngineGauges:
     num_blocks: int
     num_free_blocks: int
     num_used_mtp_slots: int
-    stats: EngineStats               # a copy
+    stats: EngineStats               # the engine's own (LLMEngine.gauges) or a copy (from a DP rank)
     grammar_compiles: list[tuple[float, bool]]   # (seconds, failed) since the previous gauges
     admissions_by_prefix_miss: dict[str, int] = field(default_factory=dict)   # PrefixMiss name -> admissions
 

@@ -17,6 +17,7 @@ rank's id, then the process exits: the front end ends the engine with an error n
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import pickle
@@ -160,10 +161,17 @@ def _loop(spec: RankSpec, engine, sched: VotedScheduler, eplb: EplbRuntime | Non
         if finished or deltas:
             load = RankLoad(spec.rank, sched.num_waiting() + sched.num_running(), kv_used_fraction(sched),
                             None if eplb is None else eplb.last_moe_lb,
-                            engine.gauges() if st.streaming else None)
+                            _gauges_copy(engine) if st.streaming else None)
             # pickled now: the live outputs in the deltas change in the next step (the queue's feeder
             # thread pickles later)
             outbox.put(("outputs", spec.rank, finished, load, pickle.dumps(deltas) if deltas else None))
+
+
+def _gauges_copy(engine) -> EngineGauges:
+    """The engine's gauges with its counters copied: the queue pickles them later, off this thread."""
+    g = engine.gauges()
+    g.stats = dataclasses.replace(g.stats)
+    return g
 
 
 def _drain(engine, st: RankState, inbox, outbox, rank: int, block: bool) -> None:
@@ -202,7 +210,7 @@ def _drain(engine, st: RankState, inbox, outbox, rank: int, block: bool) -> None
             if payload:   # the front end's gauges start from this rank's idle state
                 sched = engine.scheduler
                 load = RankLoad(rank, sched.num_waiting() + sched.num_running(), kv_used_fraction(sched),
-                                gauges=engine.gauges())
+                                gauges=_gauges_copy(engine))
                 outbox.put(("outputs", rank, [], load, None))
         elif op == "stop":
             st.shutdown = True

@@ -35,29 +35,24 @@ def add_serve_parser(sub) -> None:
     p.set_defaults(func=run_serve)
 
 
-def engine_config(args):
-    from deepinfer_engine.config import EngineConfig
-    return EngineConfig(model=args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
-                        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                        block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
-                        num_speculative_tokens=args.num_speculative_tokens,
-                        enable_prefix_caching=not args.no_prefix_caching, cuda_graphs=not args.no_cuda_graphs,
-                        seed=args.seed)
+def engine_args(args) -> dict:
+    """EngineConfig fields from the parsed arguments."""
+    return dict(model=args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
+                max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
+                num_speculative_tokens=args.num_speculative_tokens,
+                enable_prefix_caching=not args.no_prefix_caching, cuda_graphs=not args.no_cuda_graphs, seed=args.seed)
 
 
 def build_engine(args):
-    """The engine the server steps: one LLMEngine, or the DP front end over one process per rank."""
-    if args.data_parallel_size > 1:
-        import dataclasses
-
-        from deepinfer_engine.parallel import DataParallelEngine
-        config = engine_config(args)
-        fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-        return DataParallelEngine(args.data_parallel_size, args.expert_parallel, **fields)
-    if args.expert_parallel:
-        raise SystemExit("deepinfer serve: --expert-parallel needs --data-parallel-size >= 2")
-    from deepinfer_engine.llm_engine import LLMEngine
-    return LLMEngine(engine_config(args))
+    """The engine the server steps: what `LLM` chooses (one LLMEngine, or the DP front end over one
+    process per rank)."""
+    from deepinfer_engine.llm import LLM
+    try:
+        return LLM(data_parallel_size=args.data_parallel_size, expert_parallel=args.expert_parallel,
+                   **engine_args(args)).engine
+    except ValueError as err:   # a bad flag: one line, not a traceback
+        raise SystemExit(f"deepinfer serve: {err}") from None
 
 
 def build_server_app(args):
