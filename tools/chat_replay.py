@@ -139,6 +139,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--user-tokens", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--block-size", type=int, default=128)
+    ap.add_argument("--window-kv", choices=("ring", "paged"), default=None,
+                    help="the window KV layout (EngineConfig.window_kv; default: the device's)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json-out", default=None, help="append the result rows (JSON lines) here")
     ap.add_argument("--trace-steps", action="store_true",
@@ -149,7 +151,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     need = args.system_tokens + args.turns * (args.user_tokens + args.max_tokens) + 64
     engine_args = dict(model=args.model, block_size=args.block_size, max_model_len=need,
-                       max_num_seqs=max(args.conversations, 1))
+                       max_num_seqs=max(args.conversations, 1), window_kv=args.window_kv)
     results = {}
     for mode in ("cold", "warm"):
         llm = LLM(**engine_args, enable_prefix_caching=mode == "warm")

@@ -23,8 +23,16 @@
 #   sharedkeys the shared-key sparse MLA: its kernel GPU tests (pairs and quads) and the `mini` prefill
 #              test (every call against the per-row kernels) in parallel with warm-ups, then `mini`
 #              prefill 64 x 512 with quads, pairs and per-row kernels alternately, the HF peer first
+#   serving    tools/load_bench.py on the default model: 256 requests at 16 and 64 requests/s and at
+#              saturation, the same workload through LLM.generate first (server / offline throughput,
+#              TTFT / ITL p50 / p99, the server's per-token overhead), JSON rows and the latency plot
+#   kvmem      the window rings and the SWA tier on CUDA (their GPU tests, the rings bit for bit against
+#              the paged layout), then tools/chat_replay.py with each layout and its step traces
 #
-# Uses the installed packages (pip install -e the four of them first). Structured output needs
+# Uses the installed packages (pip install -e the four of them first). The server (serving) needs
+# wheels the device image lacks; made here, where pip has an index, and carried in .whl/:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl \
+#       fastapi==0.165.0 starlette==1.10.0 uvicorn==0.55.0 opentelemetry-api==1.45.3 Structured output needs
 # xgrammar >= 0.2.9 (0.2.8 builds speculative-step masks ~4x slower): when the device bundle is
 # older, carry the wheel in .whl/ (see /work/.library/device/README.md) and this script installs it.
 # Writes under $OUT:
@@ -32,7 +40,7 @@
 # run) and summary.txt (rc and seconds of every stage).
 set -uo pipefail
 
-MODE=${1:?usage: $0 tests|quick|dspark|batch64|flashslice|mini|ops|sharedkeys}
+MODE=${1:?usage: $0 tests|quick|dspark|batch64|flashslice|mini|ops|sharedkeys|serving|kvmem}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 OUT=${OUT:-$ROOT/out}
@@ -44,8 +52,9 @@ DEADLINE=${DEADLINE:-570}
 # shellcheck source=tools/_stage.sh
 source "$ROOT/tools/_stage.sh"
 
-if compgen -G ".whl/xgrammar-*.whl" > /dev/null; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/xgrammar-*.whl
+if compgen -G ".whl/*.whl" > /dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 BENCH=("$PY" tools/benchmark.py --device cuda --result-jsonl "$OUT/bench.jsonl")
 CODE=(--model default --code-prompts --prompt-len 256 --max-model-len 1536 --no-prefill --warmup-steps 20 --steps 30)
@@ -109,6 +118,18 @@ case "$MODE" in
                    *) env=(DEEPINFER_SPARSE_MLA_SHARED_KEYS=0) ;; esac
       stage "prefill_$run" 90 env "${env[@]}" "${PF[@]}" --result-jsonl "$OUT/bench.jsonl" > "$OUT/prefill_$run.log" 2>&1
     done ;;
-  *) echo "usage: $0 tests|quick|dspark|batch64|flashslice|mini|ops|sharedkeys" >&2; exit 2 ;;
+  serving)
+    stage load_bench 540 "$PY" tools/load_bench.py --device cuda --num-requests 256 --rates 16,64,inf \
+      --compare-offline --json-out "$OUT/load_bench.jsonl" --plot "$OUT/load_bench.png" \
+      --server-log "$OUT/server.log" > "$OUT/load_bench.log" 2>&1 ;;
+  kvmem)
+    stage rings_gpu 240 "$PY" -m pytest -p no:cacheprovider --benchmark-skip -v -rf -m gpu -o faulthandler_timeout=200 \
+      packages/deepinfer-engine/tests/test_gpu_engine.py packages/deepinfer-engine/tests/test_swa_tier.py -k "window_rings or on_cuda" \
+      > "$OUT/rings_gpu.log" 2>&1
+    for layout in ring paged; do
+      stage "chat_$layout" 150 "$PY" tools/chat_replay.py --window-kv $layout --trace-steps \
+        --json-out "$OUT/chat_$layout.jsonl" > "$OUT/chat_$layout.log" 2>&1
+    done ;;
+  *) echo "usage: $0 tests|quick|dspark|batch64|flashslice|mini|ops|sharedkeys|serving|kvmem" >&2; exit 2 ;;
 esac
 cat "$SUMMARY"
