@@ -1,28 +1,19 @@
 """Prefix-cache accounting: cached tokens per request (at admission) and admissions counted by
 the reason a hit fell short of the policy's best (PrefixMiss)."""
 
-import numpy as np
-
-from deepinfer_sched import VERIFIED_END, PrefixMiss, RequestParams, Scheduler, SchedulerConfig
+from deepinfer_sched import PrefixMiss
+from deepinfer_sched.testing import prefill_alone, small_scheduler
 
 PROMPT = list(range(3, 3 + 22))   # 22 tokens = 5 full blocks of 4 + 2
 
 
 def make(**kw):
-    base = dict(block_size=4, num_blocks=64, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=48,
-                nextn=0, min_final_chunk_tokens=6, eos_token_ids=[2])
-    base.update(kw)
-    return Scheduler(SchedulerConfig(**base))
+    return small_scheduler(max_num_seqs=8, max_model_len=48, min_final_chunk_tokens=6, **kw)
 
 
 def run_one(s, rid, prompt):
-    s.add_request(rid, prompt, RequestParams(max_tokens=1))
-    out = s.schedule()
-    seq = s.get_sequence(rid)
-    cached, reason = seq.num_cached_tokens, seq.prefix_miss
-    assert int(out.num_computed_tokens[0]) == cached
-    s.process_outputs(out, np.full(out.req_cnt, 9, np.int32), np.full(out.total_q, VERIFIED_END, np.int32))
-    return cached, reason
+    """-> (cached tokens, PrefixMiss) of the admission."""
+    return prefill_alone(s, rid, prompt)[1]
 
 
 def test_reasons_and_counters():

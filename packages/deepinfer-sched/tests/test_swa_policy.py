@@ -7,28 +7,22 @@ the first chunk of an admission with a hit carries `restore_tokens` / `restore_k
 import numpy as np
 import pytest
 
-from deepinfer_sched import VERIFIED_END, PrefixMiss, RequestParams, Scheduler, SchedulerConfig
+from deepinfer_sched import VERIFIED_END, PrefixMiss, RequestParams
+from deepinfer_sched.testing import prefill_alone, small_scheduler
 
 A = 8
 PROMPT = list(range(3, 3 + 30))   # 30 tokens: multiples of A at 8, 16, 24
 
 
 def make(**kw):
-    base = dict(block_size=4, num_blocks=64, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64,
-                nextn=0, min_final_chunk_tokens=4, eos_token_ids=[2], swa_snapshot_tokens=A)
-    base.update(kw)
-    return Scheduler(SchedulerConfig(**base))
+    return small_scheduler(**{"max_num_seqs": 8, "min_final_chunk_tokens": 4, "swa_snapshot_tokens": A, **kw})
 
 
 def run_prefill(s, rid, prompt):
     """Admit and prefill `prompt` in one step -> (cached, reason, restore, crossings {point: key})."""
-    s.add_request(rid, prompt, RequestParams(max_tokens=1))
-    out = s.schedule()
-    seq = s.get_sequence(rid)
-    cached, reason = seq.num_cached_tokens, seq.prefix_miss
+    out, (cached, reason) = prefill_alone(s, rid, prompt)
     restore = (int(out.restore_tokens[0]), int(out.restore_keys[0]))
-    assert int(out.num_computed_tokens[0]) == cached and restore[0] == cached
-    s.process_outputs(out, np.full(out.req_cnt, 9, np.int32), np.full(out.total_q, VERIFIED_END, np.int32))
+    assert restore[0] == cached
     return cached, reason, restore, {int(p): int(k) for p, k in zip(out.swa_points, out.swa_keys) if p}
 
 

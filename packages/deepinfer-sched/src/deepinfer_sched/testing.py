@@ -30,6 +30,18 @@ def small_scheduler(**overrides) -> Scheduler:
     return Scheduler(SchedulerConfig(**{**SMALL_CONFIG, **overrides}))
 
 
+def prefill_alone(s: Scheduler, request_id: int, prompt: list[int]) -> tuple[SchedulerOutput, object]:
+    """Admit `prompt` (one output token) and run its whole prefill as one step, sampling token 9:
+    -> (that step's SchedulerOutput, the Sequence as admitted, before the step's outputs)."""
+    s.add_request(request_id, prompt, RequestParams(max_tokens=1))
+    out = s.schedule()
+    seq = s.get_sequence(request_id)
+    admitted = (seq.num_cached_tokens, seq.prefix_miss)
+    assert int(out.num_computed_tokens[0]) == admitted[0]   # the step starts at the hit
+    s.process_outputs(out, np.full(out.req_cnt, 9, np.int32), np.full(out.total_q, VERIFIED_END, np.int32))
+    return out, admitted
+
+
 @dataclass
 class Sampled:
     """What the device hands the ledger for one step (SampledInfo)."""
