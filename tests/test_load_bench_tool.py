@@ -28,8 +28,9 @@ def _run(tmp_path, extra):
     return {r["what"]: r for r in rows}
 
 
-def test_load_bench_rates_rows_and_plot(tmp_path):
-    rows = _run(tmp_path, ["--rates", "8,inf"])
+@pytest.mark.parametrize("clients", [1, 3])   # in this process, or spread over processes on one clock
+def test_load_bench_rates_rows_and_plot(tmp_path, clients):
+    rows = _run(tmp_path, ["--rates", "8,inf", "--client-processes", str(clients)])
     for rate in ("8", "inf"):
         assert rows[f"rate={rate} errors"]["value"] == 0
         assert rows[f"rate={rate} tok_s"]["value"] > 0
