@@ -7,8 +7,9 @@ the model's replies) plus a new user message of `--user-tokens` ids, and the mod
 turn are submitted together; turn t + 1 starts when every reply of turn t is complete.
 
 The replay runs twice in this process on two engines over the same weights: "cold" with prefix
-caching off, "warm" with it on; each engine first runs the system prompt once (warm-up: the warm
-engine starts with it cached, as a server whose system prompt is hot). Reported:
+caching off, "warm" with it on; each engine first replays a 2-turn chat of other tokens (warm-up:
+kernels and graphs for whole prompts and for cached prefixes), then runs the system prompt once
+(the warm engine starts with it cached, as a server whose system prompt is hot). Reported:
 - the warm run's input-token hit rate = prompt tokens served from the prefix cache / prompt tokens
   (`EngineStats.num_prefix_cached_tokens`), every turn counted;
 - TTFT = time from a turn's submission to each request's first streamed token, averaged over
@@ -155,9 +156,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     results = {}
     for mode in ("cold", "warm"):
         llm = LLM(**engine_args, enable_prefix_caching=mode == "warm")
-        system, users = make_conversations(args, llm.engine.model.config.vocab_size)
-        # warm-up (kernels, graphs) on the system prompt: the warm engine starts with it cached, as a
-        # server whose system prompt is hot; the cold one computes it again every turn
+        vocab = llm.engine.model.config.vocab_size
+        system, users = make_conversations(args, vocab)
+        # warm-up (kernels, graphs): a 2-turn chat of other tokens takes the shapes of both paths (a
+        # whole prompt, a cached prefix and its tail) through the device once; then the system
+        # prompt, so the warm engine starts with it cached, as a server whose system prompt is hot
+        # (the cold one computes it again every turn)
+        other = argparse.Namespace(**{**vars(args), "seed": args.seed + 1, "conversations": 1, "turns": 2})
+        replay(llm, *make_conversations(other, vocab), args.max_tokens)
         llm.generate(prompt_token_ids=[system], sampling_params=SamplingParams(max_tokens=1), use_tqdm=False)
         step_ms = trace_steps(llm.engine) if args.trace_steps else None
         if step_ms is not None:
