@@ -32,7 +32,8 @@
 # Uses the installed packages (pip install -e the four of them first). The server (serving) needs
 # wheels the device image lacks; made here, where pip has an index, and carried in .whl/:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl \
-#       fastapi==0.165.0 starlette==1.10.0 uvicorn==0.55.0 opentelemetry-api==1.45.3 Structured output needs
+#       fastapi==0.165.0 starlette==1.10.0 uvicorn==0.55.0 opentelemetry-api==1.45.3 httptools==0.9.0
+# (uvloop is in the image). Structured output needs
 # xgrammar >= 0.2.9 (0.2.8 builds speculative-step masks ~4x slower): when the device bundle is
 # older, carry the wheel in .whl/ (see /work/.library/device/README.md) and this script installs it.
 # Writes under $OUT:
