@@ -148,7 +148,8 @@ def main(argv=None) -> int:
     summary = {**res, "rss_end": rss_end, "rss_growth": growth, "num_5xx_or_transport": num_5xx,
                "kv_blocks_used_end": m["deepinfer_kv_blocks_used"], "slots_used_end": m["deepinfer_request_slots_used"],
                "aborts": m.get("deepinfer_aborts_total"), "healthy_end": healthy,
-               "requests_per_s": res["done"] / res["wall_s"], "requests_live_end": m["deepinfer_num_requests_live"]}
+               "requests_per_s": res["done"] / res["wall_s"],
+               "requests_live_end": m["deepinfer_num_requests_live"]}
     ok = num_5xx == 0 and idle and healthy and (growth is None or growth < 0.05)
     summary["pass"] = ok
     print(json.dumps(summary, indent=1))
