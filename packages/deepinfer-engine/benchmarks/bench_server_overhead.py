@@ -137,8 +137,9 @@ def engine_alone(w: Workload) -> float:
     return tokens / (time.perf_counter() - t)
 
 
-def serve(w: Workload, port: int, switch_interval_s: float | None) -> None:
-    """The server process: the real app over a PacedEngine."""
+def serve(w: Workload, port: int, switch_interval_s: float | None, api_workers: int = 1) -> None:
+    """The server process: the real app over a PacedEngine (in this process, or in `api_workers`
+    HTTP worker processes linked to it, as `deepinfer serve --api-workers`)."""
     import uvicorn
 
     from deepinfer_engine.serving.app import build_app, make_state
@@ -148,8 +149,17 @@ def serve(w: Workload, port: int, switch_interval_s: float | None) -> None:
         sys.setswitchinterval(switch_interval_s)
     metrics = ServingMetrics(log_interval_s=0)
     llm = AsyncLLM(w.engine(), observer=metrics)
-    app = build_app(make_state(llm, "paced", "", metrics))
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    if api_workers == 1:
+        app = build_app(make_state(llm, "paced", "", metrics))
+        uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+        return
+    from deepinfer_engine.serving.engine_link import ServerInfo
+    from deepinfer_engine.serving.worker_hub import WorkerHub
+    hub = WorkerHub(llm, metrics, ServerInfo("paced", "", None, VOCAB, 1 << 16, 256))
+    os.environ.update(hub.env())
+    uvicorn.run("deepinfer_engine.serving.api_worker:create_app", factory=True, workers=api_workers,
+                host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    hub.close()
 
 
 async def _stream_one(client, w: Workload) -> int:
@@ -194,11 +204,26 @@ def _saturate(base_url: str, w: Workload, clients: int, server_pid: int) -> tupl
         go_at = time.time() + 0.5
         runs = pool.map(_client_process, [base_url] * clients, [w] * clients, share, [go_at] * clients)
         time.sleep(max(0.0, go_at - time.time()))
-        cpu = _cpu_s(server_pid)
+        pids = _process_tree(server_pid)
+        cpu0 = [_cpu_s(p) for p in pids]
         parts = list(runs)
-        cpu = _cpu_s(server_pid) - cpu
+        cpu = [_cpu_s(p) - c for p, c in zip(pids, cpu0)]
     tokens = sum(p[0] for p in parts)
-    return tokens / (max(p[2] for p in parts) - min(p[1] for p in parts)), cpu / tokens
+    if len(pids) > 1:
+        print(f"  server CPU per token: engine process {1e6 * cpu[0] / tokens:.1f} us, API workers "
+              f"{1e6 * sum(cpu[1:]) / tokens:.1f} us", flush=True)
+    return tokens / (max(p[2] for p in parts) - min(p[1] for p in parts)), sum(cpu) / tokens
+
+
+def _process_tree(pid: int) -> list[int]:
+    """pid and its descendants (the server's API worker processes)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in os.listdir(f"/proc/{p}/task"):
+            todo += [int(c) for c in open(f"/proc/{p}/task/{task}/children").read().split()]
+    return out
 
 
 def _cpu_s(pid: int) -> float:
@@ -220,12 +245,12 @@ def _wait_healthy(base_url: str, proc: subprocess.Popen, timeout_s: float) -> No
     raise TimeoutError(f"server not healthy after {timeout_s:g} s")
 
 
-def through_server(w: Workload, clients: int = 2, switch_interval_s: float | None = None) -> float:
+def through_server(w: Workload, clients: int = 2, switch_interval_s: float | None = None, api_workers: int = 1) -> float:
     """Tokens/s the clients read from a server process over the paced engine, all requests at once."""
     from deepinfer_engine.serving.launch import free_port
     port = free_port()
     cmd = [sys.executable, __file__, "--serve", str(port), "--step-ms", str(w.step_ms),
-           "--tokens-per-step", str(w.tokens_per_step), "--batch", str(w.batch)]
+           "--tokens-per-step", str(w.tokens_per_step), "--batch", str(w.batch), "--api-workers", str(api_workers)]
     if switch_interval_s is not None:
         cmd += ["--switch-interval", str(switch_interval_s)]
     proc = subprocess.Popen(cmd)
@@ -233,7 +258,8 @@ def through_server(w: Workload, clients: int = 2, switch_interval_s: float | Non
         base = f"http://127.0.0.1:{port}"
         _wait_healthy(base, proc, timeout_s=120)
         tok_s, cpu_per_token = _saturate(base, w, clients, proc.pid)
-        print(f"  server CPU {1e6 * cpu_per_token:.1f} us per token ({clients} client processes)", flush=True)
+        print(f"  server CPU {1e6 * cpu_per_token:.1f} us per token ({clients} client processes, "
+              f"{api_workers} API process{'es' if api_workers > 1 else ''})", flush=True)
         return tok_s
     finally:
         proc.terminate()
@@ -262,14 +288,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--num-requests", type=int, default=256)
     ap.add_argument("--clients", type=int, default=2, help="client processes")
     ap.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval in the server (s)")
+    ap.add_argument("--api-workers", type=int, default=1, help="HTTP worker processes (deepinfer serve --api-workers)")
     ap.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     w = Workload(args.step_ms, args.tokens_per_step, args.batch, args.num_requests)
     if args.serve is not None:
-        serve(w, args.serve, args.switch_interval)
+        serve(w, args.serve, args.switch_interval, args.api_workers)
         return
     alone = engine_alone(w)
-    served = through_server(w, args.clients, args.switch_interval)
+    served = through_server(w, args.clients, args.switch_interval, args.api_workers)
     print(f"{w}: server {served:.0f} tok/s vs engine alone {alone:.0f} tok/s = {served / alone:.3f}")
 
 

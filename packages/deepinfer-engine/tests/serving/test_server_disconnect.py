@@ -21,10 +21,11 @@ PROMPTS = ["def add(a, b):", "class Stack:", "import os\n", "def parse(line):", 
 NUM_CLIENTS, SOLO_TOKENS, LONG_TOKENS = 64, 10, 200
 
 
-@pytest.fixture(scope="module")
-def server():
-    # batch-invariant forward: a request's greedy tokens do not depend on what it is batched with
-    with ServerProcess(ARGS, env={"DEEPINFER_BATCH_INVARIANT": "1"}) as s:
+@pytest.fixture(scope="module", params=[1, 2], ids=["in-process", "2-api-workers"])
+def server(request):
+    # batch-invariant forward: a request's greedy tokens do not depend on what it is batched with;
+    # with 2 API workers the clients' connections spread over two HTTP processes
+    with ServerProcess(ARGS + ["--api-workers", str(request.param)], env={"DEEPINFER_BATCH_INVARIANT": "1"}) as s:
         yield s
 
 

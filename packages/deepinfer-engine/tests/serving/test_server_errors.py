@@ -78,9 +78,10 @@ MATRIX = [
 ]
 
 
-@pytest.fixture(scope="module")
-def server():
-    with ServerProcess(ARGS) as s:
+@pytest.fixture(scope="module", params=[1, 2], ids=["in-process", "2-api-workers"])
+def server(request):
+    # with API workers the engine's own checks answer through the link (the request's first delta)
+    with ServerProcess(ARGS + ["--api-workers", str(request.param)]) as s:
         yield s
 
 

@@ -1,5 +1,6 @@
 """`deepinfer serve` on the CPU with the default model, driven by the official `openai` client
-(one server process for the module, on a free 127.0.0.1 port)."""
+(one server for the module, on a free 127.0.0.1 port: the app in the engine's process, then two
+API worker processes linked to it)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
           "required": ["name", "size"], "additionalProperties": False}
 
 
-@pytest.fixture(scope="module")
-def server():
-    with ServerProcess(ARGS) as s:
+@pytest.fixture(scope="module", params=[1, 2], ids=["in-process", "2-api-workers"])
+def server(request):
+    # 1: the app in the engine's process; 2: two HTTP worker processes linked to the engine process
+    with ServerProcess(ARGS + ["--api-workers", str(request.param)]) as s:
         yield s
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
+from typing import Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
@@ -37,15 +38,32 @@ MAX_BODY_BYTES = 8 << 20
 DISCONNECT_POLL_S = 0.25
 
 
+class EngineHandle(Protocol):
+    """What the app asks of the engine: AsyncLLM in-process, serving.api_worker.EngineClient in an
+    API worker process."""
+
+    def add_request(self, prompt: str | None, prompt_token_ids: list[int] | None,
+                    params: SamplingParams) -> RequestStream: ...
+    def is_healthy(self) -> tuple[bool, str]: ...
+
+
+class MetricsEndpoint(Protocol):
+    """ServingMetrics in-process; the engine process's metrics through the link in a worker."""
+
+    async def scrape(self) -> bytes: ...
+    def count_http_error(self, status: int) -> None: ...
+
+
 @dataclass
 class ServerState:
-    llm: AsyncLLM
+    llm: EngineHandle
     model_name: str
     encoder: PlainEncoder | None       # None: the model has no tokenizer (token-id prompts only)
     renderer: ChatRenderer | None
     tokens: fmt.TokenStrings
-    metrics: ServingMetrics
+    metrics: MetricsEndpoint
     max_model_len: int
+    vocab_size: int
     default_max_tokens: int = 256
 
 
@@ -54,12 +72,12 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, err: APIError):
-        state.metrics.http_errors.labels(str(err.status)).inc()
+        state.metrics.count_http_error(err.status)
         return JSONResponse(err.body(), status_code=err.status)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, err: StarletteHTTPException):
-        state.metrics.http_errors.labels(str(err.status_code)).inc()
+        state.metrics.count_http_error(err.status_code)
         kind = "not_found_error" if err.status_code == 404 else "invalid_request_error"
         return JSONResponse(APIError(str(err.detail), None, err.status_code, kind).body(), status_code=err.status_code)
 
@@ -72,7 +90,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics():
-        return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(await state.metrics.scrape(), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
     async def models():
@@ -133,7 +151,7 @@ def _encode_prompt(state: ServerState, prompt: str | list[int]) -> list[int]:
         if not ids:
             raise APIError("prompt: must encode to at least 1 token", "prompt")
         return ids
-    vocab = state.llm.engine.vocab_size
+    vocab = state.vocab_size
     for i, t in enumerate(prompt):
         if not 0 <= t < vocab:
             raise APIError(f"prompt: token id {t} at index {i} is outside the vocabulary [0, {vocab})", "prompt")
@@ -334,18 +352,24 @@ async def _sse(state: ServerState, req: SamplingFields, streams, choices, firsts
 
 def make_state(llm: AsyncLLM, model_name: str, template: str, metrics: ServingMetrics,
                default_max_tokens: int = 256) -> ServerState:
+    """The in-process server's state (the app over this process's AsyncLLM)."""
+    engine = llm.engine
+    return state_for(llm, metrics, model_name, template, engine.tokenizer, engine.vocab_size, engine.max_model_len,
+                     default_max_tokens)
+
+
+def state_for(llm: EngineHandle, metrics: MetricsEndpoint, model_name: str, template: str, tokenizer,
+              vocab_size: int, max_model_len: int, default_max_tokens: int = 256) -> ServerState:
     """The server's state; a model without a tokenizer (random-weight presets) serves token-id
     prompts only (chat and text prompts get a 400 naming the field)."""
     from deepinfer_engine.detokenizer import TokenTable
-    engine = llm.engine
-    tok = engine.tokenizer
-    if tok is None:
-        return ServerState(llm, model_name, None, None, fmt.TokenStrings([]), metrics, engine.max_model_len,
+    if tokenizer is None:
+        return ServerState(llm, model_name, None, None, fmt.TokenStrings([]), metrics, max_model_len, vocab_size,
                            default_max_tokens)
-    encoder = PlainEncoder(tok)
-    backend = tok.backend
-    bos = backend.id_to_token(tok.bos_token_id) if tok.bos_token_id is not None else ""
-    eos = backend.id_to_token(tok.eos_token_ids[0]) if tok.eos_token_ids else ""
-    table = TokenTable.from_tokenizer(tok, engine.vocab_size)
+    encoder = PlainEncoder(tokenizer)
+    backend = tokenizer.backend
+    bos = backend.id_to_token(tokenizer.bos_token_id) if tokenizer.bos_token_id is not None else ""
+    eos = backend.id_to_token(tokenizer.eos_token_ids[0]) if tokenizer.eos_token_ids else ""
+    table = TokenTable.from_tokenizer(tokenizer, vocab_size)
     return ServerState(llm, model_name, encoder, ChatRenderer(template, encoder, bos or "", eos or ""),
-                       fmt.TokenStrings(table.token_bytes), metrics, engine.max_model_len, default_max_tokens)
+                       fmt.TokenStrings(table.token_bytes), metrics, max_model_len, vocab_size, default_max_tokens)

@@ -63,7 +63,7 @@ class RequestStream:
     """The async iterator of one request's deltas. Producer: the loop thread (`_put`); consumer:
     one coroutine on any event loop. Ends after the finished delta."""
 
-    def __init__(self, prompt: str | None, token_ids: list[int], params: SamplingParams):
+    def __init__(self, prompt: str | None, token_ids: list[int] | None, params: SamplingParams):
         self.prompt = prompt
         self.prompt_token_ids = token_ids
         self.params = params
@@ -91,6 +91,14 @@ class RequestStream:
                 loop.call_soon_threadsafe(_wake, waiter)
             except RuntimeError:   # the consumer's event loop is closed: nobody listens any more
                 pass
+
+    def _put_in_loop(self, delta: RequestDelta) -> None:
+        """`_put` from a callback on the consumer's own event loop (no thread hand-off)."""
+        with self._lock:
+            self._items.append(delta)
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            _wake(waiter)
 
     # ------------------------------------------------------------------ consumer
     def __aiter__(self) -> RequestStream:
@@ -163,6 +171,7 @@ class AsyncLLM:
         self._streams: dict[int, RequestStream] = {}
         self._cond = threading.Condition()
         self._closed = False
+        self._dispatch_hooks: list = []
         engine.start_streaming()
         self._thread = threading.Thread(target=self._run, name="deepinfer-engine-loop", daemon=True)
         self._thread.start()
@@ -177,14 +186,23 @@ class AsyncLLM:
                     params: SamplingParams | None = None) -> RequestStream:
         """Validate (raises InvalidRequestError naming the field) and queue a request; returns its
         stream. Raises RuntimeError when the loop is down."""
+        params = params or SamplingParams()
+        return self.submit(RequestStream(prompt, prompt_token_ids, params))
+
+    def submit(self, stream: RequestStream) -> RequestStream:
+        """`add_request` for a stream made by the caller (a subclass that forwards its deltas
+        elsewhere: serving.worker_hub). Validates stream.prompt / prompt_token_ids / params."""
         if self.error is not None or self._closed:
             raise RuntimeError(f"engine loop is not running: {self.error!r}")
-        params = params or SamplingParams()
-        token_ids = self.engine.validate_request(prompt, prompt_token_ids, params)
-        stream = RequestStream(prompt, token_ids, params)
+        stream.prompt_token_ids = self.engine.validate_request(stream.prompt, stream.prompt_token_ids, stream.params)
         stream._owner = self
         self._submit(("add", stream))
         return stream
+
+    def add_dispatch_hook(self, hook) -> None:
+        """Call `hook()` on the loop thread after every loop iteration that handed out deltas (a
+        forwarding stream's owner sends what the iteration queued as one message)."""
+        self._dispatch_hooks.append(hook)
 
     async def generate(self, prompt: str | None = None, prompt_token_ids: list[int] | None = None,
                        params: SamplingParams | None = None) -> list[RequestDelta]:
@@ -255,11 +273,15 @@ class AsyncLLM:
                         self.observer.on_step(self, step_s)
                 else:
                     self._dispatch(engine.pop_stream_deltas())
+                for hook in self._dispatch_hooks:
+                    hook()
                 self.heartbeat = time.monotonic()
             except BaseException as err:  # noqa: BLE001 - the loop must report, not vanish
                 logger.exception("engine loop failed")
                 self.error = err
                 self._fail_all(f"engine error: {err!r}")
+                for hook in self._dispatch_hooks:   # forwarded streams get their final deltas too
+                    hook()
                 return
 
     def _apply(self, command: tuple) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
 
 DEFAULT_MODEL_NAME = "deepinfer-default"
@@ -31,6 +32,9 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--default-max-tokens", type=int, default=256, help="output limit when a request sets none")
     p.add_argument("--log-interval", type=float, default=10.0, help="seconds between metric log lines (0: off)")
     p.add_argument("--stuck-after", type=float, default=120.0, help="/health fails when a step runs longer")
+    p.add_argument("--api-workers", type=int, default=None,
+                   help="HTTP worker processes over one engine process (default: 4 on CUDA with >= 8 CPUs, else 1: "
+                        "the app runs in the engine's process)")
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=run_serve)
 
@@ -56,7 +60,7 @@ def build_engine(args):
 
 
 def build_server_app(args):
-    """(FastAPI app, AsyncLLM) for the parsed arguments (the engine is loaded here)."""
+    """(FastAPI app, AsyncLLM, ServingMetrics) for the parsed arguments (the engine is loaded here)."""
     from deepinfer_engine.serving.app import build_app, make_state
     from deepinfer_engine.serving.async_llm import AsyncLLM
     from deepinfer_engine.serving.chat_template import load_chat_template
@@ -64,19 +68,54 @@ def build_server_app(args):
 
     metrics = ServingMetrics(log_interval_s=args.log_interval)
     llm = AsyncLLM(build_engine(args), stuck_after_s=args.stuck_after, observer=metrics)
-    name = args.served_model_name or (Path(args.model).name if args.model else DEFAULT_MODEL_NAME)
-    state = make_state(llm, name, load_chat_template(args.model), metrics, args.default_max_tokens)
-    return build_app(state), llm
+    state = make_state(llm, served_name(args), load_chat_template(args.model), metrics, args.default_max_tokens)
+    return build_app(state), llm, metrics
+
+
+def served_name(args) -> str:
+    return args.served_model_name or (Path(args.model).name if args.model else DEFAULT_MODEL_NAME)
+
+
+def api_workers(args, device_type: str) -> int:
+    """--api-workers, or its default: several HTTP processes where the device outruns one."""
+    if args.api_workers is not None:
+        if args.api_workers < 1:
+            raise SystemExit(f"deepinfer serve: --api-workers: must be >= 1, got {args.api_workers}")
+        return args.api_workers
+    return 4 if device_type == "cuda" and (os.cpu_count() or 1) >= 8 else 1
 
 
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app, llm = build_server_app(args)
+    app, llm, metrics = build_server_app(args)
+    workers = api_workers(args, _device_type(args))
+    hub = None
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+        if workers == 1:
+            uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+        else:   # N HTTP processes on one socket (uvicorn's supervisor), each linked to this engine
+            from deepinfer_engine.serving.chat_template import load_chat_template
+            from deepinfer_engine.serving.engine_link import ServerInfo
+            from deepinfer_engine.serving.worker_hub import WorkerHub
+            engine = llm.engine
+            info = ServerInfo(served_name(args), load_chat_template(args.model), engine.tokenizer, engine.vocab_size,
+                              engine.max_model_len, args.default_max_tokens)
+            hub = WorkerHub(llm, metrics, info)
+            os.environ.update(hub.env())
+            uvicorn.run("deepinfer_engine.serving.api_worker:create_app", factory=True, workers=workers,
+                        host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     finally:
+        if hub is not None:
+            hub.close()
         llm.shutdown()
         if hasattr(llm.engine, "shutdown"):   # the DP front end's rank processes
             llm.engine.shutdown()
     return 0
+
+
+def _device_type(args) -> str:
+    if args.device:
+        return args.device.split(":")[0]
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -2,15 +2,20 @@
 
 Updated by the engine loop (`LoopObserver`): after every step and at every idle wake-up, so a
 scrape right after the loop applied an abort already shows the freed blocks. Latency buckets
-start at 100 us: a decode step of a small model is well under a millisecond on the GPU.
+start at 100 us: a decode step of a small model is well under a millisecond on the GPU. The
+per-token latencies are `LoopHistogram`s: plain counters the loop thread alone writes, so one
+delta of k tokens costs one observation, not k locked ones.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
+import math
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import HistogramMetricFamily
 
 logger = logging.getLogger("deepinfer")
 
@@ -19,13 +24,39 @@ LATENCY_BUCKETS = (1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.
 P = "deepinfer_"
 
 
+class LoopHistogram:
+    """A prometheus histogram written by one thread (the engine loop): `observe(value, count)`
+    adds `count` observations of `value` without a lock; a scrape reads the counters as they are."""
+
+    def __init__(self, name: str, doc: str, buckets: tuple[float, ...], registry: CollectorRegistry):
+        self.name, self.doc, self.bounds = name, doc, list(buckets)
+        self.counts = [0] * (len(buckets) + 1)   # the last: above every bound (+Inf)
+        self.sum = 0.0
+        registry.register(self)
+
+    def observe(self, value: float, count: int = 1) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += count   # bucket le=bound holds value <= bound
+        self.sum += value * count
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def collect(self):
+        cumulative, buckets = 0, []
+        for bound, n in zip([*self.bounds, math.inf], list(self.counts)):
+            cumulative += n
+            buckets.append(("+Inf" if bound == math.inf else repr(float(bound)), cumulative))
+        yield HistogramMetricFamily(self.name, self.doc, buckets=buckets, sum_value=self.sum)
+
+
 class ServingMetrics:
     def __init__(self, log_interval_s: float = 10.0):
         r = self.registry = CollectorRegistry()
         self.log_interval_s = log_interval_s
         g = lambda name, doc, **kw: Gauge(P + name, doc, registry=r, **kw)  # noqa: E731
         c = lambda name, doc, **kw: Counter(P + name, doc, registry=r, **kw)  # noqa: E731
-        h = lambda name, doc: Histogram(P + name, doc, registry=r, buckets=LATENCY_BUCKETS)  # noqa: E731
+        h = lambda name, doc: LoopHistogram(P + name, doc, LATENCY_BUCKETS, r)  # noqa: E731
         self.queue_depth = g("queue_depth", "requests not yet running: loop commands + waiting + grammar-held")
         self.running = g("num_requests_running", "requests running in the scheduler")
         self.waiting = g("num_requests_waiting", "requests waiting in the scheduler or for their grammar")
@@ -51,11 +82,13 @@ class ServingMetrics:
         self.grammar_failures = c("grammar_compile_fallbacks",
                                   "grammar compilations that failed or timed out (the request finished 'error')")
         self.http_errors = c("http_errors", "error responses", labelnames=("status",))
+        self.api_workers = g("api_workers_connected", "API worker processes linked to the engine (serve --api-workers)")
         self.ttft = h("time_to_first_token_seconds", "arrival to first token")
         self.itl = h("inter_token_latency_seconds", "time between a request's tokens (per token)")
         self.e2e = h("e2e_request_latency_seconds", "arrival to finish")
         self.step_time = h("engine_step_seconds", "wall time of one engine step")
-        self.grammar_compile = h("grammar_compile_seconds", "grammar submit to ready / failed")
+        self.grammar_compile = Histogram(P + "grammar_compile_seconds", "grammar submit to ready / failed", registry=r,
+                                         buckets=LATENCY_BUCKETS)
         self.prefix_admissions = c("prefix_cache_admissions", "admissions by prefix-cache outcome: NONE = the "
                                    "longest cached prefix was used, else the PrefixMiss reason it was cut",
                                    labelnames=["reason"])
@@ -68,6 +101,14 @@ class ServingMetrics:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
+    # ------------------------------------------------------------------ the HTTP app's side
+    async def scrape(self) -> bytes:
+        """/metrics' body (serving.api_worker.EngineClient gets it from the engine process instead)."""
+        return self.render()
+
+    def count_http_error(self, status: int) -> None:
+        self.http_errors.labels(str(status)).inc()
+
     # ------------------------------------------------------------------ LoopObserver
     def on_delta(self, stream, delta, now: float) -> None:
         n = len(delta.token_ids)
@@ -76,9 +117,7 @@ class ServingMetrics:
                 self.ttft.observe(now - stream.arrival)
                 n -= 1   # the first token's latency is the TTFT
             if n and stream.last_token_at is not None:
-                per = (now - stream.last_token_at) / len(delta.token_ids)
-                for _ in range(len(delta.token_ids)):
-                    self.itl.observe(per)
+                self.itl.observe((now - stream.last_token_at) / len(delta.token_ids), len(delta.token_ids))
         if delta.finished:
             self.e2e.observe(now - stream.arrival)
             self.finished.labels(delta.finish_reason or "none").inc()
