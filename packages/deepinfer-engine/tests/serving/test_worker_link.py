@@ -130,7 +130,7 @@ def test_a_worker_that_goes_away_aborts_its_requests(hub):
         stream = client.add_request(None, ids, SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
         await stream.__anext__()
     asyncio.run(start())
-    client._conn.close()   # the worker process died
+    client.close()   # as when the worker process dies
     _wait(lambda: _idle(hub))
     assert hub.llm.state.num_aborts == aborts + 1
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import socket
 import threading
 import time
 from multiprocessing.connection import Client
@@ -92,6 +93,15 @@ class EngineClient:
             self._send((link.HTTP_ERROR, status))
         except RuntimeError:
             pass
+
+    def close(self) -> None:
+        """Drop the link (the engine process aborts this worker's requests)."""
+        try:   # shutdown wakes the reader's recv with EOF; then the handle can go
+            socket.fromfd(self._conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM).shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._thread.join(5)
+        self._conn.close()
 
     # ------------------------------------------------------------------ the link
     def _send(self, message: tuple) -> None:
