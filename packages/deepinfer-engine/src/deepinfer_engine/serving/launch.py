@@ -63,13 +63,30 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait(5)
 
+    def pids(self) -> list[int]:
+        """The server's processes: the engine process and its API workers (Linux /proc)."""
+        out, todo = [], [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            out.append(pid)
+            try:
+                for task in os.listdir(f"/proc/{pid}/task"):
+                    with open(f"/proc/{pid}/task/{task}/children") as f:
+                        todo += [int(c) for c in f.read().split()]
+            except OSError:   # exited meanwhile
+                pass
+        return out
+
     def rss_bytes(self) -> int:
-        """Resident memory of the server process (Linux /proc)."""
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-        return 0
+        """Resident memory of the server: the sum over its processes (Linux /proc)."""
+        total = 0
+        for pid in self.pids():
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    total += next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:")), 0)
+            except OSError:
+                pass
+        return total
 
     def __enter__(self) -> ServerProcess:
         return self.start()
