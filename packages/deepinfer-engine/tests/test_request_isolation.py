@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import math
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -180,3 +181,18 @@ def test_fuzz_no_exception_escapes_and_the_next_request_is_unaffected(fresh, pro
     if with_good:
         assert outs[1].token_ids == reference
     _assert_serves(llm, reference)
+
+
+@pytest.mark.parametrize("ids, bad_index", [([1, 2, 3], None), ([np.int64(5), 7], None), ([1, True, 2], 1),
+                                            ([3, -1], 1), ([0, 10 ** 9], 1), ([2, 1.0], 1), ([2, "3"], 1)])
+def test_prompt_ids_fast_and_slow_paths_agree(ids, bad_index):
+    """Plain in-range ints pass the C-speed check; anything else takes the per-token path, which
+    names the first bad id's index."""
+    from deepinfer_engine.request_validation import validate_request
+    params = SamplingParams(max_tokens=1)
+    if bad_index is None:
+        out = validate_request(None, ids, params, tokenizer=None, vocab_size=100)
+        assert out == [int(t) for t in ids] and all(type(t) is int for t in out)
+    else:
+        with pytest.raises(InvalidRequestError, match=f"at index {bad_index} is outside the vocabulary"):
+            validate_request(None, ids, params, tokenizer=None, vocab_size=100)
