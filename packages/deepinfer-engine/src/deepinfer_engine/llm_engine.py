@@ -20,7 +20,6 @@ nothing already accepted is affected.
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,8 +42,9 @@ from deepinfer_engine.sampler import SamplingBatch, SamplingHost
 from deepinfer_engine.sampling_params import UINT64_MAX, SamplingParams
 from deepinfer_engine.stats import EngineGauges, EngineStats
 from deepinfer_engine.stop_strings import make_stop_matcher
-from deepinfer_engine.swa_tier import RingSnapshots, SwaHostStore
+from deepinfer_engine.swa_tier import RingSnapshots, SwaHostStore, swa_snapshot_grain
 from deepinfer_engine.verify_budget import VerifyBudgetPolicy
+from deepinfer_kernels.ops.sampling.rng import as_int64_bits
 from deepinfer_model.paged_cache import WindowRing
 from deepinfer_sched import (
     RequestOutputPool,
@@ -57,11 +57,6 @@ from deepinfer_sched import (
 logger = logging.getLogger("deepinfer")
 
 _FINISHED_PLACEHOLDER = RequestState(-1, SamplingParams(temperature=0), 0, GenerationOutput(-1, None, []))
-
-
-def _as_int64_bits(seed: int) -> int:
-    """uint64 seed -> the int64 with the same bits (what the sampling kernels take)."""
-    return seed - (1 << 64) if seed >= (1 << 63) else seed
 
 
 @dataclass(slots=True)
@@ -339,7 +334,7 @@ class LLMEngine:
         requests = self.output_processor.requests
         states = [requests.get(int(r), _FINISHED_PLACEHOLDER) for r in request_ids]
         host = SamplingHost(np.array([s.params.temperature for s in states], np.float32),
-                            np.array([_as_int64_bits(s.seed) for s in states], np.int64))
+                            np.array([as_int64_bits(s.seed) for s in states], np.int64))
         temperature, top_k, top_p, seeds = arrays_to_device(
             [(host.temperature, torch.float32),
              (np.array([s.params.top_k for s in states], np.int32), torch.int32),
@@ -401,14 +396,3 @@ def _starts_prefill(state: RequestState | None) -> bool:
         return True
     first, state.prefill_started = not state.prefill_started, True
     return first
-
-
-def swa_snapshot_grain(cfg, model_config) -> int:
-    """The SWA tier's grain: `swa_snapshot_tokens` (SPEC: 128) rounded up to a multiple of the block
-    size and of every compress ratio (no compressed entry is open at a snapshot point); >= W."""
-    ratios = [model_config.compress_ratios[s] for s in model_config.topology.compressed_sources]
-    grain = math.lcm(cfg.swa_snapshot_tokens, cfg.block_size, *[r for r in ratios if r > 0])
-    if grain < model_config.sliding_window:
-        raise ValueError(f"swa_snapshot_tokens: the grain {grain} must be >= the sliding window "
-                         f"({model_config.sliding_window})")
-    return grain

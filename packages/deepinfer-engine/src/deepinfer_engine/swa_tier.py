@@ -30,6 +30,7 @@ rows into the new request's ring before its first chunk runs.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -210,3 +211,14 @@ class RingSnapshots:
     def discard(self, step_id: int) -> None:
         """A step that never reaches the ledger (it failed): forget its candidates."""
         self.pending.pop(step_id, None)
+
+
+def swa_snapshot_grain(cfg, model_config) -> int:
+    """The SWA tier's grain: `swa_snapshot_tokens` (SPEC: 128) rounded up to a multiple of the block
+    size and of every compress ratio (no compressed entry is open at a snapshot point); >= W."""
+    ratios = [model_config.compress_ratios[s] for s in model_config.topology.compressed_sources]
+    grain = math.lcm(cfg.swa_snapshot_tokens, cfg.block_size, *[r for r in ratios if r > 0])
+    if grain < model_config.sliding_window:
+        raise ValueError(f"swa_snapshot_tokens: the grain {grain} must be >= the sliding window "
+                         f"({model_config.sliding_window})")
+    return grain

@@ -39,14 +39,14 @@ class RngStream(enum.IntEnum):
     RESIDUAL = 3  # resample from norm(max(0, p - q)) after a rejection
 
 
-def _u64(value: int) -> int:
-    """uint64 constant -> the int64 with the same bits."""
+def as_int64_bits(value: int) -> int:
+    """uint64 -> the int64 with the same bits (the sampling kernels take seeds and constants so)."""
     return value - (1 << 64) if value >= (1 << 63) else value
 
 
-_GAMMA = _u64(0x9E3779B97F4A7C15)
-_MUL1 = _u64(0xBF58476D1CE4E5B9)
-_MUL2 = _u64(0x94D049BB133111EB)
+_GAMMA = as_int64_bits(0x9E3779B97F4A7C15)
+_MUL1 = as_int64_bits(0xBF58476D1CE4E5B9)
+_MUL2 = as_int64_bits(0x94D049BB133111EB)
 _MANTISSA_BITS = 53
 
 
