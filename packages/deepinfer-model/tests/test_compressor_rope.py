@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from deepinfer_model import presets
-from deepinfer_model.paged.forward import _Rows
 from deepinfer_model.modules.compressor import Compressor
 from deepinfer_model.modules.rope import rope_table
+from deepinfer_model.paged.rows import StepRows
 
 
 @pytest.mark.parametrize("ratio", [1, 4])
@@ -17,7 +17,7 @@ def test_combine_with_the_shared_table_is_bit_identical(ratio):
     with torch.no_grad():
         comp.pos_bias.normal_()
     positions = torch.tensor([0, 3, 7, 8, 130, 511, 4095])
-    rows = _Rows(positions, torch.zeros_like(positions), positions, torch.zeros_like(positions), None)
+    rows = StepRows(positions, torch.zeros_like(positions), positions, torch.zeros_like(positions), None)
     entry_ids = positions // ratio
     terms = torch.randn(positions.shape[0], ratio, comp.stage_width) * 3
     want_latent, want_ik = comp.combine(terms, entry_ids)

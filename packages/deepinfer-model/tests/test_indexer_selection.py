@@ -8,7 +8,8 @@ import torch
 from deepinfer_kernels.ops.attention_indices import attention_indices
 from deepinfer_kernels.ops.indexer import BF16_MAX
 from deepinfer_kernels.ops.kv_fp4 import dequantize_index_k_fp4
-from deepinfer_model.paged.forward import _Rows, far_selection
+from deepinfer_model.paged.forward import far_selection
+from deepinfer_model.paged.rows import StepRows
 from deepinfer_model.testing import Driver, Seq, tiny_model
 
 
@@ -34,7 +35,7 @@ def test_far_selection_in_the_engine_path():
     g = torch.Generator().manual_seed(1)
     u = torch.randn(120, cfg.hidden_size, generator=g)
     q_lat = torch.randn(120, cfg.q_lora_rank, generator=g)
-    rows = _Rows(meta.positions, meta.row_to_req, meta.slot_mapping, torch.zeros(120, dtype=torch.long), None)
+    rows = StepRows(meta.positions, meta.row_to_req, meta.slot_mapping, torch.zeros(120, dtype=torch.long), None)
     far = far_indices(model, layer, q_lat, layer.self_attn.indexer.weights_proj(u), rows, meta, drv.cache)
     q_idx, wts = layer.self_attn.indexer.query(q_lat, u)
     slot = lambda p: seq.slot(p, 8, r)  # noqa: E731  (the entry closing at p)

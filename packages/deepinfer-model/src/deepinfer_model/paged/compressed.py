@@ -36,7 +36,7 @@ def update_compressed_source(model, src: int, terms: torch.Tensor, positions: to
     """terms float32 [N, S]: the rows' `Compressor.token_terms` (an encoder-side source's come from
     its layer's fused input GEMM), positions/req/slots [N]; slot -1 rows write nothing.
     `entry_rope(r)` (static only): the RoPE table of the positions of the entries the rows close at
-    ratio r, shared by the step's sources of that ratio (`_Rows.entry_rope`). `closing_rows`
+    ratio r, shared by the step's sources of that ratio (`StepRows.entry_rope`). `closing_rows`
     (prefill, from the host: `prefill_plan.plan_prefill_rows`, which checked their slots): ratio ->
     the rows closing an entry, so no row set is read from the device. `ring` (caches with rings): the
     rows' ring facts; the stage is then this step's scratch rows + per-request rings (paged/ring.py)."""
