@@ -25,7 +25,8 @@
 #              prefill 64 x 512 with quads, pairs and per-row kernels alternately, the HF peer first
 #   serving    tools/load_bench.py on the default model: 256 requests at 16 and 64 requests/s and at
 #              saturation, the same workload through LLM.generate first (server / offline throughput,
-#              TTFT / ITL p50 / p99, the server's per-token overhead), JSON rows and the latency plot
+#              TTFT / ITL p50 / p99, the server's per-token overhead), JSON rows and the latency plot;
+#              then saturation again with --api-workers 1 (the default on CUDA is 4 HTTP processes)
 #   kvmem      the window rings and the SWA tier on CUDA (their GPU tests, the rings bit for bit against
 #              the paged layout), then tools/chat_replay.py with each layout and its step traces
 #
@@ -36,7 +37,8 @@
 # (uvloop is in the image). Structured output needs
 # xgrammar >= 0.2.9 (0.2.8 builds speculative-step masks ~4x slower): when the device bundle is
 # older, carry the wheel in .whl/ (see /work/.library/device/README.md) and this script installs it.
-# Writes under $OUT:
+# PACK_LOGS=1 puts the mode's *.log files into $OUT/<mode>-logs.tgz (a device call returns at most
+# 8 files). Writes under $OUT:
 # <mode>.log, bench.jsonl (one JSON row per measurement, with the copy / matmul ceilings of the
 # run) and summary.txt (rc and seconds of every stage).
 set -uo pipefail
@@ -120,9 +122,13 @@ case "$MODE" in
       stage "prefill_$run" 90 env "${env[@]}" "${PF[@]}" --result-jsonl "$OUT/bench.jsonl" > "$OUT/prefill_$run.log" 2>&1
     done ;;
   serving)
-    stage load_bench 540 "$PY" tools/load_bench.py --device cuda --num-requests 256 --rates 16,64,inf \
+    stage load_bench 400 "$PY" tools/load_bench.py --device cuda --num-requests 256 --rates 16,64,inf \
       --compare-offline --json-out "$OUT/load_bench.jsonl" --plot "$OUT/load_bench.png" \
-      --server-log "$OUT/server.log" > "$OUT/load_bench.log" 2>&1 ;;
+      --server-log "$OUT/server.log" > "$OUT/load_bench.log" 2>&1
+    # the same saturation through one API process (the app in the engine's process): what the workers buy
+    stage load_bench_1worker 140 "$PY" tools/load_bench.py --device cuda --num-requests 256 --rates inf \
+      --server-args "--api-workers 1" --json-out "$OUT/load_bench_1worker.jsonl" \
+      --server-log "$OUT/server_1worker.log" > "$OUT/load_bench_1worker.log" 2>&1 ;;
   kvmem)
     stage rings_gpu 240 "$PY" -m pytest -p no:cacheprovider --benchmark-skip -v -rf -m gpu -o faulthandler_timeout=200 \
       packages/deepinfer-engine/tests/test_gpu_engine.py packages/deepinfer-engine/tests/test_swa_tier.py -k "window_rings or on_cuda" \
@@ -133,4 +139,7 @@ case "$MODE" in
     done ;;
   *) echo "usage: $0 tests|quick|dspark|batch64|flashslice|mini|ops|sharedkeys|serving|kvmem" >&2; exit 2 ;;
 esac
+if [ -n "${PACK_LOGS:-}" ]; then   # at most 8 files come back from a device call: the logs as one archive
+  (cd "$OUT" && compgen -G "*.log" > /dev/null && tar -czf "$MODE-logs.tgz" -- *.log && rm -f -- *.log)
+fi
 cat "$SUMMARY"
