@@ -88,8 +88,8 @@ def api_workers(args, device_type: str) -> int:
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    workers = api_workers(args, _device_type(args))   # a bad value fails before the model loads
     app, llm, metrics = build_server_app(args)
-    workers = api_workers(args, _device_type(args))
     hub = None
     try:
         if workers == 1:
