@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -70,3 +72,9 @@ def test_killed_workers_abort_their_requests_and_are_replaced():
         assert httpx.get(url + "/health").json() == {"status": "ok"}
         r = httpx.post(url + "/v1/completions", json={**body, "stream": False, "max_tokens": 8}, timeout=120)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
+
+
+def test_a_bad_worker_count_fails_before_the_model_loads():
+    r = subprocess.run([sys.executable, "-m", "deepinfer_engine.cli", "serve", "--device", "cpu", "--api-workers", "0"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "--api-workers: must be >= 1, got 0" in r.stderr
