@@ -154,12 +154,9 @@ def serve(w: Workload, port: int, switch_interval_s: float | None, api_workers: 
         uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
         return
     from deepinfer_engine.serving.engine_link import ServerInfo
-    from deepinfer_engine.serving.worker_hub import WorkerHub
-    hub = WorkerHub(llm, metrics, ServerInfo("paced", "", None, VOCAB, 1 << 16, 256))
-    os.environ.update(hub.env())
-    uvicorn.run("deepinfer_engine.serving.api_worker:create_app", factory=True, workers=api_workers,
-                host="127.0.0.1", port=port, log_level="warning", access_log=False)
-    hub.close()
+    from deepinfer_engine.serving.worker_hub import serve_api_workers
+    serve_api_workers(llm, metrics, ServerInfo("paced", "", None, VOCAB, 1 << 16, 256), api_workers,
+                      host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
 async def _stream_one(client, w: Workload) -> int:
@@ -204,7 +201,8 @@ def _saturate(base_url: str, w: Workload, clients: int, server_pid: int) -> tupl
         go_at = time.time() + 0.5
         runs = pool.map(_client_process, [base_url] * clients, [w] * clients, share, [go_at] * clients)
         time.sleep(max(0.0, go_at - time.time()))
-        pids = _process_tree(server_pid)
+        from deepinfer_engine.serving.launch import process_tree
+        pids = process_tree(server_pid)   # the engine process first, then its API workers
         cpu0 = [_cpu_s(p) for p in pids]
         parts = list(runs)
         cpu = [_cpu_s(p) - c for p, c in zip(pids, cpu0)]
@@ -213,17 +211,6 @@ def _saturate(base_url: str, w: Workload, clients: int, server_pid: int) -> tupl
         print(f"  server CPU per token: engine process {1e6 * cpu[0] / tokens:.1f} us, API workers "
               f"{1e6 * sum(cpu[1:]) / tokens:.1f} us", flush=True)
     return tokens / (max(p[2] for p in parts) - min(p[1] for p in parts)), sum(cpu) / tokens
-
-
-def _process_tree(pid: int) -> list[int]:
-    """pid and its descendants (the server's API worker processes)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        for task in os.listdir(f"/proc/{p}/task"):
-            todo += [int(c) for c in open(f"/proc/{p}/task/{task}/children").read().split()]
-    return out
 
 
 def _cpu_s(pid: int) -> float:

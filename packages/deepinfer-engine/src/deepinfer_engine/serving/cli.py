@@ -59,63 +59,56 @@ def build_engine(args):
         raise SystemExit(f"deepinfer serve: {err}") from None
 
 
-def build_server_app(args):
-    """(FastAPI app, AsyncLLM, ServingMetrics) for the parsed arguments (the engine is loaded here)."""
-    from deepinfer_engine.serving.app import build_app, make_state
+def build_loop(args):
+    """(AsyncLLM, ServingMetrics) for the parsed arguments (the engine is loaded here)."""
     from deepinfer_engine.serving.async_llm import AsyncLLM
-    from deepinfer_engine.serving.chat_template import load_chat_template
     from deepinfer_engine.serving.metrics import ServingMetrics
 
     metrics = ServingMetrics(log_interval_s=args.log_interval)
-    llm = AsyncLLM(build_engine(args), stuck_after_s=args.stuck_after, observer=metrics)
-    state = make_state(llm, served_name(args), load_chat_template(args.model), metrics, args.default_max_tokens)
-    return build_app(state), llm, metrics
+    return AsyncLLM(build_engine(args), stuck_after_s=args.stuck_after, observer=metrics), metrics
 
 
 def served_name(args) -> str:
     return args.served_model_name or (Path(args.model).name if args.model else DEFAULT_MODEL_NAME)
 
 
-def api_workers(args, device_type: str) -> int:
+def api_workers(args) -> int:
     """--api-workers, or its default: several HTTP processes where the device outruns one."""
     if args.api_workers is not None:
         if args.api_workers < 1:
             raise SystemExit(f"deepinfer serve: --api-workers: must be >= 1, got {args.api_workers}")
         return args.api_workers
+    from deepinfer_engine.model_loader import resolve_device
+    try:
+        device_type = resolve_device(args.device).type
+    except ValueError as err:
+        raise SystemExit(f"deepinfer serve: {err}") from None
     return 4 if device_type == "cuda" and (os.cpu_count() or 1) >= 8 else 1
 
 
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
+
+    from deepinfer_engine.serving.chat_template import load_chat_template
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    workers = api_workers(args, _device_type(args))   # a bad value fails before the model loads
-    app, llm, metrics = build_server_app(args)
-    hub = None
+    workers = api_workers(args)   # a bad value fails before the model loads
+    llm, metrics = build_loop(args)
+    template = load_chat_template(args.model)
+    served = dict(host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     try:
-        if workers == 1:
-            uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+        if workers == 1:   # the app in this process
+            from deepinfer_engine.serving.app import build_app, make_state
+            uvicorn.run(build_app(make_state(llm, served_name(args), template, metrics, args.default_max_tokens)),
+                        **served)
         else:   # N HTTP processes on one socket (uvicorn's supervisor), each linked to this engine
-            from deepinfer_engine.serving.chat_template import load_chat_template
             from deepinfer_engine.serving.engine_link import ServerInfo
-            from deepinfer_engine.serving.worker_hub import WorkerHub
+            from deepinfer_engine.serving.worker_hub import serve_api_workers
             engine = llm.engine
-            info = ServerInfo(served_name(args), load_chat_template(args.model), engine.tokenizer, engine.vocab_size,
-                              engine.max_model_len, args.default_max_tokens)
-            hub = WorkerHub(llm, metrics, info)
-            os.environ.update(hub.env())
-            uvicorn.run("deepinfer_engine.serving.api_worker:create_app", factory=True, workers=workers,
-                        host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+            info = ServerInfo(served_name(args), template, engine.tokenizer, engine.vocab_size, engine.max_model_len,
+                              args.default_max_tokens)
+            serve_api_workers(llm, metrics, info, workers, **served)
     finally:
-        if hub is not None:
-            hub.close()
         llm.shutdown()
         if hasattr(llm.engine, "shutdown"):   # the DP front end's rank processes
             llm.engine.shutdown()
     return 0
-
-
-def _device_type(args) -> str:
-    if args.device:
-        return args.device.split(":")[0]
-    import torch
-    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -23,6 +23,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants, `pid` first (Linux /proc; a process that exits meanwhile is skipped)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
 class ServerProcess:
     def __init__(self, args: list[str], env: dict[str, str] | None = None, startup_timeout_s: float = 300.0,
                  log_path: str | Path | None = None):
@@ -65,17 +80,7 @@ class ServerProcess:
 
     def pids(self) -> list[int]:
         """The server's processes: the engine process and its API workers (Linux /proc)."""
-        out, todo = [], [self.proc.pid]
-        while todo:
-            pid = todo.pop()
-            out.append(pid)
-            try:
-                for task in os.listdir(f"/proc/{pid}/task"):
-                    with open(f"/proc/{pid}/task/{task}/children") as f:
-                        todo += [int(c) for c in f.read().split()]
-            except OSError:   # exited meanwhile
-                pass
-        return out
+        return process_tree(self.proc.pid)
 
     def rss_bytes(self) -> int:
         """Resident memory of the server: the sum over its processes (Linux /proc)."""

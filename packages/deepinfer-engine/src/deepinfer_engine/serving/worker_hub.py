@@ -204,3 +204,15 @@ class WorkerHub:
             os.rmdir(self._dir)
         except OSError:
             pass
+
+
+def serve_api_workers(llm: AsyncLLM, metrics, info: link.ServerInfo, workers: int, **uvicorn_args) -> None:
+    """Serve over `workers` uvicorn worker processes on one socket, each linked to `llm`, until
+    uvicorn returns (SIGINT / SIGTERM); `uvicorn_args`: host, port, log_level, ..."""
+    import uvicorn
+    hub = WorkerHub(llm, metrics, info)
+    os.environ.update(hub.env())   # the workers (spawned) read where to connect from here
+    try:
+        uvicorn.run("deepinfer_engine.serving.api_worker:create_app", factory=True, workers=workers, **uvicorn_args)
+    finally:
+        hub.close()
