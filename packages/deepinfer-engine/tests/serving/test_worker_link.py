@@ -151,3 +151,11 @@ def test_metrics_come_from_the_engine_process(hub):
     text = asyncio.run(client.scrape()).decode()
     assert 'deepinfer_http_errors_total{status="418"} 1.0' in text
     assert "deepinfer_api_workers_connected" in text
+
+
+def test_the_handshake_comes_before_any_heartbeat(hub, monkeypatch):
+    monkeypatch.setattr(link, "HEARTBEAT_S", 0.0005)   # heartbeats all but continuous
+    for _ in range(30):
+        client = _client(hub)
+        assert isinstance(client.info, link.ServerInfo)
+        client.close()

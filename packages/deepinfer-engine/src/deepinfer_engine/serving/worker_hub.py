@@ -80,7 +80,6 @@ class WorkerLink:
     def _read(self) -> None:
         llm = self.hub.llm
         try:
-            self.conn.send(self.hub.info)
             while True:
                 msg = self.conn.recv()
                 kind = msg[0]
@@ -157,6 +156,11 @@ class WorkerHub:
             if self._closed.is_set():   # close()'s wake-up connection
                 conn.close()
                 return
+            try:   # the handshake goes first: the heartbeat reaches a link only once it is listed
+                conn.send(self.info)
+            except OSError:
+                conn.close()
+                continue
             worker = WorkerLink(conn, self)
             with self._links_lock:
                 self.links.append(worker)
