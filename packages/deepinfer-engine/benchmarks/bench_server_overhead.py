@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import pytest
 
 from deepinfer_engine.outputs import GenerationOutput, StreamDelta
-from deepinfer_engine.request_validation import validate_request
+from deepinfer_engine.request_validation import CheckedPrompt, validate_request
 from deepinfer_engine.sampling_params import SamplingParams
 from deepinfer_engine.stats import EngineGauges, EngineStats
 
@@ -48,12 +48,13 @@ class PacedEngine:
         self._deltas: list[StreamDelta] | None = None
         self._finished_aborts: list[GenerationOutput] = []
 
-    def validate_request(self, prompt, prompt_token_ids, params: SamplingParams) -> list[int]:
+    def validate_request(self, prompt, prompt_token_ids, params: SamplingParams) -> CheckedPrompt:
         return validate_request(prompt, prompt_token_ids, params, tokenizer=None, vocab_size=VOCAB)
 
     def add_request(self, prompt, prompt_token_ids, params: SamplingParams) -> int:
         rid, self._next_id = self._next_id, self._next_id + 1
-        self._waiting.append((GenerationOutput(rid, prompt, list(prompt_token_ids), token_logprobs=[]), params.max_tokens))
+        ids = self.validate_request(prompt, prompt_token_ids, params).token_ids
+        self._waiting.append((GenerationOutput(rid, prompt, ids, token_logprobs=[]), params.max_tokens))
         return rid
 
     def abort_request(self, request_id: int) -> bool:

@@ -184,7 +184,7 @@ def test_fuzz_no_exception_escapes_and_the_next_request_is_unaffected(fresh, pro
 
 
 @pytest.mark.parametrize("ids, bad_index", [([1, 2, 3], None), ([np.int64(5), 7], None), ([1, True, 2], 1),
-                                            ([3, -1], 1), ([0, 10 ** 9], 1), ([2, 1.0], 1), ([2, "3"], 1)])
+                                            ([3, -1], 1), ([0, 10 ** 9], 1), ([0, 10 ** 12], 1), ([2, 1.0], 1), ([2, "3"], 1)])
 def test_prompt_ids_fast_and_slow_paths_agree(ids, bad_index):
     """Plain in-range ints pass the C-speed check; anything else takes the per-token path, which
     names the first bad id's index."""
@@ -192,7 +192,10 @@ def test_prompt_ids_fast_and_slow_paths_agree(ids, bad_index):
     params = SamplingParams(max_tokens=1)
     if bad_index is None:
         out = validate_request(None, ids, params, tokenizer=None, vocab_size=100)
-        assert out == [int(t) for t in ids] and all(type(t) is int for t in out)
+        assert out.token_ids == [int(t) for t in ids] and all(type(t) is int for t in out.token_ids)
+        assert out.token_array.dtype == np.int32 and out.token_array.tolist() == out.token_ids
+        # a CheckedPrompt passes again without its ids being re-read (the server checks once, off the loop)
+        assert validate_request(None, out, params, tokenizer=None, vocab_size=100) is out
     else:
         with pytest.raises(InvalidRequestError, match=f"at index {bad_index} is outside the vocabulary"):
             validate_request(None, ids, params, tokenizer=None, vocab_size=100)

@@ -36,7 +36,7 @@ from deepinfer_engine.model_runner import ModelRunner
 from deepinfer_engine.output_processor import OutputProcessor
 from deepinfer_engine.outputs import GenerationOutput, StreamDelta
 from deepinfer_engine.request_state import RequestState
-from deepinfer_engine.request_validation import encode_prompt, validate_request
+from deepinfer_engine.request_validation import CheckedPrompt, encode_prompt, validate_request
 from deepinfer_engine.runner_step import DeferredStep, DeviceStepState, LaunchedStep, StepResult
 from deepinfer_engine.sampler import SamplingBatch, SamplingHost
 from deepinfer_engine.sampling_params import UINT64_MAX, SamplingParams
@@ -161,23 +161,26 @@ class LLMEngine:
         """The prompt's token ids (InvalidRequestError without a tokenizer)."""
         return encode_prompt(self.tokenizer, prompt)
 
-    def validate_request(self, prompt: str | None, prompt_token_ids: list[int] | None,
-                         params: SamplingParams) -> list[int]:
-        """Token ids of a valid request; raises InvalidRequestError naming the field and the limit."""
+    def validate_request(self, prompt: str | None, prompt_token_ids: list[int] | CheckedPrompt | None,
+                         params: SamplingParams) -> CheckedPrompt:
+        """The prompt of a valid request; raises InvalidRequestError naming the field and the limit."""
         return validate_request(prompt, prompt_token_ids, params, tokenizer=self.tokenizer, vocab_size=self.vocab_size)
 
-    def add_request(self, prompt: str | None = None, prompt_token_ids: list[int] | None = None,
+    def add_request(self, prompt: str | None = None, prompt_token_ids: list[int] | CheckedPrompt | None = None,
                     params: SamplingParams | None = None) -> int:
         """Validate and queue a request. A request with structured output is held on the Python side
         until its grammar compiles (off the engine loop) and only then enters the scheduler; a grammar
         that fails to compile or times out finishes that request alone with finish_reason "error".
-        Raises InvalidRequestError (bad input) or RequestFailedError; either leaves no state behind."""
+        Raises InvalidRequestError (bad input) or RequestFailedError; either leaves no state behind.
+        `prompt_token_ids` may be the CheckedPrompt `validate_request` returned (the ids are not
+        checked twice); `prompt` is then only the request's text for its output."""
         return request_failure.guarded_add(self, self._add_request, prompt, prompt_token_ids, params)
 
-    def _add_request(self, prompt: str | None, prompt_token_ids: list[int] | None,
+    def _add_request(self, prompt: str | None, prompt_token_ids: list[int] | CheckedPrompt | None,
                      params: SamplingParams | None) -> int:
         params = params or SamplingParams()
-        token_ids = self.validate_request(prompt, prompt_token_ids, params)
+        checked = self.validate_request(prompt, prompt_token_ids, params)
+        token_ids = checked.token_ids
         request_id = self._next_request_id
         self._next_request_id += 1
         seed = params.seed if params.seed is not None else int(self._seed_rng.integers(0, UINT64_MAX, dtype=np.uint64))
@@ -188,7 +191,7 @@ class LLMEngine:
             state.stops = make_stop_matcher(params, prompt, token_ids, self.tokenizer)
         if params.structured_output is not None:
             self._structured_output()   # the grammar manager, made on the first grammar request
-        self.output_processor.add_request(state, token_ids)
+        self.output_processor.add_request(state, checked)
         return request_id
 
     def abort_request(self, request_id: int) -> bool:

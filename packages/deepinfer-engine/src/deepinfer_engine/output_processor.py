@@ -27,6 +27,7 @@ from deepinfer_sched import FinishReason, RequestParams, Scheduler
 
 if TYPE_CHECKING:
     from deepinfer_engine.detokenizer import TokenTable
+    from deepinfer_engine.request_validation import CheckedPrompt
     from deepinfer_engine.structured_output.manager import StructuredOutputManager
 
 # The ledger's finish codes (RequestOutputPool.gather's int8 column) as user-facing strings.
@@ -46,7 +47,7 @@ class OutputProcessor:
         self.requests: dict[int, RequestState] = {}    # live requests by id (finished ones leave)
         self.structured: StructuredOutputManager | None = None   # set on the first grammar request
         self._token_table: TokenTable | None = None
-        self._held: dict[int, list[int]] = {}          # request id -> prompt ids, waiting for a grammar
+        self._held: dict[int, CheckedPrompt] = {}      # request id -> prompt, waiting for a grammar
         self._aborted_held: list[int] = []             # aborted while held: finish ("abort") next step
         self.penalties = None                          # PenaltyTable, made on the first request with penalties
         self._finished_here: set[int] = set()          # aborted in the ledger after a Python-side finish
@@ -65,25 +66,25 @@ class OutputProcessor:
         from deepinfer_engine.detokenizer import make_detokenizer
         return make_detokenizer(self.tokenizer, self.token_table())
 
-    def add_request(self, state: RequestState, token_ids: list[int]) -> None:
+    def add_request(self, state: RequestState, prompt: CheckedPrompt) -> None:
         """Track `state`; a request with structured output waits (held) until its grammar compiles,
         any other enters the scheduler now. `self.structured` is set before a grammar request comes."""
         rid = state.request_id
         self.requests[rid] = state
         if state.params.structured_output is not None:
             self.structured.submit(rid, state.params.structured_output)
-            self._held[rid] = token_ids
+            self._held[rid] = prompt
         else:
-            self._admit(rid, token_ids)
+            self._admit(rid, prompt)
 
-    def _admit(self, request_id: int, token_ids: list[int]) -> None:
+    def _admit(self, request_id: int, prompt: CheckedPrompt) -> None:
         params = self.requests[request_id].params
         if params.has_penalties:   # device rows of token counts (penalties.py), made on first use
             if self.penalties is None:
                 from deepinfer_engine.penalties import PenaltyTable
                 self.penalties = PenaltyTable(self.vocab_size, self.model.device)
-            self.penalties.assign(request_id, token_ids)
-        self.scheduler.add_request(request_id, token_ids, RequestParams(
+            self.penalties.assign(request_id, prompt.token_ids)
+        self.scheduler.add_request(request_id, prompt.token_array, RequestParams(
             max_tokens=params.max_tokens, min_tokens=params.min_tokens,
             stop_token_ids=tuple(params.stop_token_ids), ignore_eos=params.ignore_eos))
 

@@ -161,7 +161,8 @@ class _StuckEngine:
         pass
 
     def validate_request(self, prompt, ids, params):
-        return list(ids)
+        from deepinfer_engine.request_validation import CheckedPrompt
+        return CheckedPrompt.of(list(ids))
 
     def add_request(self, prompt, ids, params):
         self.live = True

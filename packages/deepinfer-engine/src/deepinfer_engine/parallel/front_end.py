@@ -29,7 +29,7 @@ import torch.multiprocessing as mp
 from deepinfer_engine.outputs import GenerationOutput, StreamDelta
 from deepinfer_engine.parallel.load_balance import pick_rank
 from deepinfer_engine.parallel.worker import COLLECTIVE_TIMEOUT_ENV, RankLoad, RankSpec, rank_main
-from deepinfer_engine.request_validation import validate_request
+from deepinfer_engine.request_validation import CheckedPrompt, validate_request
 from deepinfer_engine.sampling_params import SamplingParams
 from deepinfer_engine.stats import EngineGauges, EngineStats
 
@@ -102,13 +102,15 @@ class DataParallelEngine:
         atexit.register(self.shutdown)
 
     # ------------------------------------------------------------------ requests
-    def validate_request(self, prompt: str | None, prompt_token_ids: list[int] | None,
-                         params: SamplingParams) -> list[int]:
-        """Token ids of a valid request (the ranks' own check, done here first)."""
+    def validate_request(self, prompt: str | None, prompt_token_ids: list[int] | CheckedPrompt | None,
+                         params: SamplingParams) -> CheckedPrompt:
+        """The prompt of a valid request (the ranks' own check, done here first)."""
         return validate_request(prompt, prompt_token_ids, params, tokenizer=self.tokenizer, vocab_size=self.vocab_size)
 
-    def add_request(self, prompt: str | None = None, prompt_token_ids: list[int] | None = None,
+    def add_request(self, prompt: str | None = None, prompt_token_ids: list[int] | CheckedPrompt | None = None,
                     params: SamplingParams | None = None) -> int:
+        if isinstance(prompt_token_ids, CheckedPrompt):   # the ranks take plain ids (and check them again)
+            prompt_token_ids = prompt_token_ids.token_ids
         gid = self._next_id
         self._next_id += 1
         r = pick_rank(self.loads, self._outstanding)

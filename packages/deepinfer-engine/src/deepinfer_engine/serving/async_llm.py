@@ -67,6 +67,7 @@ class RequestStream:
         self.prompt = prompt
         self.prompt_token_ids = token_ids
         self.params = params
+        self.checked_prompt = None               # validate_request's result (submit): ids checked once
         self.request_id: int | None = None       # the engine's id, once the loop added it
         self.arrival = time.monotonic()
         self.first_token_at: float | None = None
@@ -194,7 +195,8 @@ class AsyncLLM:
         elsewhere: serving.worker_hub). Validates stream.prompt / prompt_token_ids / params."""
         if self.error is not None or self._closed:
             raise RuntimeError(f"engine loop is not running: {self.error!r}")
-        stream.prompt_token_ids = self.engine.validate_request(stream.prompt, stream.prompt_token_ids, stream.params)
+        stream.checked_prompt = self.engine.validate_request(stream.prompt, stream.prompt_token_ids, stream.params)
+        stream.prompt_token_ids = stream.checked_prompt.token_ids
         stream._owner = self
         self._submit(("add", stream))
         return stream
@@ -293,7 +295,7 @@ class AsyncLLM:
                 return
             from deepinfer_engine.errors import InvalidRequestError
             try:
-                rid = self.engine.add_request(stream.prompt, stream.prompt_token_ids, stream.params)
+                rid = self.engine.add_request(stream.prompt, stream.checked_prompt, stream.params)
             except InvalidRequestError as err:
                 self._deliver_final(stream, "error", str(err))
                 return
