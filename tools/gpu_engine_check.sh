@@ -29,6 +29,14 @@
 #              then saturation again with --api-workers 1 (the default on CUDA is 4 HTTP processes)
 #   kvmem      the window rings and the SWA tier on CUDA (their GPU tests, the rings bit for bit against
 #              the paged layout), then tools/chat_replay.py with each layout and its step traces
+#   revision   the working tree against an older revision (REVISION=rev.tgz, from `git archive -o rev.tgz REV
+#              packages tools`; files it leaves out, e.g. the default checkpoint or the corpus, come
+#              from the working tree): both precompiled, the default model's greedy outputs compared,
+#              then the default model's nextn-5 decode and `mini` decode at batch 1 / 64, the trees
+#              alternating twice (bench.jsonl / bench_revision.jsonl); packages/deepinfer-engine/diag/revision_ab.py
+#
+# PRECOMPILE=1 runs tools/tilelang_precompile.py first (a fresh machine: the GPU tests then load each
+# kernel from the disk cache instead of compiling it inside their timeouts).
 #
 # Uses the installed packages (pip install -e the four of them first). The server (serving) needs
 # wheels the device image lacks; made here, where pip has an index, and carried in .whl/:
@@ -43,7 +51,7 @@
 # run) and summary.txt (rc and seconds of every stage).
 set -uo pipefail
 
-MODE=${1:?usage: $0 tests|quick|dspark|batch64|flashslice|mini|ops|sharedkeys|serving|kvmem}
+MODE=${1:?usage: $0 tests|quick|dspark|batch64|flashslice|mini|ops|sharedkeys|serving|kvmem|revision}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 OUT=${OUT:-$ROOT/out}
@@ -61,6 +69,9 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 BENCH=("$PY" tools/benchmark.py --device cuda --result-jsonl "$OUT/bench.jsonl")
 CODE=(--model default --code-prompts --prompt-len 256 --max-model-len 1536 --no-prefill --warmup-steps 20 --steps 30)
+if [ -n "${PRECOMPILE:-}" ] && [ "$MODE" != revision ]; then
+  stage precompile 240 "$PY" tools/tilelang_precompile.py > "$OUT/precompile.log" 2>&1
+fi
 
 case "$MODE" in
   tests)
@@ -137,7 +148,38 @@ case "$MODE" in
       stage "chat_$layout" 150 "$PY" tools/chat_replay.py --window-kv $layout --trace-steps \
         --json-out "$OUT/chat_$layout.jsonl" > "$OUT/chat_$layout.log" 2>&1
     done ;;
-  *) echo "usage: $0 tests|quick|dspark|batch64|flashslice|mini|ops|sharedkeys|serving|kvmem" >&2; exit 2 ;;
+  revision)
+    REV_TGZ=$(realpath "${REVISION:?REVISION=path/to/rev.tgz, made by git archive REV packages tools}")
+    RT=/tmp/revision-tree RS=/tmp/revision-site
+    AB=("$PY" packages/deepinfer-engine/diag/revision_ab.py)
+    REV=("${AB[@]}" run --site "$RS" --)
+    rm -rf "$RT" "$RS" && mkdir -p "$RT" && tar -xf "$REV_TGZ" -C "$RT"
+    cp -rn packages/deepinfer-model/src/deepinfer_model/default/. "$RT/packages/deepinfer-model/src/deepinfer_model/default/"
+    cp -rn tools/data/. "$RT/tools/data/"
+    build_revision() {
+      (cd "$RT" && "$PY" -m pip install -q --no-build-isolation --no-deps --target "$RS" packages/deepinfer-kernels \
+        packages/deepinfer-model packages/deepinfer-sched packages/deepinfer-engine) && \
+      env PYTHONPATH="$RS${PYTHONPATH:+:$PYTHONPATH}" "$PY" "$RT/tools/tilelang_precompile.py" --jobs 8
+    }
+    export RT RS PY
+    stage revision_build 300 bash -c "$(declare -f build_revision); build_revision" \
+      > "$OUT/revision_build.log" 2>&1 &
+    stage precompile 300 "$PY" tools/tilelang_precompile.py --jobs 8 > "$OUT/precompile.log" 2>&1
+    wait
+    stage greedy_tree 150 "${AB[@]}" greedy /tmp/greedy_tree.json > "$OUT/greedy_tree.log" 2>&1
+    stage greedy_revision 150 "${REV[@]}" packages/deepinfer-engine/diag/revision_ab.py greedy /tmp/greedy_revision.json \
+      > "$OUT/greedy_revision.log" 2>&1
+    "${AB[@]}" compare /tmp/greedy_tree.json /tmp/greedy_revision.json | tee -a "$SUMMARY"
+    MINI=(--model preset:mini --prompt-len 512 --no-prefill --decode-batch-sizes 1,64 --warmup-steps 30 --steps 60)
+    for run in 1 2; do
+      for what in default mini; do
+        if [ $what = default ]; then args=("${CODE[@]}" --decode-batch-sizes 1,64 --nextn-list 5); else args=("${MINI[@]}"); fi
+        stage "${what}_tree$run" 100 "${BENCH[@]}" "${args[@]}" > "$OUT/${what}_tree$run.log" 2>&1
+        stage "${what}_revision$run" 100 "${REV[@]}" "$RT/tools/benchmark.py" --device cuda \
+          --result-jsonl "$OUT/bench_revision.jsonl" "${args[@]}" > "$OUT/${what}_revision$run.log" 2>&1
+      done
+    done ;;
+  *) echo "usage: $0 tests|quick|dspark|batch64|flashslice|mini|ops|sharedkeys|serving|kvmem|revision" >&2; exit 2 ;;
 esac
 if [ -n "${PACK_LOGS:-}" ]; then   # at most 8 files come back from a device call: the logs as one archive
   (cd "$OUT" && compgen -G "*.log" > /dev/null && tar -czf "$MODE-logs.tgz" -- *.log && rm -f -- *.log)
