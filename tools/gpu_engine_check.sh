@@ -156,14 +156,10 @@ case "$MODE" in
     rm -rf "$RT" "$RS" && mkdir -p "$RT" && tar -xf "$REV_TGZ" -C "$RT"
     cp -rn packages/deepinfer-model/src/deepinfer_model/default/. "$RT/packages/deepinfer-model/src/deepinfer_model/default/"
     cp -rn tools/data/. "$RT/tools/data/"
-    build_revision() {
-      (cd "$RT" && "$PY" -m pip install -q --no-build-isolation --no-deps --target "$RS" packages/deepinfer-kernels \
-        packages/deepinfer-model packages/deepinfer-sched packages/deepinfer-engine) && \
-      env PYTHONPATH="$RS${PYTHONPATH:+:$PYTHONPATH}" "$PY" "$RT/tools/tilelang_precompile.py" --jobs 8
-    }
-    export RT RS PY
-    stage revision_build 300 bash -c "$(declare -f build_revision); build_revision" \
-      > "$OUT/revision_build.log" 2>&1 &
+    (stage revision_install 200 env -C "$RT" "$PY" -m pip install -q --no-build-isolation --no-deps --target "$RS" \
+       packages/deepinfer-kernels packages/deepinfer-model packages/deepinfer-sched packages/deepinfer-engine && \
+     stage revision_precompile 200 env PYTHONPATH="$RS${PYTHONPATH:+:$PYTHONPATH}" "$PY" "$RT/tools/tilelang_precompile.py" \
+       --jobs 8) > "$OUT/revision_build.log" 2>&1 &
     stage precompile 300 "$PY" tools/tilelang_precompile.py --jobs 8 > "$OUT/precompile.log" 2>&1
     wait
     stage greedy_tree 150 "${AB[@]}" greedy /tmp/greedy_tree.json > "$OUT/greedy_tree.log" 2>&1

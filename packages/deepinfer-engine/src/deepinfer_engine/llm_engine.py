@@ -172,8 +172,7 @@ class LLMEngine:
         until its grammar compiles (off the engine loop) and only then enters the scheduler; a grammar
         that fails to compile or times out finishes that request alone with finish_reason "error".
         Raises InvalidRequestError (bad input) or RequestFailedError; either leaves no state behind.
-        `prompt_token_ids` may be the CheckedPrompt `validate_request` returned (the ids are not
-        checked twice); `prompt` is then only the request's text for its output."""
+        `prompt_token_ids` may be `validate_request`'s CheckedPrompt: its ids are not checked again."""
         return request_failure.guarded_add(self, self._add_request, prompt, prompt_token_ids, params)
 
     def _add_request(self, prompt: str | None, prompt_token_ids: list[int] | CheckedPrompt | None,
