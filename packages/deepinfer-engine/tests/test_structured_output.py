@@ -7,7 +7,7 @@ schema is bounded (maxLength, enums, integer ranges, maxItems) so a random model
 import json
 import re
 import sys
-import time
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -156,28 +156,32 @@ def test_compile_timeout_fails_alone_and_never_blocks_others():
 
 
 def test_slow_compile_does_not_stall_the_loop(monkeypatch):
-    """A compilation that takes 0.6 s: an unconstrained request runs to completion meanwhile, then
-    the grammar request is admitted and finishes valid."""
+    """A compilation held back until the unconstrained request has finished: that request runs to
+    completion while the compile is still pending (ordering, not wall time), then the grammar
+    request is admitted and finishes valid."""
     original = GrammarCompilerService._compile_now
+    release = threading.Event()
+    released_by_test: list[bool] = []
 
-    def slow(self, spec):
-        time.sleep(0.6)
+    def held(self, spec):
+        released_by_test.append(release.wait(timeout=60))  # False: the loop never let the other one finish
         return original(self, spec)
 
-    monkeypatch.setattr(GrammarCompilerService, "_compile_now", slow)
+    monkeypatch.setattr(GrammarCompilerService, "_compile_now", held)
     llm = _llm(0)
     engine = llm.engine
     gid = engine.add_request(prompt_token_ids=[5, 6, 7], params=SamplingParams(
         temperature=0, max_tokens=MAX_TOKENS, structured_output=SO.regex(REGEXES[2])))
     fid = engine.add_request(prompt_token_ids=[8, 9], params=SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
-    done: dict[int, float] = {}
-    start = time.monotonic()
+    order: list[int] = []
     while engine.has_unfinished():
         for o in engine.step():
-            done[o.request_id] = time.monotonic() - start
+            order.append(o.request_id)
+            if o.request_id == fid:
+                release.set()
             if o.request_id == gid:
                 _check(32, o.text)
-    assert done[fid] < 0.5 < done[gid]
+    assert order == [fid, gid] and released_by_test == [True]
 
 
 def test_compile_cache_shares_and_bounds_bytes():
