@@ -1,7 +1,7 @@
 """`deepinfer serve --api-workers 2`: two HTTP worker processes over one engine process. Both link
 to the engine; killing them mid-stream aborts their requests in the engine (blocks back to idle),
-uvicorn starts new ones, and the server serves again. (The OpenAI, error-matrix and disconnect
-suites run against this mode as well.)"""
+uvicorn starts new ones, and the server serves again; killing the engine process ends its workers.
+(The OpenAI, error-matrix and disconnect suites run against this mode as well.)"""
 
 from __future__ import annotations
 
@@ -78,3 +78,32 @@ def test_a_bad_worker_count_fails_before_the_model_loads():
     r = subprocess.run([sys.executable, "-m", "deepinfer_engine.cli", "serve", "--device", "cpu", "--api-workers", "0"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "--api-workers: must be >= 1, got 0" in r.stderr
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads worker pids from Linux /proc")
+def test_workers_exit_when_the_engine_process_dies():
+    """SIGKILL of the engine process (also uvicorn's supervisor): its orphaned workers notice the
+    closed link and exit instead of holding the port, answering 503 forever."""
+    with ServerProcess(ARGS) as server:
+        _wait_metrics(server.base_url, lambda m: m["deepinfer_api_workers_connected"] == 2)
+        workers = _worker_pids(server.proc.pid)
+        assert len(workers) == 2
+        server.proc.kill()
+        server.proc.wait(10)
+        deadline = time.monotonic() + 30
+        try:
+            while any(_alive(pid) for pid in workers):
+                assert time.monotonic() < deadline, [pid for pid in workers if _alive(pid)]
+                time.sleep(0.1)
+        finally:   # a failing run leaves no orphans behind
+            for pid in workers:
+                if _alive(pid):
+                    os.kill(pid, signal.SIGKILL)

@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Client
 
 from deepinfer_engine.sampling_params import SamplingParams
@@ -26,7 +28,8 @@ from deepinfer_engine.serving.async_llm import RequestDelta, RequestStream
 class EngineClient:
     """AsyncLLM's interface (add_request, is_healthy) and the metrics endpoint, over the link."""
 
-    def __init__(self, address: str, authkey: bytes, stale_after_s: float = link.HEARTBEAT_STALE_S):
+    def __init__(self, address: str, authkey: bytes, stale_after_s: float = link.HEARTBEAT_STALE_S,
+                 on_link_lost: Callable[[], None] | None = None):
         self._conn = Client(address, family="AF_UNIX", authkey=authkey)
         self.info: link.ServerInfo = self._conn.recv()
         self.stale_after_s = stale_after_s
@@ -38,6 +41,7 @@ class EngineClient:
         self._health: tuple[bool, str] = (True, "ok")
         self._health_at = time.monotonic()
         self.link_error: str | None = None
+        self.on_link_lost = on_link_lost   # called on the reader thread once the link is gone
         self._thread = threading.Thread(target=self._read, name="deepinfer-engine-link", daemon=True)
         self._thread.start()
 
@@ -127,6 +131,8 @@ class EngineClient:
             self.link_error = f"engine error: the engine process closed the link ({type(err).__name__})"
         finally:
             self._call_in_loop(self._fail_all)
+            if self.on_link_lost is not None:
+                self.on_link_lost()
 
     def _call_in_loop(self, fn, *args) -> None:
         if self._loop is not None:
@@ -163,10 +169,27 @@ class EngineClient:
                 fut.set_exception(RuntimeError(message))
 
 
+def exit_when_orphaned(parent_pid: int, reparent_wait_s: float = 5.0, force_after_s: float = 10.0) -> None:
+    """The link is gone: if the engine process (this worker's parent, also uvicorn's supervisor)
+    died, nothing will ever stop this worker, so stop it here: SIGTERM for uvicorn's graceful
+    shutdown (the streams already ended with an error delta), and a hard exit if that stalls. While
+    the parent lives (its hub failed, or it is shutting down) the worker stays: /health says why."""
+    deadline = time.monotonic() + reparent_wait_s   # the kernel closes the socket just before it re-parents us
+    while os.getppid() == parent_pid:
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(force_after_s)
+    os._exit(1)
+
+
 def create_app():
     """uvicorn's app factory in each worker: connect to the engine process named in the environment."""
     from deepinfer_engine.serving.app import build_app, state_for
-    client = EngineClient(os.environ[link.ADDRESS_ENV], bytes.fromhex(os.environ[link.AUTHKEY_ENV]))
+    parent_pid = os.getppid()
+    client = EngineClient(os.environ[link.ADDRESS_ENV], bytes.fromhex(os.environ[link.AUTHKEY_ENV]),
+                          on_link_lost=lambda: exit_when_orphaned(parent_pid))
     info = client.info
     state = state_for(client, client, info.model_name, info.chat_template, info.tokenizer, info.vocab_size,
                       info.max_model_len, info.default_max_tokens)
